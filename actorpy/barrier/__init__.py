@@ -1,0 +1,1 @@
+"""Barrier control shared by every engine (pure: no sockets, no wall clock)."""

@@ -1,0 +1,94 @@
+"""Clocks. Code that needs time takes a Clock, so tests and the simulators can run on
+virtual time (FakeClock) while processes run on the system clock."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """What protocol code may know about time."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic scale (only differences are meaningful)."""
+        ...
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` once, ``delay_s`` seconds from now."""
+        ...
+
+
+class SystemClock:
+    """Monotonic wall time. ``call_later`` is not provided: processes run timers in their
+    own event loop (see actorpy.runtime.node), so this clock only tells the time."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> Timer:
+        raise NotImplementedError("SystemClock has no timer loop; use the node's loop")
+
+
+@dataclass(order=True)
+class _Entry:
+    due: float
+    seq: int
+    callback: Callable[[], None] = field(compare=False)
+    cancelled: bool = field(default=False, compare=False)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeClock:
+    """Virtual time for tests and simulators: time moves only when ``advance`` is called.
+
+    >>> clock = FakeClock()
+    >>> fired = []
+    >>> _ = clock.call_later(2.0, lambda: fired.append(clock.now()))
+    >>> clock.advance(1.0); fired
+    []
+    >>> clock.advance(1.5); fired
+    [2.0]
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._queue: list[_Entry] = []
+        self._seq = itertools.count()
+
+    def now(self) -> float:
+        return self._now
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> _Entry:
+        entry = _Entry(self._now + max(0.0, delay_s), next(self._seq), callback)
+        heapq.heappush(self._queue, entry)
+        return entry
+
+    def next_due(self) -> float | None:
+        """Time of the earliest pending timer, or None."""
+        while self._queue and self._queue[0].cancelled:
+            heapq.heappop(self._queue)
+        return self._queue[0].due if self._queue else None
+
+    def advance(self, delta_s: float) -> None:
+        """Move time forward by ``delta_s``, firing due timers in order (each at its due time)."""
+        self.run_until(self._now + delta_s)
+
+    def run_until(self, t: float) -> None:
+        """Fire every timer due at or before ``t``, then set the time to ``t``."""
+        while True:
+            due = self.next_due()
+            if due is None or due > t:
+                break
+            entry = heapq.heappop(self._queue)
+            self._now = max(self._now, entry.due)
+            entry.callback()
+        self._now = max(self._now, t)

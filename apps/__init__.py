@@ -1,0 +1,1 @@
+"""Complete programs built on the engines; each module has ``main(argv=None) -> int``."""

@@ -1,0 +1,1 @@
+"""Map-reduce engine (not built yet)."""

@@ -1,0 +1,1 @@
+"""Parameter-server engine (not built yet)."""

@@ -1,0 +1,1 @@
+"""Kademlia routing core (sans-I/O)."""
