@@ -1,0 +1,5 @@
+import sys
+
+from actorpy.cli import main
+
+sys.exit(main())

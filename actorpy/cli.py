@@ -1,0 +1,194 @@
+"""``actorpy`` command line: manager, worker, status, demo, sim, secret.
+
+The only place logging is configured (``--log-level`` > ``ACTORPY_LOG_LEVEL`` > WARNING).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import stat
+import sys
+import threading
+import time
+from typing import Any, Sequence
+
+from actorpy import log as alog
+from actorpy.config import Config
+from actorpy.errors import ActorpyError, ConfigError
+from actorpy.ids import NodeId, new_node_id
+from actorpy.wire import auth
+from actorpy.wire.auth import Security
+
+
+def _security_for(address: str, secret_file: str | None, *, serving: bool) -> Security:
+    if address.startswith("ipc://"):
+        folder = os.path.dirname(address[len("ipc://"):]) or "."
+        mode = os.stat(folder).st_mode
+        if serving and mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"ipc directory {folder} can be opened by other users; "
+                              f"`chmod 700 {folder}` first (ipc trust is the directory's)")
+        return Security.ipc()
+    if address.startswith("tcp://"):
+        secret = auth.read_secret(secret_file)
+        if secret is None:
+            raise ConfigError("refusing to use tcp without a cluster secret: pass --secret-file F "
+                              "or set ACTORPY_SECRET (make one with `actorpy secret > F`)")
+        return Security.curve(secret)
+    raise ConfigError(f"address must be tcp://HOST:PORT or ipc://PATH, not {address!r}")
+
+
+def _node_bind(manager: str, node_id: str, host: str | None) -> str:
+    if manager.startswith("ipc://"):
+        return f"ipc://{os.path.dirname(manager[len('ipc://'):])}/{node_id}"
+    from actorpy.runtime.cluster import advertise_host
+
+    return f"tcp://{host or advertise_host(manager)}:*"
+
+
+def _serve_until_stopped(stopped: threading.Event, lifeline_fd: int | None, node: Any,
+                         stop: Any) -> None:
+    if lifeline_fd is not None:
+        node.watch_fd(lifeline_fd, lambda: stop("the driver went away"))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop("signal"))
+    while not stopped.wait(0.5):
+        pass
+
+
+def cmd_manager(args: argparse.Namespace) -> int:
+    from actorpy.runtime.manager import Manager
+
+    security = _security_for(args.bind, args.secret_file, serving=True)
+    manager = Manager(args.bind, security, Config.from_env()).start()
+    if not args.lifeline_fd:
+        print(f"actorpy manager listening at {manager.address}", flush=True)
+    _serve_until_stopped(manager.stopped, args.lifeline_fd, manager.node,
+                         lambda reason: manager.stop(tell_nodes=reason == "signal"))
+    manager.stop()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from actorpy.runtime.worker import Worker
+
+    config = Config.from_env(task_threads=args.threads)
+    security = _security_for(args.manager, args.secret_file, serving=False)
+    node_id = new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "w")
+    worker = Worker(node_id, args.manager, _node_bind(args.manager, node_id, args.host),
+                    security, config)
+    try:
+        worker.start(config.start_timeout_s)
+        _serve_until_stopped(worker.stopped, args.lifeline_fd, worker.node, worker.stop)
+    finally:
+        worker.stop()
+        worker.close()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from actorpy.runtime.membership import MANAGER_ID
+    from actorpy.runtime.node import Node
+    from actorpy.wire.kinds import CORE_SERVICE, Kind
+
+    security = _security_for(args.manager, args.secret_file, serving=False)
+    node_id = new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "s")
+    node = Node(node_id, _node_bind(args.manager, node_id, None), security, linger_ms=0).start()
+    try:
+        node.add_peer(MANAGER_ID, args.manager, "manager")
+        rows = node.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": node.address},
+                         timeout_s=args.timeout_s, what="status")
+    except ActorpyError as exc:
+        print(f"actorpy status: no answer from {args.manager}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        node.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    alive = sum(r["state"] == "alive" for r in rows)
+    print(f"manager {args.manager}: {alive} alive, {len(rows) - alive} gone")
+    print(f"{'NODE':<16} {'ROLE':<8} {'STATE':<6} {'HOST':<16} {'PID':>7} {'HEARTBEAT':>10}  ADDRESS")
+    for r in sorted(rows, key=lambda r: (r["state"] != "alive", r["role"], r["node_id"])):
+        age = f"{r['heartbeat_age_s']:.1f}s ago"
+        print(f"{r['node_id']:<16} {r['role']:<8} {r['state']:<6} {r['host'][:16]:<16} "
+              f"{r['pid']:>7} {age:>10}  {r['address']}{'  (' + r['reason'] + ')' if r['reason'] else ''}")
+    return 0
+
+
+def cmd_secret(args: argparse.Namespace) -> int:
+    print(auth.generate_secret())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from actorpy.demo import run_demo
+
+    return run_demo(workers=args.workers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="actorpy", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("manager", help="run a cluster manager")
+    p.add_argument("--bind", required=True, help="tcp://0.0.0.0:PORT or ipc://PATH")
+    p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
+    p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_manager)
+
+    p = sub.add_parser("worker", help="run a worker that joins a manager")
+    p.add_argument("--manager", required=True, help="tcp://HOST:PORT or ipc://PATH")
+    p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
+    p.add_argument("--host", help="address other nodes use to reach this worker (tcp)")
+    p.add_argument("--threads", type=int, help="tasks run at once (default 1)")
+    p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("status", help="list a cluster's nodes")
+    p.add_argument("--manager", required=True)
+    p.add_argument("--secret-file")
+    p.add_argument("--timeout-s", type=float, default=5.0)
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("demo", help="run the demo on an embedded local cluster")
+    p.add_argument("--workers", type=int, default=2)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("secret", help="print a fresh random cluster secret")
+    p.set_defaults(func=cmd_secret)
+
+    sub.add_parser("sim", help="barrier simulator (actorpy sim --help)", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `sim` owns its own argument parser; forward everything after the word.
+    if "sim" in argv and all(a.startswith("-") or a == "sim" for a in argv[:argv.index("sim") + 1]):
+        i = argv.index("sim")
+        pre = build_parser().parse_args([*argv[:i], "secret"])
+        alog.configure(pre.log_level)
+        from actorpy.barrier.cli import main as sim_main
+
+        return sim_main(argv[i + 1:])
+    args = build_parser().parse_args(argv)
+    alog.configure(args.log_level)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"actorpy {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ActorpyError as exc:
+        print(f"actorpy {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

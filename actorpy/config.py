@@ -1,0 +1,73 @@
+"""One frozen Config, read once at connect()/CLI start and passed down.
+
+Precedence: explicit argument > ``ACTORPY_*`` environment variable > default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from actorpy.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Config:
+    """Runtime settings. Every field can be set as ``ACTORPY_<FIELD>`` (upper case).
+
+    Attributes:
+        workers: worker processes of the embedded local cluster (None: one per core).
+        heartbeat_interval_s: how often a node tells the manager it is alive.
+        dead_after_s: silence after which the manager declares a node dead.
+        manager_timeout_s: silence from the manager after which a worker exits.
+        start_timeout_s: how long connect() waits for the cluster to come up.
+        task_threads: tasks a worker runs at once.
+        chunk_bytes: buffers larger than this travel as several frames.
+        max_frame_bytes: larger frames are refused by the receiver (protects memory).
+        linger_ms: how long closing sockets may flush pending messages.
+    """
+
+    workers: int | None = None
+    heartbeat_interval_s: float = 0.25
+    dead_after_s: float = 1.5
+    manager_timeout_s: float = 5.0
+    start_timeout_s: float = 30.0
+    task_threads: int = 1
+    chunk_bytes: int = 64 << 20
+    max_frame_bytes: int = 1 << 30
+    linger_ms: int = 500
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError("workers must be >= 0")
+        if self.heartbeat_interval_s <= 0 or self.dead_after_s <= self.heartbeat_interval_s:
+            raise ConfigError("need 0 < heartbeat_interval_s < dead_after_s")
+        if self.task_threads < 1 or self.chunk_bytes < 1 or self.max_frame_bytes < self.chunk_bytes:
+            raise ConfigError("need task_threads >= 1 and 1 <= chunk_bytes <= max_frame_bytes")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **explicit: Any) -> Config:
+        """Build a Config: ``explicit`` (non-None values) > ``ACTORPY_*`` in ``env`` > defaults.
+
+        >>> Config.from_env({"ACTORPY_DEAD_AFTER_S": "2.5"}, workers=3).dead_after_s
+        2.5
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if explicit.get(f.name) is not None:
+                values[f.name] = explicit[f.name]
+                continue
+            raw = env.get(f"ACTORPY_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            kind = float if "float" in str(f.type) else int
+            try:
+                values[f.name] = kind(raw)
+            except ValueError:
+                raise ConfigError(f"ACTORPY_{f.name.upper()}={raw!r} is not a {kind.__name__}")
+        unknown = set(explicit) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+        return cls(**values)

@@ -1,0 +1,43 @@
+"""What `actorpy demo` runs on an embedded local cluster."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def _square_sum(lo: int, hi: int) -> int:
+    return sum(i * i for i in range(lo, hi))
+
+
+
+def run_demo(workers: int = 2) -> int:
+    import actorpy
+
+    t0 = time.perf_counter()
+    with actorpy.connect(workers=workers) as cluster:
+        started = time.perf_counter() - t0
+        print(f"started {cluster!r} in {started:.2f} s")
+        for row in cluster.nodes():
+            print(f"  {row['role']:<7} {row['node_id']:<16} pid {row['pid']}")
+
+        n = 2_000_000
+        chunks = [(lo, min(lo + n // 8, n)) for lo in range(0, n, n // 8)]
+        total = sum(cluster.map(lambda c: _square_sum(*c), chunks, timeout_s=60))
+        assert total == sum(i * i for i in range(n))
+        print(f"sum of squares below {n:,} over {len(chunks)} tasks: {total}")
+
+        a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+        t1 = time.perf_counter()
+        back = cluster.submit(lambda m: m @ m.T, a).result(timeout=60)
+        print(f"a 4 MiB array went to a worker and back as a product in "
+              f"{(time.perf_counter() - t1) * 1000:.1f} ms; max error "
+              f"{float(np.abs(back - a @ a.T).max()):.2e}")
+
+        try:
+            cluster.submit(lambda: 1 / 0).result(timeout=30)
+        except actorpy.RemoteError as exc:
+            print(f"a remote failure comes back with its type, node and traceback: "
+                  f"{exc.remote_type} on {exc.node_id}")
+    print("cluster stopped; no processes left behind")
+    return 0

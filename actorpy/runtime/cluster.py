@@ -1,0 +1,218 @@
+"""The driver's handle on a cluster: ``actorpy.connect()`` returns a ``Cluster``."""
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import random
+import threading
+import weakref
+from typing import Any, Callable, Iterable
+
+from actorpy.config import Config
+from actorpy.errors import ActorpyError, ConfigError, NodeLost
+from actorpy.ids import NodeId, new_node_id
+from actorpy.runtime.context import Caller, CallTask, ServiceRef
+from actorpy.runtime.local import LocalCluster
+from actorpy.runtime.membership import MANAGER_ID, Membership
+from actorpy.runtime.node import Node, ReplyFuture
+from actorpy.wire import auth
+from actorpy.wire.auth import Security
+from actorpy.wire.kinds import CORE_SERVICE, Kind
+
+log = logging.getLogger(__name__)
+
+
+def connect(address: str | None = None, *, secret: str | bytes | None = None,
+            secret_file: str | None = None, workers: int | None = None,
+            config: Config | None = None, log_level: str | None = None,
+            **settings: Any) -> Cluster:
+    """Connect to a cluster, or start an embedded local one.
+
+    With no ``address`` a manager and ``workers`` worker processes (default: one per core)
+    start on this machine, reachable only by this user, and stop when the cluster is
+    terminated or this process exits. With ``address`` (``tcp://host:port``) this process
+    joins an existing cluster, authenticating with the cluster secret.
+
+    Args:
+        address: the manager's endpoint, or None for an embedded local cluster.
+        secret, secret_file: the cluster secret (else ``ACTORPY_SECRET``); needed for tcp.
+        workers: local worker processes.
+        config: a full Config; ``settings`` override single fields (e.g. dead_after_s=2).
+
+    Example:
+        >>> import actorpy                                       # doctest: +SKIP
+        >>> with actorpy.connect(workers=2) as cluster:          # doctest: +SKIP
+        ...     cluster.submit(pow, 2, 10).result(timeout=30)
+        1024
+    """
+    if config is None:
+        config = Config.from_env(workers=workers, **settings)
+    elif settings or workers is not None:
+        raise ConfigError("pass either config= or single settings, not both")
+    rng = random.Random(int.from_bytes(os.urandom(8), "big"))
+    node_id = new_node_id(rng, "d")
+    local: LocalCluster | None = None
+    if address is None:
+        n = config.workers if config.workers is not None else (os.cpu_count() or 1)
+        local = LocalCluster(n, config, log_level)
+        security, bind, manager_address = local.security, local.bind_for(node_id), local.manager_address
+    elif address.startswith("ipc://"):
+        security, bind, manager_address = Security.ipc(), f"{address}-{node_id}", address
+    elif address.startswith("tcp://"):
+        key = auth.read_secret(secret_file, secret)
+        if key is None:
+            raise ConfigError("joining a tcp:// cluster needs its secret: pass secret= or "
+                              "secret_file=, or set ACTORPY_SECRET")
+        security = Security.curve(key)
+        bind = f"tcp://{advertise_host(address)}:*"
+        manager_address = address
+    else:
+        raise ConfigError(f"address must be tcp://HOST:PORT or ipc://PATH, not {address!r}")
+    try:
+        return Cluster(node_id, manager_address, bind, security, config, local)
+    except BaseException:
+        if local is not None:
+            local.close()
+        raise
+
+
+def advertise_host(manager_address: str) -> str:
+    """The local IP address that routes to the manager (where peers can reach us)."""
+    import socket
+
+    host = manager_address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if host in ("0.0.0.0", "*", "localhost", "127.0.0.1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # no packet is sent: this only picks the route
+        return s.getsockname()[0]
+
+
+class Cluster(Caller):
+    """A driver's connection to a cluster: submit tasks, host services, watch membership."""
+
+    def __init__(self, node_id: NodeId, manager_address: str, bind: str, security: Security,
+                 config: Config, local: LocalCluster | None) -> None:
+        self.config = config
+        self.local = local
+        self.node = Node(node_id, bind, security, chunk_bytes=config.chunk_bytes,
+                         max_frame_bytes=config.max_frame_bytes, linger_ms=config.linger_ms)
+        self._lost = threading.Event()
+        self._lost_reason = ""
+        self.membership = Membership(self.node, manager_address, "driver", config,
+                                     self._manager_lost)
+        self._rr = itertools.count()
+        self._terminated = False
+        self.node.start()
+        try:
+            self.membership.join(config.start_timeout_s)
+            if local is not None:
+                want = local.workers
+                self.membership.wait_for(lambda: len(self.workers()) >= want,
+                                         config.start_timeout_s, f"{want} local workers to start")
+        except BaseException:
+            self.node.close()
+            raise
+        self._finalizer = weakref.finalize(self, Cluster._cleanup, self.node, local)
+        atexit.register(self._finalizer)
+
+    @property
+    def node_id(self) -> NodeId:
+        return self.node.node_id
+
+    # --------------------------------------------------------------- tasks
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> ReplyFuture:
+        """Run ``fn(*args, **kwargs)`` on some worker; ``.result(timeout)`` gives its value.
+
+        Raises (from ``result``): RemoteError if it raised there, NodeLost if the worker
+        died, ActorpyTimeout (a TimeoutError) when the timeout passes.
+        """
+        return self.submit_task(CallTask(fn, args, kwargs or None))
+
+    def submit_to(self, node: NodeId, fn: Callable[..., Any], /, *args: Any,
+                  **kwargs: Any) -> ReplyFuture:
+        """Like ``submit``, on the worker ``node``."""
+        return self.submit_task(CallTask(fn, args, kwargs or None), node)
+
+    def submit_task(self, task: Any, node: NodeId | None = None) -> ReplyFuture:
+        """Send an engine's task object (anything with ``run(ctx)``) to ``node`` or any worker."""
+        dest = node if node is not None else self._pick_worker()
+        what = f"task {getattr(task, 'fn', task)!r}"
+        return self.node.request(dest, CORE_SERVICE, Kind.TASK, task, what=what[:120])
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], *,
+            timeout_s: float) -> list[Any]:
+        """``[fn(x) for x in items]``, spread over the workers."""
+        futures = [self.submit(fn, x) for x in items]
+        return [f.result(timeout_s) for f in futures]
+
+    def _pick_worker(self) -> NodeId:
+        workers = self.workers()
+        if not workers:
+            raise NodeLost("-", "no live workers in this cluster")
+        return workers[next(self._rr) % len(workers)]
+
+    # --------------------------------------------------------------- services
+    def start_service(self, factory: Callable[..., Any], /, *args: Any,
+                      node: NodeId | None = None, name: str = "", timeout_s: float = 60.0,
+                      **kwargs: Any) -> ServiceRef:
+        """Construct ``factory(ctx, *args, **kwargs)`` on a worker as a long-lived service.
+
+        The object must have ``handle(msg, ctx)``; it gets the messages sent to the returned
+        ref one at a time. It stops with ``stop_service`` or when this driver goes away.
+        """
+        dest = node if node is not None else self._pick_worker()
+        return self.node.call(dest, CORE_SERVICE, Kind.SERVICE_START,
+                              (factory, args, kwargs, name), timeout_s=timeout_s,
+                              what=f"start of service {name or factory!r}")
+
+    def stop_service(self, ref: ServiceRef, timeout_s: float = 10.0) -> bool:
+        return self.node.call(ref.node, CORE_SERVICE, Kind.SERVICE_STOP, ref.service,
+                              timeout_s=timeout_s, what="service stop")
+
+    # --------------------------------------------------------------- membership
+    def on_node_lost(self, listener: Callable[[NodeId], None]) -> None:
+        """Call ``listener(node_id)`` when a node dies or leaves (from the I/O thread)."""
+        self.node.on_node_lost(listener)
+
+    def nodes(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """The manager's table: one dict per node (id, role, state, host, pid, heartbeat age)."""
+        return self.node.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, None,
+                              timeout_s=timeout_s, what="node list")
+
+    def _manager_lost(self, reason: str) -> None:
+        self._lost_reason = reason
+        self._lost.set()
+        self.node.mark_dead(MANAGER_ID, reason)
+        for peer in self.node.peers():
+            self.node.mark_dead(peer.node_id, f"cluster gone: {reason}")
+
+    # --------------------------------------------------------------- lifecycle
+    def terminate(self) -> None:
+        """Leave the cluster; an embedded local cluster's processes stop too."""
+        if self._terminated:
+            return
+        self._terminated = True
+        self.membership.leave()
+        self._finalizer()
+
+    @staticmethod
+    def _cleanup(node: Node, local: LocalCluster | None) -> None:
+        node.close()
+        if local is not None:
+            local.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()
+
+    def __repr__(self) -> str:
+        kind = "local" if self.local else "remote"
+        return f"<Cluster {kind} driver={self.node_id} workers={len(self.workers())}>"
+
+
+__all__ = ["Cluster", "connect", "ActorpyError"]

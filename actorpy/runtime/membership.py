@@ -1,0 +1,149 @@
+"""A node's membership in a cluster: register with the manager, keep the directory of peers
+current, heartbeat, and notice when the manager is gone. Workers and drivers share it."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+from actorpy.config import Config
+from actorpy.errors import ActorpyError, ActorpyTimeout
+from actorpy.ids import NodeId
+from actorpy.runtime.node import Node
+from actorpy.wire import message as wm
+from actorpy.wire.kinds import CORE_SERVICE, Kind
+
+log = logging.getLogger(__name__)
+
+MANAGER_ID = NodeId("manager")
+
+
+class Membership:
+    """Joins ``node`` to the cluster whose manager listens at ``manager_address``.
+
+    Args:
+        node: this process's node (not yet started is fine).
+        manager_address: the manager's endpoint.
+        role: "worker", "driver", ...
+        config: heartbeat and timeout settings.
+        on_manager_lost: called (on the I/O thread) when the manager stops answering or
+            orders this node to shut down.
+    """
+
+    def __init__(self, node: Node, manager_address: str, role: str, config: Config,
+                 on_manager_lost: Callable[[str], None], slots: int = 1) -> None:
+        self.node = node
+        self.role = role
+        self.config = config
+        self.slots = slots
+        self._on_manager_lost = on_manager_lost
+        self._last_ack = time.monotonic()
+        self._changed = threading.Condition()
+        self._lookups: set[NodeId] = set()
+        self._gone = False
+        node.add_peer(MANAGER_ID, manager_address, "manager")
+        node.on(CORE_SERVICE, Kind.NODE_JOINED, self._joined)
+        node.on(CORE_SERVICE, Kind.NODE_DEAD, self._dead)
+        node.on(CORE_SERVICE, Kind.HEARTBEAT_ACK, self._ack)
+        node.on(CORE_SERVICE, Kind.SHUTDOWN, self._shutdown)
+        node.on_unknown_destination(self._lookup)
+        node.on_node_lost(lambda _nid: self._notify())
+
+    def join(self, timeout_s: float) -> None:
+        """Register and wait for the directory (raises ActorpyTimeout if no manager answers)."""
+        info = {"role": self.role, "address": self.node.address, "pid": os.getpid(),
+                "host": socket.gethostname(), "slots": self.slots}
+        try:
+            directory = self.node.call(MANAGER_ID, CORE_SERVICE, Kind.REGISTER, info,
+                                       timeout_s=timeout_s, what="registration")
+        except ActorpyTimeout:
+            raise ActorpyTimeout(f"no manager answered at {self.node.peer(MANAGER_ID).address} "
+                                 f"within {timeout_s} s; is `actorpy manager` running there, "
+                                 "and is the secret the same?") from None
+        for node_id, address, role in directory:
+            if node_id != self.node.node_id:
+                self.node.add_peer(node_id, address, role)
+        self._last_ack = time.monotonic()
+        self._notify()
+        self.node.call_later(0, self._heartbeat)
+
+    def leave(self) -> None:
+        """Tell the manager this node is leaving on purpose (best effort, no wait)."""
+        if not self.node.closed and not self._gone:
+            try:
+                self.node.send(MANAGER_ID, CORE_SERVICE, Kind.LEAVE)
+            except ActorpyError:
+                pass
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Block until ``predicate()`` holds (re-checked whenever the directory changes)."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ActorpyTimeout(f"timed out after {timeout_s} s waiting for {what}")
+                self._changed.wait(min(left, 0.5))
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _heartbeat(self) -> None:
+        if self.node.closed or self._gone:
+            return
+        silence = time.monotonic() - self._last_ack
+        if silence > self.config.manager_timeout_s:
+            self._gone = True
+            log.warning("%s: no word from the manager for %.1f s; leaving", self.node.node_id,
+                        silence)
+            self._on_manager_lost("manager stopped answering")
+            return
+        self.node.send(MANAGER_ID, CORE_SERVICE, Kind.HEARTBEAT)
+        self.node.call_later(self.config.heartbeat_interval_s, self._heartbeat)
+
+    def _ack(self, msg: wm.Message) -> None:
+        self._last_ack = time.monotonic()
+
+    def _joined(self, msg: wm.Message) -> None:
+        node_id, address, role = msg.payload()
+        if node_id != self.node.node_id:
+            self.node.add_peer(NodeId(node_id), address, role)
+            self._lookups.discard(node_id)
+        self._notify()
+
+    def _dead(self, msg: wm.Message) -> None:
+        node_id, reason = msg.payload()
+        if node_id == self.node.node_id:
+            self._shutdown(msg)
+            return
+        log.info("%s: node %s is gone (%s)", self.node.node_id, node_id, reason)
+        self.node.mark_dead(NodeId(node_id), reason)
+
+    def _shutdown(self, msg: wm.Message) -> None:
+        if not self._gone:
+            self._gone = True
+            self._on_manager_lost("the manager asked this node to shut down")
+
+    def _lookup(self, node_id: NodeId) -> None:
+        if node_id in self._lookups or node_id == MANAGER_ID:
+            return
+        self._lookups.add(node_id)
+        fut = self.node.request(MANAGER_ID, CORE_SERVICE, Kind.LOOKUP, node_id,
+                                what=f"lookup of {node_id}")
+
+        def learned(f: object) -> None:
+            try:
+                found = fut.result(0)
+            except ActorpyError as exc:
+                log.debug("lookup of %s failed: %s", node_id, exc)
+                found = None
+            self._lookups.discard(node_id)
+            if found is None:
+                self.node.mark_dead(node_id, "unknown to the manager")
+            else:
+                self.node.add_peer(node_id, found[0], found[1])
+        fut.add_done_callback(learned)

@@ -1,0 +1,426 @@
+"""One process's endpoint: a bound ROUTER for everything addressed to this node, one DEALER
+per peer for sending, and an I/O thread that receives, authenticates, validates and
+dispatches on ``(service, kind)``.
+
+Sending happens in the caller's thread (each peer's DEALER has a lock), so a message goes out
+with no thread hand-off; only the ROUTER is owned by the I/O thread. Handlers registered with
+``on()`` run on the I/O thread and must be quick; long work goes to the caller's executors.
+Replies to ``request()`` resolve a ``ReplyFuture`` that unpickles in the waiting thread.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import zmq
+
+from actorpy.errors import ActorpyTimeout, NodeLost, ProtocolError
+from actorpy.ids import NodeId
+from actorpy.runtime import remote
+from actorpy.wire import message as wm
+from actorpy.wire.auth import Security
+from actorpy.wire.kinds import CORE_SERVICE, Kind
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[wm.Message], None]
+
+
+@dataclass(frozen=True)
+class Peer:
+    node_id: NodeId
+    address: str
+    role: str
+
+
+class ReplyFuture(Future):
+    """A reply on its way. ``result()`` unpickles it in the calling thread and raises
+    ``RemoteError`` when the remote side failed."""
+
+    def __init__(self, dest: NodeId, what: str) -> None:
+        super().__init__()
+        self.dest = dest
+        self.what = what
+        self._lock = threading.Lock()
+        self._decoded = False
+        self._value: Any = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            msg = super().result(timeout)
+        except TimeoutError:
+            raise ActorpyTimeout(f"{self.what} on {self.dest} got no reply within {timeout} s; "
+                                 "raise the timeout_s, or check the node's log") from None
+        with self._lock:
+            if not self._decoded:
+                if msg.kind == Kind.ERROR and msg.header.service == CORE_SERVICE:
+                    raise remote.rebuild(msg.payload())
+                self._value = msg.payload()
+                self._decoded = True
+        return self._value
+
+
+class Node:
+    """A node on the cluster's wire (manager, worker and driver each have one).
+
+    Args:
+        node_id: this node's id (ASCII, at most 16 bytes).
+        bind: endpoint to bind, e.g. ``ipc:///dir/w-1`` or ``tcp://127.0.0.1:*``.
+        security: how sockets authenticate (actorpy.wire.auth.Security).
+        chunk_bytes, max_frame_bytes, linger_ms: see actorpy.config.Config.
+    """
+
+    def __init__(self, node_id: NodeId, bind: str, security: Security, *,
+                 chunk_bytes: int = 64 << 20, max_frame_bytes: int = 1 << 30,
+                 linger_ms: int = 500) -> None:
+        self.node_id = node_id
+        self.security = security
+        self.chunk_bytes = chunk_bytes
+        self.max_frame_bytes = max_frame_bytes
+        self.linger_ms = linger_ms
+        self._ctx = zmq.Context()
+        self._auth = security.start_authenticator(self._ctx)
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.linger = 0
+        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self._router.rcvhwm = 0
+        security.apply_server(self._router)
+        self._router.bind(bind)
+        self.address: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._wake_recv = self._ctx.socket(zmq.PAIR)
+        self._wake_recv.bind(f"inproc://wake-{id(self)}")
+        self._wake_send = self._ctx.socket(zmq.PAIR)
+        self._wake_send.connect(f"inproc://wake-{id(self)}")
+        self._wake_lock = threading.Lock()
+        self._handlers: dict[tuple[int, int], Handler] = {}
+        self._service_sink: Callable[[wm.Message], bool] | None = None
+        self._peers: dict[NodeId, Peer] = {}
+        self._dead: set[NodeId] = set()
+        self._dealers: dict[NodeId, tuple[zmq.Socket, threading.Lock]] = {}
+        self._dealers_lock = threading.Lock()
+        self._parked: dict[NodeId, list[list[Any]]] = defaultdict(list)
+        self._park_lock = threading.Lock()
+        self._pending: dict[int, ReplyFuture] = {}
+        self._pending_lock = threading.Lock()
+        self._request_ids = itertools.count(1)
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
+        self._timers_lock = threading.Lock()
+        self._watch_fds: dict[int, Callable[[], None]] = {}
+        self._lost_listeners: list[Callable[[NodeId], None]] = []
+        self._unknown_dest: Callable[[NodeId], None] | None = None
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"actorpy-io-{node_id}",
+                                        daemon=True)
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> Node:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the loop, fail pending requests and close every socket (idempotent)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._wake()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(NodeLost(self.node_id, f"node {self.node_id} closed"))
+        with self._dealers_lock:
+            for sock, lock in self._dealers.values():
+                with lock:
+                    sock.close(linger=self.linger_ms)
+            self._dealers.clear()
+        for sock in (self._router, self._wake_recv, self._wake_send):
+            sock.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+        self._ctx.term()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    # ----------------------------------------------------------------- directory
+    def add_peer(self, node_id: NodeId, address: str, role: str) -> None:
+        """Learn where a node listens; sends parked for it go out now."""
+        with self._park_lock:
+            self._peers[node_id] = Peer(node_id, address, role)
+            self._dead.discard(node_id)
+            parked = self._parked.pop(node_id, [])
+        for frames in parked:
+            self._send_frames(node_id, frames)
+
+    def peers(self, role: str | None = None) -> list[Peer]:
+        return [p for p in list(self._peers.values())
+                if p.node_id not in self._dead and (role is None or p.role == role)]
+
+    def peer(self, node_id: NodeId) -> Peer | None:
+        return self._peers.get(node_id)
+
+    def is_dead(self, node_id: NodeId) -> bool:
+        return node_id in self._dead
+
+    def mark_dead(self, node_id: NodeId, reason: str = "") -> None:
+        """Forget a node: fail requests waiting on it and tell the listeners."""
+        if node_id in self._dead:
+            return
+        self._dead.add(node_id)
+        self._parked.pop(node_id, None)
+        with self._dealers_lock:
+            entry = self._dealers.pop(node_id, None)
+        if entry is not None:
+            with entry[1]:
+                entry[0].close(linger=0)
+        with self._pending_lock:
+            lost = [rid for rid, f in self._pending.items() if f.dest == node_id]
+            futures = [self._pending.pop(rid) for rid in lost]
+        for fut in futures:
+            if not fut.done():
+                fut.set_exception(NodeLost(node_id, f"node {node_id} was lost while running "
+                                                    f"{fut.what}{': ' + reason if reason else ''}"))
+        for listener in list(self._lost_listeners):
+            listener(node_id)
+
+    def on_node_lost(self, listener: Callable[[NodeId], None]) -> None:
+        """Call ``listener(node_id)`` (on the I/O thread) whenever a node is declared dead."""
+        self._lost_listeners.append(listener)
+
+    def on_unknown_destination(self, callback: Callable[[NodeId], None]) -> None:
+        """Called when a send targets a node whose address is not yet known."""
+        self._unknown_dest = callback
+
+    # ----------------------------------------------------------------- sending
+    def send(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
+             request_id: int = 0, step: int = 0) -> None:
+        """Send one message (thread-safe; serializes in the calling thread).
+
+        numpy/torch buffers in ``payload`` are sent without copying: do not modify them
+        until the request they belong to has been answered.
+        """
+        frames = wm.assemble(service, kind, self.node_id, payload, request_id=request_id,
+                             step=step, chunk_bytes=self.chunk_bytes)
+        self._send_frames(dest, frames)
+
+    def request(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
+                step: int = 0, what: str | None = None) -> ReplyFuture:
+        """Send a request; the returned future resolves with the reply (RESULT or ERROR)."""
+        if dest in self._dead:
+            fut = ReplyFuture(dest, what or f"request {kind}")
+            fut.set_exception(NodeLost(dest, f"node {dest} is dead"))
+            return fut
+        rid = next(self._request_ids)
+        fut = ReplyFuture(dest, what or f"request kind {int(kind)} (service {service})")
+        with self._pending_lock:
+            self._pending[rid] = fut
+        try:
+            self.send(dest, service, kind, payload, request_id=rid, step=step)
+        except BaseException:
+            with self._pending_lock:
+                self._pending.pop(rid, None)
+            raise
+        return fut
+
+    def call(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
+             timeout_s: float, step: int = 0, what: str | None = None) -> Any:
+        """``request(...)`` and wait for the reply's value (at most ``timeout_s``)."""
+        fut = self.request(dest, service, kind, payload, step=step, what=what)
+        try:
+            return fut.result(timeout_s)
+        finally:
+            if not fut.done():
+                self.forget(fut)
+
+    def forget(self, fut: ReplyFuture) -> None:
+        """Stop waiting for a reply (a late one is then dropped)."""
+        with self._pending_lock:
+            for rid, f in list(self._pending.items()):
+                if f is fut:
+                    del self._pending[rid]
+
+    def reply(self, msg: wm.Message, value: Any = None) -> None:
+        """Answer a request with a value."""
+        self.send(NodeId(msg.sender), CORE_SERVICE, Kind.RESULT, value,
+                  request_id=msg.header.request_id)
+
+    def reply_error(self, msg: wm.Message, exc: BaseException) -> None:
+        """Answer a request with an exception (it surfaces as RemoteError at the caller)."""
+        self.send(NodeId(msg.sender), CORE_SERVICE, Kind.ERROR,
+                  remote.capture(exc, self.node_id), request_id=msg.header.request_id)
+
+    def _send_frames(self, dest: NodeId, frames: list[Any]) -> None:
+        if self._closed.is_set():
+            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
+        if dest in self._dead:
+            log.debug("dropping a message for dead node %s", dest)
+            return
+        entry = self._dealer(dest)
+        if entry is None:
+            with self._park_lock:
+                parked = dest not in self._peers
+                if parked:
+                    self._parked[dest].append(frames)
+            if not parked:
+                entry = self._dealer(dest)
+            elif self._unknown_dest is not None:
+                self._unknown_dest(dest)
+        if entry is None:
+            return
+        sock, lock = entry
+        last = len(frames) - 1
+        with lock:
+            for i, frame in enumerate(frames):
+                big = not isinstance(frame, bytes) and memoryview(frame).nbytes >= wm.ZERO_COPY_MIN_BYTES
+                sock.send(frame, zmq.SNDMORE if i < last else 0, copy=not big)
+
+    def _dealer(self, dest: NodeId) -> tuple[zmq.Socket, threading.Lock] | None:
+        entry = self._dealers.get(dest)
+        if entry is not None:
+            return entry
+        peer = self._peers.get(dest)
+        if peer is None:
+            return None
+        with self._dealers_lock:
+            entry = self._dealers.get(dest)
+            if entry is None:
+                sock = self._ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.IDENTITY, self.node_id.encode("ascii"))
+                sock.sndhwm = 0
+                sock.linger = self.linger_ms
+                self.security.apply_client(sock)
+                sock.connect(peer.address)
+                entry = (sock, threading.Lock())
+                self._dealers[dest] = entry
+        return entry
+
+    # ----------------------------------------------------------------- receiving
+    def on(self, service: int, kind: int, handler: Handler) -> None:
+        """Run ``handler(message)`` on the I/O thread for each message of ``(service, kind)``."""
+        self._handlers[(service, int(kind))] = handler
+
+    def set_service_sink(self, sink: Callable[[wm.Message], bool]) -> None:
+        """Messages for services other than the core go to ``sink``; it returns False for an
+        unknown service (the message is then dropped with a warning)."""
+        self._service_sink = sink
+
+    def watch_fd(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the I/O thread when ``fd`` becomes readable (or closes)."""
+        self._watch_fds[fd] = callback
+        self._wake()
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the I/O thread after ``delay_s`` seconds."""
+        with self._timers_lock:
+            heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._timer_seq),
+                                          callback))
+        if threading.current_thread() is not self._thread:
+            self._wake()
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            try:
+                self._wake_send.send(b"", zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_recv, zmq.POLLIN)
+        watched: set[int] = set()
+        while not self._closed.is_set():
+            for fd in set(self._watch_fds) - watched:
+                poller.register(fd, zmq.POLLIN)
+                watched.add(fd)
+            timeout_ms = self._run_timers()
+            try:
+                events = dict(poller.poll(timeout_ms))
+            except zmq.ZMQError as exc:
+                if self._closed.is_set():
+                    break
+                log.error("poll failed on %s: %s", self.node_id, exc)
+                continue
+            if self._wake_recv in events:
+                while self._wake_recv.poll(0):
+                    self._wake_recv.recv()
+            if self._router in events:
+                self._drain_router()
+            for fd in watched & set(events):
+                callback = self._watch_fds.pop(fd, None)
+                poller.unregister(fd)
+                watched.discard(fd)
+                if callback is not None:
+                    self._guard(callback)
+
+    def _run_timers(self) -> int | None:
+        while True:
+            with self._timers_lock:
+                if not self._timers:
+                    return None
+                due, _, callback = self._timers[0]
+                now = time.monotonic()
+                if due > now:
+                    return max(1, int((due - now) * 1000))
+                heapq.heappop(self._timers)
+            self._guard(callback)
+
+    def _guard(self, callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception:  # a broken handler must not stop the node
+            log.exception("callback failed on node %s", self.node_id)
+
+    def _drain_router(self) -> None:
+        for _ in range(1000):  # bounded, so timers still run under a flood
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._receive(frames)
+
+    def _receive(self, frames: list[zmq.Frame]) -> None:
+        routing_id = frames[0].bytes
+        who = routing_id.decode("ascii", "replace")
+        if not self.security.is_trusted(frames[0]):
+            log.warning("dropped a message from %r: sender is not an authenticated member", who)
+            return
+        try:
+            msg = wm.Message.parse(frames[1:], self.max_frame_bytes)
+        except ProtocolError as exc:
+            log.warning("dropped a message from %r: %s", who, exc)
+            return
+        if msg.sender != who:
+            log.warning("dropped a message from %r: it claims to come from %r", who, msg.sender)
+            return
+        service, kind = msg.header.service, msg.header.kind
+        if service == CORE_SERVICE and kind in (Kind.RESULT, Kind.ERROR):
+            with self._pending_lock:
+                fut = self._pending.pop(msg.header.request_id, None)
+            if fut is None:
+                log.debug("late or unknown reply %d from %s", msg.header.request_id, who)
+            elif not fut.done():
+                fut.set_result(msg)
+            return
+        handler = self._handlers.get((service, kind))
+        if handler is not None:
+            self._guard(lambda: handler(msg))
+        elif service != CORE_SERVICE and self._service_sink is not None:
+            if not self._service_sink(msg):
+                log.warning("dropped a message from %r: no service %d on this node", who, service)
+        else:
+            log.warning("dropped a message from %r: no handler for kind %d of service %d",
+                        who, kind, service)
+

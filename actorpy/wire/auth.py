@@ -1,0 +1,157 @@
+"""Who is trusted: the one place that decides.
+
+Two mechanisms, both ZeroMQ's own, never a home-made scheme:
+
+* ``ipc``: the embedded local cluster binds ``ipc://`` endpoints inside a fresh directory
+  that only the current user can open (mode 0700). The kernel refuses everyone else; there
+  is no crypto cost. Trust = "same user on this machine".
+* ``curve``: a multi-host cluster uses CurveZMQ. Every member derives the cluster's key pair
+  from the shared cluster secret; a ZAP authenticator allow-lists exactly that public key, so
+  a peer without the secret fails the handshake and none of its bytes reach the runtime.
+  Each received message also carries the client key libzmq authenticated (``User-Id``), and
+  the node drops any message whose key is not on the allow-list. Trust = "holds the secret".
+
+Nothing is unpickled before one of these has said yes (actorpy.wire.serde.loads is called
+only by the node's receive loop, after ``Security.is_trusted``).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets as _secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from zmq.utils import z85
+
+from actorpy.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MIN_SECRET_BYTES = 16
+_KEY_PERSON = b"actorpy-curve-1"
+
+
+def generate_secret() -> str:
+    """A fresh random cluster secret (URL-safe text, 256 bits)."""
+    return _secrets.token_urlsafe(32)
+
+
+def read_secret(secret_file: str | None = None, secret: str | bytes | None = None,
+                env: dict[str, str] | None = None) -> bytes | None:
+    """The cluster secret: explicit value > ``--secret-file`` > ``ACTORPY_SECRET`` > None.
+
+    Raises:
+        ConfigError: the file cannot be read, or the secret is shorter than 16 bytes.
+    """
+    env = os.environ if env is None else env
+    value: bytes | None
+    if secret is not None:
+        value = secret.encode() if isinstance(secret, str) else bytes(secret)
+    elif secret_file:
+        try:
+            with open(secret_file, "rb") as f:
+                value = f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --secret-file {secret_file}: {exc}") from exc
+    elif env.get("ACTORPY_SECRET"):
+        value = env["ACTORPY_SECRET"].encode()
+    else:
+        return None
+    if len(value) < MIN_SECRET_BYTES:
+        raise ConfigError(f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes; "
+                          "make one with `actorpy secret > cluster.secret`")
+    return value
+
+
+def curve_keypair(secret: bytes) -> tuple[bytes, bytes]:
+    """The cluster's CURVE (public, secret) key pair in Z85, derived from the cluster secret."""
+    raw = hashlib.blake2b(secret, digest_size=32, person=_KEY_PERSON).digest()
+    secret_key = z85.encode(raw)
+    return zmq.curve_public(secret_key), secret_key
+
+
+class _AllowList:
+    """ZAP credentials provider: allow exactly the cluster's key, log every refusal."""
+
+    def __init__(self, allowed: frozenset[bytes]) -> None:
+        self.allowed = allowed
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.allowed:
+            return True
+        log.warning("rejected a connection: CURVE client key %s is not a member of this "
+                    "cluster (wrong or missing secret)", key.decode("ascii", "replace"))
+        return False
+
+
+@dataclass(frozen=True)
+class Security:
+    """How a node's sockets authenticate. Make one with ``Security.ipc()`` or
+    ``Security.curve(secret)``; apply it to every socket the node opens."""
+
+    mode: str
+    public_key: bytes | None = None
+    secret_key: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def ipc(cls) -> Security:
+        return cls("ipc")
+
+    @classmethod
+    def curve(cls, secret: bytes) -> Security:
+        if not zmq.has("curve"):
+            raise ConfigError("this libzmq has no CURVE support; multi-host clusters need it")
+        public, private = curve_keypair(secret)
+        return cls("curve", public, private)
+
+    @property
+    def user_id(self) -> str | None:
+        """The ``User-Id`` libzmq attaches to messages from members (curve mode)."""
+        return self.public_key.decode("ascii") if self.public_key else None
+
+    def start_authenticator(self, context: zmq.Context) -> Any:
+        """Start the ZAP handler for ``context`` (curve mode); returns it, to ``stop()``."""
+        if self.mode != "curve":
+            return None
+        from zmq.auth.thread import ThreadAuthenticator
+
+        auth = ThreadAuthenticator(context, log=logging.getLogger(__name__ + ".zap"))
+        auth.start()
+        assert self.public_key is not None
+        auth.configure_curve_callback("*", credentials_provider=_AllowList(
+            frozenset({self.public_key})))
+        return auth
+
+    def apply_server(self, sock: zmq.Socket) -> None:
+        if self.mode == "curve":
+            sock.curve_secretkey = self.secret_key
+            sock.curve_publickey = self.public_key
+            sock.curve_server = True
+            sock.zap_domain = b"actorpy"
+
+    def apply_client(self, sock: zmq.Socket) -> None:
+        if self.mode == "curve":
+            sock.curve_secretkey = self.secret_key
+            sock.curve_publickey = self.public_key
+            sock.curve_serverkey = self.public_key
+
+    def is_trusted(self, frame: Any) -> bool:
+        """Whether a received frame came from an authenticated member."""
+        if self.mode != "curve":
+            return True  # ipc: the kernel already refused everyone else
+        try:
+            return frame.get("User-Id") == self.user_id
+        except (zmq.ZMQError, AttributeError):
+            return False
+
+
+def private_dir(prefix: str = "actorpy-") -> str:
+    """A fresh directory that only this user can open, for ipc endpoints."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it with mode 0700
+    os.chmod(path, 0o700)
+    return path

@@ -1,0 +1,31 @@
+"""Core message kinds. Engines own their kinds (their own IntEnums) under their own service id;
+the core routes on ``(service, kind)`` and never lists an engine's kinds."""
+from __future__ import annotations
+
+from enum import IntEnum
+
+PROTOCOL_VERSION = 1
+
+#: Service id of the core runtime. Services hosted on a node get ids >= 1.
+CORE_SERVICE = 0
+
+
+class Kind(IntEnum):
+    """Messages of the core runtime (service 0)."""
+
+    REGISTER = 1        # node -> manager: (role, address, pid)
+    REGISTERED = 2      # manager -> node: directory of live nodes
+    HEARTBEAT = 3       # node -> manager
+    HEARTBEAT_ACK = 4   # manager -> node
+    NODE_JOINED = 5     # manager -> all: (node id, role, address)
+    NODE_DEAD = 6       # manager -> all: node id, reason
+    LIST_NODES = 7      # any -> manager: request a status table
+    TASK = 8            # driver -> worker: run a task, reply RESULT or ERROR
+    RESULT = 9          # reply carrying a value
+    ERROR = 10          # reply carrying a remote failure
+    FETCH = 11          # worker -> worker: an object from the peer's local store
+    SERVICE_START = 12  # driver -> worker: construct a long-lived service
+    SERVICE_STOP = 13   # driver -> worker: stop a service
+    LEAVE = 14          # node -> manager: leaving on purpose
+    SHUTDOWN = 15       # manager -> node: exit now
+    LOOKUP = 16         # node -> manager: where does a node listen?

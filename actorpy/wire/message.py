@@ -1,0 +1,101 @@
+"""Messages as they travel: frame assembly for sending, validation and lazy decoding on receipt."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from actorpy.errors import ProtocolError
+from actorpy.wire import header as hdr
+from actorpy.wire import serde
+
+#: Sentinel: a message without payload frames.
+NO_PAYLOAD: Any = object()
+
+#: Frames smaller than this are copied into ZeroMQ (cheaper than tracking them).
+ZERO_COPY_MIN_BYTES = 64 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A payload already serialized: reusable across sends (e.g. a stored shuffle block)."""
+
+    frames: tuple[Any, ...]
+    has_buffers: bool
+
+    @classmethod
+    def of(cls, value: Any, chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES) -> Encoded:
+        frames, has_buffers = serde.encode(value, chunk_bytes)
+        return cls(tuple(frames), has_buffers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(memoryview(f).nbytes for f in self.frames)
+
+    def decode(self) -> Any:
+        return serde.decode(self.frames, self.has_buffers)
+
+
+def assemble(service: int, kind: int, sender: str, payload: Any = NO_PAYLOAD, *,
+             request_id: int = 0, step: int = 0,
+             chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES) -> list[Any]:
+    """All frames of one message: header first, then the payload's frames."""
+    if payload is NO_PAYLOAD:
+        body: Sequence[Any] = ()
+        flags = 0
+    else:
+        enc = payload if isinstance(payload, Encoded) else Encoded.of(payload, chunk_bytes)
+        body = enc.frames
+        flags = hdr.FLAG_BUFFERS if enc.has_buffers else 0
+    head = hdr.Header(service=service, kind=kind, sender=sender, request_id=request_id,
+                      step=step, nframes=len(body), flags=flags).encode()
+    return [head, *body]
+
+
+@dataclass(slots=True)
+class Message:
+    """A received, validated message. ``payload()`` unpickles on demand (in the caller's
+    thread, so a large payload never stalls the receive loop)."""
+
+    header: hdr.Header
+    frames: list[Any]
+
+    @property
+    def sender(self) -> str:
+        return self.header.sender
+
+    @property
+    def kind(self) -> int:
+        return self.header.kind
+
+    @property
+    def has_payload(self) -> bool:
+        return bool(self.frames)
+
+    def payload(self) -> Any:
+        if not self.frames:
+            return None
+        return serde.decode(self.frames, bool(self.header.flags & hdr.FLAG_BUFFERS))
+
+    @classmethod
+    def parse(cls, frames: list[Any], max_frame_bytes: int) -> Message:
+        """Validate the frames of a received message (header, counts, sizes).
+
+        Raises:
+            ProtocolError: the message is malformed, truncated or oversize.
+        """
+        if not frames:
+            raise ProtocolError("empty message")
+        head = hdr.decode(_bytes(frames[0]))
+        body = frames[1:]
+        if head.nframes != len(body):
+            raise ProtocolError(f"header announces {head.nframes} payload frames, got {len(body)}")
+        if head.flags & hdr.FLAG_BUFFERS and len(body) < 2:
+            raise ProtocolError("buffer flag set but no buffer frames")
+        for frame in body:
+            if memoryview(frame).nbytes > max_frame_bytes:
+                raise ProtocolError(f"frame over the {max_frame_bytes}-byte limit")
+        return cls(head, body)
+
+
+def _bytes(frame: Any) -> bytes | memoryview:
+    return frame.buffer if hasattr(frame, "buffer") else frame

@@ -1,0 +1,179 @@
+"""Serialization: cloudpickle with pickle protocol 5, array data out of band.
+
+numpy arrays and CPU torch tensors never travel inside the pickle stream: their memory is
+handed to ZeroMQ as separate frames (no copy on send) and rebuilt on receive straight from the
+received frames (no copy, or one copy when a buffer was split into several frames). Everything
+else — functions and closures included — goes through cloudpickle.
+
+This is the only module that calls ``loads``. Callers must have authenticated the sender first
+(see actorpy.wire.auth): unpickling is code execution.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import sys
+from typing import Any, Sequence
+
+import cloudpickle
+import numpy as np
+
+from actorpy.errors import ProtocolError, SerializationError
+
+#: Buffers larger than this are split into frames of this size (ZeroMQ then moves them in
+#: pieces; the receiver joins them with one copy).
+DEFAULT_CHUNK_BYTES = 64 << 20
+_ALIGN = 16
+_SMALL = 1 << 20
+
+
+def _rebuild_tensor(flat: np.ndarray, dtype_name: str, shape: tuple[int, ...],
+                    requires_grad: bool, is_parameter: bool) -> Any:
+    import torch
+
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ProtocolError(f"unknown torch dtype {dtype_name!r}")
+    if not flat.flags.writeable:  # torch warns on read-only memory; only tiny arrays get here
+        flat = flat.copy()
+    tensor = torch.from_numpy(flat).view(dtype).reshape(shape)
+    if is_parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    return tensor
+
+
+def _reduce_tensor(torch: Any, tensor: Any) -> Any:
+    if tensor.layout != torch.strided or tensor.is_quantized or getattr(tensor, "is_nested", False):
+        return NotImplemented
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        return NotImplemented
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    # One uniform path for every dtype (bfloat16 and float8 have no numpy twin): raw bytes.
+    flat = t.reshape(-1).view(torch.uint8).numpy()
+    return (_rebuild_tensor, (flat, str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                              bool(tensor.requires_grad),
+                              isinstance(tensor, torch.nn.Parameter)))
+
+
+class _Pickler(cloudpickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is np.ndarray:
+            if not obj.dtype.hasobject and not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+                # numpy pickles non-contiguous arrays in band; send a contiguous copy out of band.
+                return np.ascontiguousarray(obj).__reduce_ex__(5)
+            return NotImplemented if not obj.dtype.hasobject else super().reducer_override(obj)
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return _reduce_tensor(torch, obj)
+        return super().reducer_override(obj)
+
+
+def _describe(obj: Any) -> str:
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"{type(obj).__module__}.{name}"
+
+
+def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
+    """Pickle ``obj``; returns the in-band body and the out-of-band buffers (zero-copy views).
+
+    Raises:
+        SerializationError: ``obj`` (or something it references) cannot be pickled.
+    """
+    buffers: list[memoryview] = []
+    out = io.BytesIO()
+
+    def keep(buffer: pickle.PickleBuffer) -> None:
+        buffers.append(buffer.raw())
+
+    try:
+        _Pickler(out, protocol=5, buffer_callback=keep).dump(obj)
+    except Exception as exc:  # pickling can raise nearly anything; name the culprit
+        raise SerializationError(
+            f"cannot serialize {_describe(obj)} for sending: {type(exc).__name__}: {exc}. "
+            "Everything a task uses must be picklable (no open files, sockets, locks or "
+            "generators); create such things inside the task instead.") from exc
+    return out.getbuffer().tobytes(), buffers
+
+
+def encode(obj: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[list[Any], bool]:
+    """Payload frames for ``obj`` and whether they carry buffers.
+
+    Without buffers the frames are ``[body]``; with them ``[body, layout, chunk...]`` where
+    ``layout`` holds, per buffer, the number of chunk frames it was split into (u32 each).
+    """
+    body, buffers = dumps(obj)
+    if not buffers:
+        return [body], False
+    counts: list[int] = []
+    chunks: list[Any] = []
+    for buf in buffers:
+        n = max(1, -(-buf.nbytes // chunk_bytes))
+        counts.append(n)
+        if n == 1:
+            chunks.append(buf)
+        else:
+            chunks.extend(buf[i:i + chunk_bytes] for i in range(0, buf.nbytes, chunk_bytes))
+    return [body, struct.pack(f"!{len(counts)}I", *counts), *chunks], True
+
+
+def _buffer(frame: Any) -> memoryview:
+    view = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _aligned(view: memoryview) -> memoryview:
+    # ZeroMQ may hand out small messages inside a shared receive buffer at any offset;
+    # copy those few so numpy and torch get aligned memory.
+    if view.nbytes and view.nbytes < _SMALL:
+        address = np.frombuffer(view, dtype=np.uint8).ctypes.data
+        if address % _ALIGN:
+            return memoryview(bytearray(view))
+    return view
+
+
+def decode(frames: Sequence[Any], has_buffers: bool) -> Any:
+    """Rebuild an object from payload frames produced by ``encode``.
+
+    Raises:
+        ProtocolError: the frame layout does not add up.
+    """
+    if not frames:
+        raise ProtocolError("payload has no body frame")
+    body = _buffer(frames[0])
+    buffers: list[memoryview] = []
+    if has_buffers:
+        if len(frames) < 2:
+            raise ProtocolError("buffer layout frame missing")
+        layout = _buffer(frames[1])
+        if layout.nbytes % 4:
+            raise ProtocolError("buffer layout frame has a partial entry")
+        counts = struct.unpack(f"!{layout.nbytes // 4}I", layout)
+        if any(c < 1 for c in counts) or sum(counts) != len(frames) - 2:
+            raise ProtocolError(f"buffer layout {counts} does not match {len(frames) - 2} frames")
+        i = 2
+        for count in counts:
+            if count == 1:
+                buffers.append(_aligned(_buffer(frames[i])))
+            else:
+                parts = [_buffer(f) for f in frames[i:i + count]]
+                joined = bytearray(sum(p.nbytes for p in parts))
+                offset = 0
+                for part in parts:
+                    joined[offset:offset + part.nbytes] = part
+                    offset += part.nbytes
+                buffers.append(memoryview(joined))
+            i += count
+    elif len(frames) != 1:
+        raise ProtocolError(f"{len(frames)} payload frames but no buffer layout")
+    return loads(body, buffers)
+
+
+def loads(body: Any, buffers: Sequence[memoryview] = ()) -> Any:
+    """The one place actorpy unpickles. Only call with data from an authenticated peer."""
+    return pickle.loads(body, buffers=buffers)
