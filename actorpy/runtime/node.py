@@ -118,6 +118,8 @@ class Node:
         self._lost_listeners: list[Callable[[NodeId], None]] = []
         self._unknown_dest: Callable[[NodeId], None] | None = None
         self._closed = threading.Event()
+        #: bytes received so far (all frames), for tests and monitoring
+        self.bytes_in = 0
         self._thread = threading.Thread(target=self._loop, name=f"actorpy-io-{node_id}",
                                         daemon=True)
 
@@ -393,6 +395,7 @@ class Node:
 
     def _receive(self, frames: list[zmq.Frame]) -> None:
         routing_id = frames[0].bytes
+        self.bytes_in += sum(len(f) for f in frames)
         who = routing_id.decode("ascii", "replace")
         if not self.security.is_trusted(frames[0]):
             log.warning("dropped a message from %r: sender is not an authenticated member", who)

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 MIN_SECRET_BYTES = 16
 _KEY_PERSON = b"actorpy-curve-1"
+ZAP_DOMAIN = "actorpy"
 
 
 def generate_secret() -> str:
@@ -121,7 +122,7 @@ class Security:
         auth = ThreadAuthenticator(context, log=logging.getLogger(__name__ + ".zap"))
         auth.start()
         assert self.public_key is not None
-        auth.configure_curve_callback("*", credentials_provider=_AllowList(
+        auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_AllowList(
             frozenset({self.public_key})))
         return auth
 
@@ -130,7 +131,7 @@ class Security:
             sock.curve_secretkey = self.secret_key
             sock.curve_publickey = self.public_key
             sock.curve_server = True
-            sock.zap_domain = b"actorpy"
+            sock.zap_domain = ZAP_DOMAIN.encode()
 
     def apply_client(self, sock: zmq.Socket) -> None:
         if self.mode == "curve":

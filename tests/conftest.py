@@ -1,0 +1,62 @@
+"""Shared test hygiene: conditions waited on with timeouts (never sleep), and no child
+process left behind by any test."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable
+
+import pytest
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str,
+               interval_s: float = 0.02) -> object:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    tick = threading.Event()
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        tick.wait(interval_s)
+
+
+def child_pids(pid: int | None = None) -> set[int]:
+    """Live children of ``pid`` (default: this process), from /proc."""
+    pid = os.getpid() if pid is None else pid
+    found: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.update(int(p) for p in f.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return {p for p in found if _alive(p)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """Every test must leave no child process running."""
+    before = child_pids()
+    yield
+    leftover = lambda: child_pids() - before  # noqa: E731
+    deadline = time.monotonic() + 10
+    tick = threading.Event()
+    while leftover() and time.monotonic() < deadline:
+        tick.wait(0.05)
+    assert not leftover(), f"test left child processes running: {sorted(leftover())}"

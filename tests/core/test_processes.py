@@ -1,0 +1,140 @@
+"""Failures with real processes: kill -9 of a worker, of the driver, of the manager; the CLI."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import actorpy
+from actorpy.errors import NodeLost
+from tests.conftest import child_pids, wait_until
+
+PY = sys.executable
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_killed_worker_is_declared_dead_and_its_task_fails():
+    with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
+        victim, survivor = cluster.workers()
+        pid = {r["node_id"]: r["pid"] for r in cluster.nodes()}[victim]
+        lost: list[str] = []
+        seen = threading.Event()
+        cluster.on_node_lost(lambda n: (lost.append(n), seen.set()))
+        stuck = cluster.submit_to(victim, lambda: __import__("threading").Event().wait(60))
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(NodeLost) as info:
+            stuck.result(timeout=10)
+        detected = time.monotonic() - t0
+        assert info.value.node_id == victim
+        assert seen.wait(5) and lost == [victim]
+        assert detected <= 3.0, f"death noticed after {detected:.2f} s"
+        assert cluster.workers() == [survivor]
+        assert cluster.submit(lambda: 6 * 7).result(30) == 42
+        states = {r["node_id"]: r["state"] for r in cluster.nodes()}
+        assert states[victim] == "dead" and states[survivor] == "alive"
+
+
+DRIVER = """
+import sys, actorpy
+c = actorpy.connect(workers=2)
+print(" ".join(str(p) for p in c.local.pids()), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_no_orphans_when_the_driver_is_killed():
+    proc = subprocess.Popen([PY, "-c", DRIVER], stdout=subprocess.PIPE, stdin=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        line = proc.stdout.readline().decode()
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: not any(_alive(p) for p in pids), 10,
+                   "the manager and workers to exit after the driver was killed")
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
+    return subprocess.run([PY, "-m", "actorpy", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_manager_refuses_tcp_without_secret():
+    env = {k: v for k, v in os.environ.items() if k != "ACTORPY_SECRET"}
+    out = subprocess.run([PY, "-m", "actorpy", "manager", "--bind", "tcp://127.0.0.1:0"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 2
+    assert "secret" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.fixture
+def tcp_manager(tmp_path):
+    secret_file = tmp_path / "cluster.secret"
+    secret_file.write_text(_cli("secret").stdout)
+    env = {"ACTORPY_MANAGER_TIMEOUT_S": "1.5", "ACTORPY_DEAD_AFTER_S": "1.0"}
+    manager = subprocess.Popen([PY, "-m", "actorpy", "manager", "--bind", "tcp://127.0.0.1:*",
+                                "--secret-file", str(secret_file)], stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, **env})
+    line = manager.stdout.readline()
+    address = line.strip().rsplit(" ", 1)[-1]
+    assert address.startswith("tcp://127.0.0.1:"), line
+    workers = [subprocess.Popen([PY, "-m", "actorpy", "worker", "--manager", address,
+                                 "--secret-file", str(secret_file)], env={**os.environ, **env})
+               for _ in range(2)]
+    yield address, secret_file, manager, workers
+    for p in [*workers, manager]:
+        if p.poll() is None:
+            p.terminate()
+    for p in [*workers, manager]:
+        p.wait(10)
+    manager.stdout.close()
+
+
+def test_status_and_tcp_cluster_with_secret(tcp_manager):
+    address, secret_file, manager, workers = tcp_manager
+
+    def two_workers():
+        out = _cli("status", "--manager", address, "--secret-file", str(secret_file))
+        return out if out.returncode == 0 and out.stdout.count(" worker ") == 2 else None
+    out = wait_until(two_workers, 20, "two workers in `actorpy status`")
+    assert "2 alive, 0 gone" in out.stdout
+    for w in workers:
+        assert str(w.pid) in out.stdout
+
+    with actorpy.connect(address, secret_file=str(secret_file)) as cluster:
+        assert len(cluster.workers()) == 2
+        assert cluster.map(lambda x: x + 1, range(6), timeout_s=30) == list(range(1, 7))
+
+    wrong = secret_file.parent / "wrong.secret"
+    wrong.write_text("not-the-cluster-secret-at-all")
+    bad = _cli("status", "--manager", address, "--secret-file", str(wrong), "--timeout-s", "1")
+    assert bad.returncode == 1 and "no answer" in bad.stderr
+
+
+def test_workers_exit_when_the_manager_dies(tcp_manager):
+    address, secret_file, manager, workers = tcp_manager
+    wait_until(lambda: _cli("status", "--manager", address, "--secret-file", str(secret_file),
+                            "--json").stdout.count('"worker"') == 2, 20, "workers to register")
+    manager.kill()
+    manager.wait(10)
+    for w in workers:
+        assert w.wait(15) == 0
