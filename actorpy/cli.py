@@ -22,6 +22,8 @@ from actorpy.ids import NodeId, new_node_id
 from actorpy.wire import auth
 from actorpy.wire.auth import Security
 
+DRIVER_GONE = "the driver went away"
+
 
 def _security_for(address: str, secret_file: str | None, *, serving: bool) -> Security:
     if address.startswith("ipc://"):
@@ -51,7 +53,7 @@ def _node_bind(manager: str, node_id: str, host: str | None) -> str:
 def _serve_until_stopped(stopped: threading.Event, lifeline_fd: int | None, node: Any,
                          stop: Any) -> None:
     if lifeline_fd is not None:
-        node.watch_fd(lifeline_fd, lambda: stop("the driver went away"))
+        node.watch_fd(lifeline_fd, lambda: stop(DRIVER_GONE))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop("signal"))
     while not stopped.wait(0.5):
@@ -67,7 +69,6 @@ def cmd_manager(args: argparse.Namespace) -> int:
         print(f"actorpy manager listening at {manager.address}", flush=True)
     _serve_until_stopped(manager.stopped, args.lifeline_fd, manager.node,
                          lambda reason: manager.stop(tell_nodes=reason == "signal"))
-    manager.stop()
     return 0
 
 

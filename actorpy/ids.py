@@ -15,7 +15,7 @@ def new_node_id(rng: random.Random, prefix: str = "n") -> NodeId:
     """Mint a node id: a short role prefix plus 12 hex digits from ``rng``.
 
     >>> new_node_id(random.Random(1), "w")
-    NodeId('w-...')
+    'w-91b72265b1f5'
     """
     return NodeId(f"{prefix}-{rng.getrandbits(48):012x}")
 

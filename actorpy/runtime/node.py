@@ -128,8 +128,11 @@ class Node:
         self._thread.start()
         return self
 
-    def close(self) -> None:
-        """Stop the loop, fail pending requests and close every socket (idempotent)."""
+    def close(self, linger_ms: int | None = None) -> None:
+        """Stop the loop, fail pending requests and close every socket (idempotent).
+
+        ``linger_ms`` (default: the node's) bounds how long unsent messages may delay it."""
+        linger = self.linger_ms if linger_ms is None else linger_ms
         if self._closed.is_set():
             return
         self._closed.set()
@@ -144,7 +147,7 @@ class Node:
         with self._dealers_lock:
             for sock, lock in self._dealers.values():
                 with lock:
-                    sock.close(linger=self.linger_ms)
+                    sock.close(linger=linger)
             self._dealers.clear()
         for sock in (self._router, self._wake_recv, self._wake_send):
             sock.close(linger=0)

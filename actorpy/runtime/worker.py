@@ -20,6 +20,10 @@ from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 log = logging.getLogger(__name__)
 
+DRIVER_GONE = "the driver went away"
+MANAGER_GONE = "manager stopped answering"
+SHUTDOWN = "the manager asked this node to shut down"
+
 
 class _ServiceRunner:
     """One service, one thread: messages are handled in order, like an actor's mailbox."""
@@ -98,12 +102,17 @@ class Worker:
         self.stopped.set()
 
     def close(self) -> None:
-        """Release everything (call from the main thread after ``stopped`` is set)."""
-        self.membership.leave()
+        """Release everything (call from the main thread after ``stopped`` is set).
+
+        When the cluster itself is going (driver or manager gone) there is nobody to say
+        goodbye to, so nothing lingers."""
+        orphaned = self.stop_reason in (DRIVER_GONE, MANAGER_GONE, SHUTDOWN)
+        if not orphaned:
+            self.membership.leave()
         for runner in list(self._services.values()):
             runner.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self.node.close()
+        self.node.close(linger_ms=0 if orphaned else None)
 
     def _run_task(self, msg: wm.Message) -> None:
         try:
