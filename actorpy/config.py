@@ -26,17 +26,20 @@ class Config:
         chunk_bytes: buffers larger than this travel as several frames.
         max_frame_bytes: larger frames are refused by the receiver (protects memory).
         linger_ms: how long closing sockets may flush pending messages.
+        local_transport: "auto" (ipc where available), "ipc", or "tcp" (127.0.0.1 with
+            CURVE and a fresh secret) for the embedded local cluster.
     """
 
     workers: int | None = None
     heartbeat_interval_s: float = 0.25
-    dead_after_s: float = 1.5
+    dead_after_s: float = 2.0
     manager_timeout_s: float = 5.0
     start_timeout_s: float = 30.0
     task_threads: int = 1
     chunk_bytes: int = 64 << 20
     max_frame_bytes: int = 1 << 30
     linger_ms: int = 500
+    local_transport: str = "auto"
 
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 0:
@@ -45,6 +48,8 @@ class Config:
             raise ConfigError("need 0 < heartbeat_interval_s < dead_after_s")
         if self.task_threads < 1 or self.chunk_bytes < 1 or self.max_frame_bytes < self.chunk_bytes:
             raise ConfigError("need task_threads >= 1 and 1 <= chunk_bytes <= max_frame_bytes")
+        if self.local_transport not in ("auto", "ipc", "tcp"):
+            raise ConfigError(f"local_transport must be auto, ipc or tcp, not {self.local_transport!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **explicit: Any) -> Config:
@@ -62,7 +67,8 @@ class Config:
             raw = env.get(f"ACTORPY_{f.name.upper()}")
             if raw is None or raw == "":
                 continue
-            kind = float if "float" in str(f.type) else int
+            ftype = str(f.type)
+            kind = float if "float" in ftype else int if "int" in ftype else str
             try:
                 values[f.name] = kind(raw)
             except ValueError:

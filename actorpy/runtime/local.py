@@ -18,6 +18,7 @@ import time
 import zmq
 
 from actorpy.config import Config
+from actorpy.errors import ConfigError
 from actorpy.wire.auth import Security, generate_secret, private_dir
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,12 @@ class LocalCluster:
     def __init__(self, workers: int, config: Config, log_level: str | None = None) -> None:
         self.workers = workers
         self.dir = private_dir()
-        use_ipc = zmq.has("ipc") and len(self.dir) < _IPC_PATH_MAX
+        ipc_ok = zmq.has("ipc") and len(self.dir) < _IPC_PATH_MAX
+        if config.local_transport == "ipc" and not ipc_ok:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise ConfigError("local_transport='ipc' but ipc is not available here "
+                              f"(libzmq without ipc, or the path {self.dir} is too long)")
+        use_ipc = ipc_ok and config.local_transport != "tcp"
         self.secret: bytes | None = None
         if use_ipc:
             self.manager_address = f"ipc://{self.dir}/manager"

@@ -75,8 +75,60 @@ class _Pickler(cloudpickle.Pickler):
 
 
 def _describe(obj: Any) -> str:
-    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    return f"{type(obj).__module__}.{name}"
+    name = getattr(obj, "__qualname__", None)
+    if name is not None and callable(obj):
+        return f"{getattr(obj, '__module__', '?')}.{name}"
+    return f"{type(obj).__module__}.{type(obj).__qualname__} object"
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        _Pickler(io.BytesIO(), protocol=5, buffer_callback=lambda b: None).dump(obj)
+        return True
+    except Exception:
+        return False
+
+
+def _parts(obj: Any) -> list[tuple[str, Any]]:
+    """The named pieces pickling ``obj`` pickles in turn (for pointing at a culprit)."""
+    code = getattr(obj, "__code__", None)
+    if code is not None:  # a Python function: captured variables, globals, defaults
+        parts = [(f"captured variable {n!r}", c.cell_contents)
+                 for n, c in zip(code.co_freevars, obj.__closure__ or ()) if _filled(c)]
+        glob = getattr(obj, "__globals__", {})
+        parts += [(f"global {n!r}", glob[n]) for n in code.co_names if n in glob]
+        parts += [(f"default argument {i}", d) for i, d in enumerate(obj.__defaults__ or ())]
+        return parts
+    if isinstance(obj, dict):
+        return [(f"[{k!r}]", v) for k, v in list(obj.items())[:100]]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [(f"[{i}]", v) for i, v in enumerate(list(obj)[:100])]
+    state = getattr(obj, "__dict__", None)
+    if isinstance(state, dict) and not isinstance(obj, type):
+        return [(f".{k}", v) for k, v in state.items()]
+    slots = [n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())]
+    return [(f".{n}", getattr(obj, n)) for n in slots if hasattr(obj, n)]
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def find_culprit(obj: Any, depth: int = 6) -> str:
+    """A path from ``obj`` to the innermost piece that does not pickle, e.g.
+    ``.fn -> captured variable 'lock' -> a _thread.lock object``."""
+    path: list[str] = []
+    for _ in range(depth):
+        bad = next(((label, part) for label, part in _parts(obj) if not _picklable(part)), None)
+        if bad is None:
+            break
+        path.append(bad[0])
+        obj = bad[1]
+    return " -> ".join([*path, _describe(obj)])
 
 
 def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
@@ -96,6 +148,7 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
     except Exception as exc:  # pickling can raise nearly anything; name the culprit
         raise SerializationError(
             f"cannot serialize {_describe(obj)} for sending: {type(exc).__name__}: {exc}. "
+            f"The piece that fails: {find_culprit(obj)}. "
             "Everything a task uses must be picklable (no open files, sockets, locks or "
             "generators); create such things inside the task instead.") from exc
     return out.getbuffer().tobytes(), buffers

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import actorpy
+from actorpy.config import Config
+from actorpy.errors import ConfigError, SerializationError
+from actorpy.runtime.context import CallTask
+from actorpy.wire import serde
+
+
+class TestConfig:
+    def test_precedence_argument_env_default(self):
+        env = {"ACTORPY_DEAD_AFTER_S": "4.5", "ACTORPY_TASK_THREADS": "3",
+               "ACTORPY_LOCAL_TRANSPORT": "tcp"}
+        c = Config.from_env(env, task_threads=2)
+        assert (c.dead_after_s, c.task_threads, c.local_transport) == (4.5, 2, "tcp")
+        assert c.heartbeat_interval_s == Config().heartbeat_interval_s
+        assert Config.from_env({}) == Config()
+
+    def test_bad_values_name_the_variable(self):
+        with pytest.raises(ConfigError, match="ACTORPY_TASK_THREADS"):
+            Config.from_env({"ACTORPY_TASK_THREADS": "many"})
+        with pytest.raises(ConfigError, match="heartbeat"):
+            Config(heartbeat_interval_s=2, dead_after_s=1)
+        with pytest.raises(ConfigError, match="unknown settings: nonsense"):
+            Config.from_env({}, nonsense=1)
+        with pytest.raises(ConfigError, match="local_transport"):
+            Config(local_transport="udp")
+
+    def test_connect_rejects_bad_addresses(self, monkeypatch):
+        with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
+            actorpy.connect("http://example:80")
+        monkeypatch.delenv("ACTORPY_SECRET", raising=False)
+        with pytest.raises(ConfigError, match="secret"):
+            actorpy.connect("tcp://127.0.0.1:1")
+
+
+LOCK = threading.Lock()
+
+
+class Holder:
+    def __init__(self) -> None:
+        self.inner = {"key": [1, LOCK]}
+
+
+HOLDER = Holder()
+
+
+def test_serialization_error_points_at_the_culprit():
+    def uses_holder(x):  # nested, so cloudpickle ships it by value with its globals
+        return HOLDER, x
+
+    with pytest.raises(SerializationError) as info:
+        serde.dumps(CallTask(uses_holder, (1,), None))
+    text = str(info.value)
+    assert ".fn -> global 'HOLDER' -> .inner -> ['key'] -> [1] -> _thread.lock object" in text
+    local_lock = threading.Lock()
+    with pytest.raises(SerializationError, match="captured variable 'local_lock'"):
+        serde.dumps(lambda: local_lock.locked())
+
+
+def test_local_cluster_over_tcp_with_curve():
+    with actorpy.connect(workers=1, local_transport="tcp") as cluster:
+        assert cluster.node.security.mode == "curve"
+        assert cluster.node.address.startswith("tcp://127.0.0.1:")
+        assert cluster.submit(sum, [1, 2, 3]).result(30) == 6
