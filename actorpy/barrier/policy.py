@@ -21,7 +21,6 @@ The policies:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
@@ -173,8 +172,10 @@ class PSP:
             return 1.0
         if free < beta:
             return 0.0
-        return math.exp(math.lgamma(free + 1) - math.lgamma(free - beta + 1)
-                        - math.lgamma(population + 1) + math.lgamma(population - beta + 1))
+        p = 1.0
+        for i in range(beta):  # C(N-L, β)/C(N, β) = Π (N-L-i)/(N-i)
+            p *= (free - i) / (population - i)
+        return p
 
 
 @dataclass(frozen=True)
