@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,9 +27,12 @@ from actorpy.barrier.policy import DSSP, PSP, SSP, Policy
 from actorpy.barrier.view import FullView
 from actorpy.barrier.workload import Durations
 
+if TYPE_CHECKING:
+    from actorpy.barrier.sim import SimConfig
 
-def run_fast(policy: Policy, controller: DSSPController | None, config, durations: Durations
-             ) -> list[int]:
+
+def run_fast(policy: Policy, controller: DSSPController | None, config: SimConfig,
+             durations: Durations) -> list[int]:
     """Steps completed by each worker within ``config.seconds`` (see module docstring)."""
     workers = config.workers
     if isinstance(policy, PSP) and 0 < policy.sample < workers - 1:
@@ -39,7 +43,7 @@ def run_fast(policy: Policy, controller: DSSPController | None, config, duration
 class _Loop:
     """State shared by both loops: steps, step histogram, minimum, completion heap."""
 
-    def __init__(self, config, durations: Durations) -> None:
+    def __init__(self, config: SimConfig, durations: Durations) -> None:
         self.seconds = config.seconds
         self.durations = durations
         self.rows = durations.rows
@@ -74,12 +78,14 @@ class _Loop:
         return now, w, x
 
 
-def _full(policy: Policy, controller: DSSPController | None, config,
+def _full(policy: Policy, controller: DSSPController | None, config: SimConfig,
           durations: Durations) -> list[int]:
     loop = _Loop(config, durations)
     waiting: dict[int, list[int]] = {}
     dssp = controller is not None and isinstance(policy, DSSP)
-    staleness = policy.staleness if isinstance(policy, (SSP, PSP)) else 0
+    never_waits = not isinstance(policy, (SSP, PSP, DSSP)) or (
+        isinstance(policy, PSP) and policy.sample == 0)  # ASP, or PSP with beta = 0
+    staleness = math.inf if never_waits else getattr(policy, "staleness", 0)
     nodes = [config.node(i) for i in range(config.workers)] if dssp else []
     mirror = np.zeros(config.workers, dtype=np.int64) if dssp else None
     while (event := loop.push()) is not None:
@@ -146,7 +152,7 @@ class _Bucket:
         return self.k_base + max(1, math.ceil(gap))
 
 
-def _sampled(policy: PSP, config, durations: Durations) -> list[int]:
+def _sampled(policy: PSP, config: SimConfig, durations: Durations) -> list[int]:
     loop = _Loop(config, durations)
     rng = random.Random(config.seed)
     population = config.workers - 1

@@ -118,3 +118,14 @@ class TestPaperNumbers:
             stds.append(np.mean([np.std(r) for r in runs]))
         assert all(a > b for a, b in zip(means, means[1:])), means
         assert stds[0] > stds[1] > stds[3] > stds[-1], stds
+
+
+def test_asp_closed_form_matches_the_event_loop():
+    from actorpy.barrier.fastsim import run_fast
+    from actorpy.barrier.sim import durations_for
+    for seed in range(3):
+        cfg = SimConfig(workers=40, seconds=60, seed=seed,
+                        workload=Workload(transient_prob=0.1, transient_slowdown=3.0))
+        closed = simulate(ASP(), cfg).per_worker
+        assert tuple(run_fast(ASP(), None, cfg, durations_for(cfg))) == closed
+        assert tuple(run_fast(PSP(0, 2), None, cfg, durations_for(cfg))) == closed
