@@ -1,0 +1,205 @@
+"""LB-BSP: load balancing at the barrier by resizing batches (Chen et al., SoCC 2020).
+
+Instead of relaxing BSP, give each worker a batch it can finish in the same time as the
+others. The controller is plain arithmetic fed measurements ``(batch, seconds)``; it keeps
+no clock. It needs no prior knowledge of the time curve: each worker's curve is modelled by
+a monotone piecewise-linear fit through its recent measurements (proportional through the
+origin while it has one point), which is exact for CPU-like ``t = c * b`` after one
+iteration and homes in on GPU-like curves (flat then linear) like a secant method as points
+accumulate. A measurement that contradicts the fit by more than ``change_tolerance``
+(the worker's speed changed) discards the older points, so it re-converges in a few
+iterations. Updates are then combined with :func:`weighted_average` so that every sample
+counts equally, as one full-batch step would.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Mapping, Sequence, TypeVar
+
+from actorpy.errors import ConfigError
+from actorpy.ids import NodeId
+
+T = TypeVar("T")
+
+
+class TimeCurve:
+    """A worker's measured iteration time as a function of its batch (monotone fit)."""
+
+    def __init__(self, window: int) -> None:
+        self._points: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def add(self, batch: int, time_s: float, change_tolerance: float) -> None:
+        """Add a point; drop the old ones if it contradicts them (speed change)."""
+        xs = [b for b, _ in self._points]
+        if xs and min(xs) <= batch <= max(xs):
+            expected = self.time_at(batch)
+            if expected > 0 and abs(time_s - expected) > change_tolerance * expected:
+                self._points.clear()
+        self._points = deque(((b, t) for b, t in self._points if b != batch),
+                             maxlen=self._points.maxlen)
+        self._points.append((batch, time_s))
+
+    def _fit(self) -> list[tuple[float, float]]:
+        pts = sorted((float(b), t) for b, t in self._points if b > 0)
+        fitted: list[tuple[float, float]] = []
+        for b, t in pts:  # enforce monotone time (measurements are noisy)
+            fitted.append((b, max(t, fitted[-1][1]) if fitted else t))
+        return fitted
+
+    def is_known(self) -> bool:
+        """True once at least one non-empty batch was measured."""
+        return bool(self._fit())
+
+    def _tail_slope(self, pts: list[tuple[float, float]]) -> float:
+        b1, t1 = pts[-1]
+        rate = t1 / b1
+        if len(pts) >= 2:
+            b0, t0 = pts[-2]
+            slope = (t1 - t0) / (b1 - b0)
+            if slope >= 0.25 * rate:  # a near-flat tail would promise unbounded batches
+                return slope
+        return rate
+
+    def time_at(self, batch: float) -> float:
+        """Predicted seconds for ``batch`` samples."""
+        pts = self._fit()
+        b0, t0 = pts[0]
+        if batch <= b0:
+            return t0 * batch / b0
+        for (bl, tl), (br, tr) in zip(pts, pts[1:]):
+            if batch <= br:
+                return tl + (tr - tl) * (batch - bl) / (br - bl)
+        bl, tl = pts[-1]
+        return tl + self._tail_slope(pts) * (batch - bl)
+
+    def batch_for(self, time_s: float) -> float:
+        """The largest (fractional) batch predicted to finish within ``time_s``."""
+        pts = self._fit()
+        b0, t0 = pts[0]
+        if time_s <= t0:
+            return b0 * time_s / t0 if t0 > 0 else b0
+        best = b0
+        for (bl, tl), (br, tr) in zip(pts, pts[1:]):
+            if time_s >= tr:
+                best = br
+            elif tr > tl:
+                return bl + (br - bl) * (time_s - tl) / (tr - tl)
+        bl, tl = pts[-1]
+        if best < bl:
+            return best
+        return bl + (time_s - tl) / self._tail_slope(pts)
+
+
+def _round_to_total(shares: Mapping[NodeId, float], total: int) -> dict[NodeId, int]:
+    """Integers summing to ``total``, by largest remainder (ties by node id)."""
+    floors = {n: int(math.floor(v)) for n, v in shares.items()}
+    short = total - sum(floors.values())
+    order = sorted(shares, key=lambda n: (floors[n] - shares[n], n))
+    for n in order[:max(short, 0)]:
+        floors[n] += 1
+    return floors
+
+
+class LBBSPController:
+    """Per-worker batch sizes that equalise iteration times for a fixed global batch.
+
+    Args:
+        workers: the workers sharing ``global_batch``.
+        global_batch: samples per iteration, in total (kept exactly).
+        min_batch: the least a working worker is given.
+        window: measurements kept per worker.
+        drop_factor: a worker gets 0 only if even ``min_batch`` is predicted to take more
+            than ``drop_factor`` times the balanced time of the others (hopeless).
+        change_tolerance: relative misprediction that signals a speed change.
+
+    >>> lb = LBBSPController([NodeId("a"), NodeId("b")], global_batch=120)
+    >>> lb.batches()
+    {'a': 60, 'b': 60}
+    >>> lb.observe(NodeId("a"), 60, 1.0); lb.observe(NodeId("b"), 60, 3.0)  # b 3x slower
+    >>> lb.batches()
+    {'a': 90, 'b': 30}
+    """
+
+    def __init__(self, workers: Sequence[NodeId], global_batch: int, *, min_batch: int = 1,
+                 window: int = 6, drop_factor: float = 2.0,
+                 change_tolerance: float = 0.25) -> None:
+        if not workers:
+            raise ConfigError("LBBSPController needs at least one worker")
+        if global_batch < len(workers) * min_batch or min_batch < 1:
+            raise ConfigError(f"global_batch={global_batch} cannot give {len(workers)} "
+                              f"workers min_batch={min_batch} each")
+        if drop_factor < 1.0 or window < 2:
+            raise ConfigError("drop_factor must be >= 1 and window >= 2")
+        self.global_batch = global_batch
+        self.min_batch = min_batch
+        self._drop_factor = drop_factor
+        self._tolerance = change_tolerance
+        self._curves = {w: TimeCurve(window) for w in workers}
+
+    def observe(self, node: NodeId, batch: int, time_s: float) -> None:
+        """Record that ``node`` took ``time_s`` seconds for an iteration of ``batch``."""
+        if node not in self._curves:
+            raise ConfigError(f"unknown worker {node!r}")
+        if batch > 0 and time_s > 0:
+            self._curves[node].add(batch, time_s, self._tolerance)
+
+    def predict_time(self, node: NodeId, batch: int) -> float | None:
+        """Predicted seconds for ``node`` to process ``batch`` (None before a measurement)."""
+        curve = self._curves[node]
+        return curve.time_at(batch) if curve.is_known() else None
+
+    def _balance(self, nodes: list[NodeId]) -> tuple[float, dict[NodeId, float]]:
+        curves = [self._curves[n] for n in nodes]
+        lo, hi = 0.0, max(c.time_at(self.global_batch) for c in curves)
+        for _ in range(100):  # bisection on the common iteration time
+            mid = 0.5 * (lo + hi)
+            if sum(c.batch_for(mid) for c in curves) < self.global_batch:
+                lo = mid
+            else:
+                hi = mid
+        return hi, {n: c.batch_for(hi) for n, c in zip(nodes, curves)}
+
+    def batches(self) -> dict[NodeId, int]:
+        """Next iteration's batch per worker; sums to ``global_batch``.
+
+        Workers not measured yet share the batch equally with the others' average.
+        """
+        nodes = list(self._curves)
+        known = [n for n in nodes if self._curves[n].is_known()]
+        if len(known) < len(nodes):
+            return _round_to_total({n: self.global_batch / len(nodes) for n in nodes},
+                                   self.global_batch)
+        active = known
+        while True:
+            target, shares = self._balance(active)
+            hopeless = [n for n in active if len(active) > 1 and
+                        self._curves[n].time_at(self.min_batch) > self._drop_factor * target]
+            if not hopeless:
+                break
+            active = [n for n in active if n not in hopeless]
+        shares = {n: max(float(self.min_batch), shares[n]) for n in active}
+        scale = self.global_batch / sum(shares.values())
+        result = _round_to_total({n: s * scale for n, s in shares.items()}, self.global_batch)
+        return {n: result.get(n, 0) for n in nodes}
+
+
+def weighted_average(updates: Sequence[T], batch_sizes: Sequence[int]) -> T:
+    """Combine per-worker mean gradients weighted by batch size: ``Σ b_i g_i / Σ b_i``.
+
+    Every sample counts equally, so the result equals the mean over the union of batches.
+    Works for numpy arrays, torch tensors and floats.
+
+    >>> weighted_average([1.0, 4.0], [3, 1])
+    1.75
+    """
+    if len(updates) != len(batch_sizes):
+        raise ConfigError(f"{len(updates)} updates but {len(batch_sizes)} batch sizes")
+    pairs = [(u, b) for u, b in zip(updates, batch_sizes) if b > 0]
+    total = sum(b for _, b in pairs)
+    if total <= 0:
+        raise ConfigError("weighted_average needs at least one positive batch size")
+    acc = pairs[0][0] * (pairs[0][1] / total)
+    for u, b in pairs[1:]:
+        acc = acc + u * (b / total)
+    return acc

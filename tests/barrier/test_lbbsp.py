@@ -1,0 +1,120 @@
+"""LB-BSP batch balancing, driven by simulated (batch, seconds) measurements."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from actorpy.barrier import LBBSPController, weighted_average
+from actorpy.errors import ConfigError
+from actorpy.ids import NodeId
+
+WORKERS = [NodeId(f"w{i}") for i in range(4)]
+GLOBAL = 512
+
+
+def linear(speed):  # CPU-like: time proportional to batch
+    return lambda b: b / speed
+
+
+def saturating(slowdown, t0=0.05, k=0.004, knee=64.0):  # GPU-like: flat, then linear
+    return lambda b: slowdown * (t0 + k * (math.sqrt(b * b + knee * knee) - knee))
+
+
+def ideal_time(curves, total):
+    lo, hi = 0.0, max(c(total) for c in curves)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        fits = 0.0
+        for c in curves:  # the largest batch each worker can do within mid
+            if c(0) > mid:
+                continue
+            blo, bhi = 0.0, float(total)
+            for _ in range(60):
+                bm = (blo + bhi) / 2
+                blo, bhi = (bm, bhi) if c(bm) <= mid else (blo, bm)
+            fits += blo
+        lo, hi = (mid, hi) if fits < total else (lo, mid)
+    return hi
+
+
+def run(controller, curves, iterations, rng, noise=0.02):
+    """Drive the controller; return the iteration time (the slowest worker) each round."""
+    times = []
+    for _ in range(iterations):
+        batches = controller.batches()
+        assert sum(batches.values()) == controller.global_batch
+        took = {}
+        for w, curve in zip(WORKERS, curves):
+            if batches[w] > 0:
+                took[w] = curve(batches[w]) * (1 + noise * rng.uniform(-1, 1))
+                controller.observe(w, batches[w], took[w])
+        times.append(max(took.values()))
+    return times
+
+
+@pytest.mark.parametrize("kind", ["linear", "saturating"])
+def test_one_3x_slower_worker_balances_within_15_percent_in_10_iterations(kind):
+    if kind == "linear":
+        curves = [linear(100.0)] * 3 + [linear(100.0 / 3)]
+        ideal = GLOBAL / (3 * 100.0 + 100.0 / 3)  # total work / total speed
+    else:
+        curves = [saturating(1.0)] * 3 + [saturating(3.0)]
+        ideal = ideal_time(curves, GLOBAL)
+    times = run(LBBSPController(WORKERS, GLOBAL), curves, 10, np.random.default_rng(0))
+    unbalanced = max(c(GLOBAL / 4) for c in curves)
+    assert times[0] == pytest.approx(unbalanced, rel=0.03)  # first round: equal split
+    assert times[-1] <= 1.15 * ideal
+    assert times[-1] < 0.8 * unbalanced
+
+
+@pytest.mark.parametrize("kind", ["linear", "saturating"])
+def test_reconverges_within_a_few_iterations_after_a_speed_change(kind):
+    make = (lambda f: linear(100.0 / f)) if kind == "linear" else saturating
+    lb = LBBSPController(WORKERS, GLOBAL)
+    rng = np.random.default_rng(1)
+    run(lb, [make(1.0)] * 3 + [make(3.0)], 10, rng)
+    changed = [make(1.0), make(4.0), make(1.0), make(1.0)]  # w1 slows down, w3 recovers
+    times = run(lb, changed, 5, rng)
+    assert times[-1] <= 1.15 * ideal_time(changed, GLOBAL)
+
+
+def test_drops_only_a_hopeless_worker():
+    curves = [linear(100.0)] * 3 + [lambda b: 50.0 + b]  # w3: 50 s even for one sample
+    lb = LBBSPController(WORKERS, GLOBAL)
+    run(lb, curves, 3, np.random.default_rng(2))
+    batches = lb.batches()
+    assert batches[WORKERS[3]] == 0 and sum(batches.values()) == GLOBAL
+    slow_but_useful = [linear(100.0)] * 3 + [linear(10.0)]  # 10x slower, still worth a share
+    lb = LBBSPController(WORKERS, GLOBAL)
+    run(lb, slow_but_useful, 3, np.random.default_rng(2))
+    assert 0 < lb.batches()[WORKERS[3]] < GLOBAL / 10
+
+
+def test_batches_sum_to_global_batch_and_start_equal():
+    lb = LBBSPController(WORKERS, 10)
+    assert lb.batches() == {w: b for w, b in zip(WORKERS, (3, 3, 2, 2))}
+    with pytest.raises(ConfigError):
+        LBBSPController(WORKERS, 3)
+    with pytest.raises(ConfigError):
+        lb.observe(NodeId("stranger"), 1, 1.0)
+
+
+def test_weighted_aggregation_equals_full_batch_gradient():
+    rng = np.random.default_rng(3)
+    x, w_true = rng.normal(size=(300, 5)), rng.normal(size=5)
+    y = x @ w_true + 0.1 * rng.normal(size=300)
+    w = rng.normal(size=5)
+
+    def grad(xb, yb):  # mean-squared-error gradient over one batch
+        return 2 * xb.T @ (xb @ w - yb) / len(yb)
+
+    sizes = [170, 90, 35, 5, 0]
+    cuts = np.cumsum([0] + sizes)
+    grads = [grad(x[a:b], y[a:b]) if b > a else np.zeros(5) for a, b in zip(cuts, cuts[1:])]
+    full = grad(x, y)
+    assert np.allclose(weighted_average(grads, sizes), full)
+    assert not np.allclose(np.mean(grads[:4], axis=0), full)  # the plain mean is biased
+    with pytest.raises(ConfigError):
+        weighted_average(grads, sizes[:2])
