@@ -168,6 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `actorpy sim --json | head`: the reader left; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `sim` owns its own argument parser; forward everything after the word.
     if "sim" in argv and all(a.startswith("-") or a == "sim" for a in argv[:argv.index("sim") + 1]):

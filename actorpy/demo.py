@@ -40,4 +40,23 @@ def run_demo(workers: int = 2) -> int:
             print(f"a remote failure comes back with its type, node and traceback: "
                   f"{exc.remote_type} on {exc.node_id}")
     print("cluster stopped; no processes left behind")
+    _barrier_demo()
     return 0
+
+
+def _barrier_demo(workers: int = 200, seconds: float = 200.0) -> None:
+    from actorpy.barrier import ASP, BSP, PSP, SSP, SimConfig, simulate
+
+    print(f"\nbarriers, simulated: {workers} workers, {seconds:.0f} s, "
+          "iteration times exponential with mean 1 s")
+    print(f"  {'barrier':<30} {'mean steps':>10} {'spread':>7} {'/ASP':>6}")
+    config = SimConfig(workers=workers, seconds=seconds, seed=0)
+    results = [(p, simulate(p, config)) for p in
+               (BSP(), SSP(staleness=4), PSP(sample=10, staleness=0),
+                PSP(sample=10, staleness=4), ASP())]
+    asp_mean = results[-1][1].stats()["mean"]
+    for policy, result in results:
+        st = result.stats()
+        print(f"  {policy!r:<30} {st['mean']:>10.1f} {st['max'] - st['min']:>7.0f} "
+              f"{st['mean'] / asp_mean:>6.2f}")
+    print("  (try `actorpy sim --compare bsp ssp:4 pbsp:10 pssp:10:4 asp --plot steps.png`)")

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import zmq
 
-from actorpy.errors import ActorpyTimeout, NodeLost, ProtocolError
+from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, ProtocolError
 from actorpy.ids import NodeId
 from actorpy.runtime import remote
 from actorpy.wire import message as wm
@@ -44,15 +44,19 @@ class ReplyFuture(Future):
     """A reply on its way. ``result()`` unpickles it in the calling thread and raises
     ``RemoteError`` when the remote side failed."""
 
-    def __init__(self, dest: NodeId, what: str) -> None:
+    def __init__(self, dest: NodeId, what: str, io_thread: threading.Thread | None = None) -> None:
         super().__init__()
         self.dest = dest
         self.what = what
+        self._io_thread = io_thread
         self._lock = threading.Lock()
         self._decoded = False
         self._value: Any = None
 
     def result(self, timeout: float | None = None) -> Any:
+        if not self.done() and threading.current_thread() is self._io_thread:
+            raise ActorpyError(f"waiting for {self.what} on the node's I/O thread would deadlock: "
+                               "handlers and node-lost listeners must not block")
         try:
             msg = super().result(timeout)
         except TimeoutError:
@@ -228,7 +232,8 @@ class Node:
             fut.set_exception(NodeLost(dest, f"node {dest} is dead"))
             return fut
         rid = next(self._request_ids)
-        fut = ReplyFuture(dest, what or f"request kind {int(kind)} (service {service})")
+        fut = ReplyFuture(dest, what or f"request kind {int(kind)} (service {service})",
+                          self._thread)
         with self._pending_lock:
             self._pending[rid] = fut
         try:
