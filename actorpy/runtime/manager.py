@@ -100,8 +100,8 @@ class Manager:
         if rec is None:
             return  # never registered: nothing to acknowledge
         if rec.state != "alive":
-            # Declared dead already; its work was handed on. Fence it off.
-            self.node.send(NodeId(msg.sender), CORE_SERVICE, Kind.SHUTDOWN)
+            # Declared dead already and its work handed on: no acknowledgement, so a node
+            # that was only paused finds its heartbeats unanswered and exits by itself.
             return
         rec.last_seen = time.monotonic()
         self.node.send(NodeId(msg.sender), CORE_SERVICE, Kind.HEARTBEAT_ACK)

@@ -138,3 +138,18 @@ def test_workers_exit_when_the_manager_dies(tcp_manager):
     manager.wait(10)
     for w in workers:
         assert w.wait(15) == 0
+
+
+def test_a_paused_worker_is_fenced_off():
+    """SIGSTOP looks like death; once declared dead, the worker must not come back."""
+    with actorpy.connect(workers=2, dead_after_s=1.0, manager_timeout_s=1.5) as cluster:
+        victim = cluster.workers()[0]
+        pid = {r["node_id"]: r["pid"] for r in cluster.nodes()}[victim]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: victim not in cluster.workers(), 5, "the paused worker to be declared dead")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: not _alive(pid), 10, "the fenced worker to exit by itself")
+        assert victim not in cluster.workers()
+        assert cluster.submit(lambda: "still working").result(30) == "still working"
