@@ -23,6 +23,7 @@ import zmq
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, ProtocolError
 from actorpy.ids import NodeId
+from actorpy.log import Throttle
 from actorpy.runtime import remote
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
@@ -99,6 +100,11 @@ class Node:
         security.apply_server(self._router)
         self._router.bind(bind)
         self.address: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        # With CURVE, peers that fail the handshake never reach us; log them (the ZAP
+        # callback in wire.auth logs wrong keys, this catches wrong mechanisms too).
+        self._monitor = (self._router.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH) if security.mode == "curve" else None)
         self._wake_recv = self._ctx.socket(zmq.PAIR)
         self._wake_recv.bind(f"inproc://wake-{id(self)}")
         self._wake_send = self._ctx.socket(zmq.PAIR)
@@ -122,6 +128,7 @@ class Node:
         self._lost_listeners: list[Callable[[NodeId], None]] = []
         self._unknown_dest: Callable[[NodeId], None] | None = None
         self._closed = threading.Event()
+        self._throttle = Throttle()
         #: bytes received so far (all frames), for tests and monitoring
         self.bytes_in = 0
         self._thread = threading.Thread(target=self._loop, name=f"actorpy-io-{node_id}",
@@ -153,6 +160,9 @@ class Node:
                 with lock:
                     sock.close(linger=linger)
             self._dealers.clear()
+        if self._monitor is not None:
+            self._router.disable_monitor()
+            self._monitor.close(linger=0)
         for sock in (self._router, self._wake_recv, self._wake_send):
             sock.close(linger=0)
         if self._auth is not None:
@@ -350,6 +360,8 @@ class Node:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_recv, zmq.POLLIN)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
         watched: set[int] = set()
         while not self._closed.is_set():
             for fd in set(self._watch_fds) - watched:
@@ -368,6 +380,8 @@ class Node:
                     self._wake_recv.recv()
             if self._router in events:
                 self._drain_router()
+            if self._monitor is not None and self._monitor in events:
+                self._log_handshake_failures()
             for fd in watched & set(events):
                 callback = self._watch_fds.pop(fd, None)
                 poller.unregister(fd)
@@ -392,6 +406,20 @@ class Node:
             callback()
         except Exception:  # a broken handler must not stop the node
             log.exception("callback failed on node %s", self.node_id)
+
+    def _log_handshake_failures(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self._monitor is not None and self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            name = zmq.Event(event["event"]).name
+            allowed, held = self._throttle.allow(name)
+            if allowed:
+                log.log(logging.INFO if name.endswith("NO_DETAIL") else logging.WARNING,
+                        "rejected a connection to %s: handshake failed (%s, code %s); the peer "
+                        "is not a member of this cluster or speaks another protocol%s",
+                        self.address, name, event["value"],
+                        f" ({held} more since the last report)" if held else "")
 
     def _drain_router(self) -> None:
         for _ in range(1000):  # bounded, so timers still run under a flood

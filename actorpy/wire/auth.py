@@ -27,6 +27,7 @@ import zmq
 from zmq.utils import z85
 
 from actorpy.errors import ConfigError
+from actorpy.log import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +80,16 @@ class _AllowList:
 
     def __init__(self, allowed: frozenset[bytes]) -> None:
         self.allowed = allowed
+        self._throttle = Throttle()
 
     def callback(self, domain: str, key: bytes) -> bool:
         if key in self.allowed:
             return True
-        log.warning("rejected a connection: CURVE client key %s is not a member of this "
-                    "cluster (wrong or missing secret)", key.decode("ascii", "replace"))
+        allowed, held = self._throttle.allow(key)
+        if allowed:
+            log.warning("rejected a connection: CURVE client key %s is not a member of this "
+                        "cluster (wrong or missing secret)%s", key.decode("ascii", "replace"),
+                        f"; {held} more attempts since the last report" if held else "")
         return False
 
 
