@@ -23,7 +23,10 @@ class KademliaConfig:
         alpha: lookup concurrency (requests in flight per lookup).
         replication: how many of the closest nodes store a value (default: ``ksize``).
         rpc_timeout_s: how long to wait for a reply before the contact counts as failed.
-        dead_for_s: how long a failed contact is skipped when other nodes return it.
+        max_failures: consecutive unanswered RPCs after which a contact is dropped from the
+            table and skipped for ``dead_for_s`` (one failed PING always suffices); a single
+            loss only takes it out of the lookup in progress.
+        dead_for_s: how long a dropped contact is skipped when other nodes return it.
         refresh_interval_s: a bucket with no lookup in this long gets a random-id lookup.
         republish_interval_s: how often stored keys are re-sent to the current k closest.
         ttl_s: lifetime of a value unless its origin republishes it.
@@ -35,6 +38,7 @@ class KademliaConfig:
     alpha: int = 3
     replication: int | None = None
     rpc_timeout_s: float = 2.0
+    max_failures: int = 1
     dead_for_s: float = 300.0
     refresh_interval_s: float = 3600.0
     republish_interval_s: float = 3600.0

@@ -36,7 +36,7 @@ from .storage import MemoryStorage, Storage
 
 log = logging.getLogger(__name__)
 
-SAMPLE_SPREAD = 2   # see services.picks_from_subtree
+SAMPLE_SPREAD = 4   # see services.picks_from_subtree
 _PUBLIC = frozenset({OpKind.FIND_NODE, OpKind.FIND_VALUE, OpKind.STORE, OpKind.JOIN,
                      OpKind.SAMPLE})
 
@@ -108,6 +108,7 @@ class KademliaNode:
         self._pending: dict[int, _Pending] = {}
         self._ops: dict[int, _Op] = {}
         self._dead: dict[int, float] = {}
+        self._failures: dict[int, int] = {}
         self._pinging: set[int] = set()
         self._next_op = 1
 
@@ -234,6 +235,7 @@ class KademliaNode:
 
     def _note_alive(self, contact: Contact, now: float, eff: Effects) -> None:
         self._dead.pop(contact.node_id, None)
+        self._failures.pop(contact.node_id, None)
         oldest = self.routing.observe(contact, now)
         if oldest is not None and oldest.node_id not in self._pinging:
             # Full bucket: keep the old contact unless it fails a PING (paper 2.2).
@@ -324,9 +326,14 @@ class KademliaNode:
     def _on_timeout(self, pending: _Pending, now: float, eff: Effects) -> None:
         node_id = pending.contact.node_id
         self.stats.timeouts += 1
-        self._dead[node_id] = now + self.config.dead_for_s
+        failures = self._failures.get(node_id, 0) + 1
+        self._failures[node_id] = failures
         self._pinging.discard(node_id)
-        self.routing.remove(node_id)   # an LRS that failed its PING leaves here, too
+        if pending.kind == Kind.PING or failures >= self.config.max_failures:
+            # an LRS contact that failed its PING leaves here, as does a repeat offender
+            self._dead[node_id] = now + self.config.dead_for_s
+            self._failures.pop(node_id, None)
+            self.routing.remove(node_id)
         log.debug("%s: %s timed out (%s)", short(self.node_id), pending.contact.address,
                   pending.kind.name)
         op = self._ops.get(pending.op_id) if pending.op_id is not None else None

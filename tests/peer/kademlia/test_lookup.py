@@ -119,3 +119,20 @@ class TestLookupStateMachine:
                 lookup.on_nodes(c.node_id, rng.sample(everyone, 8))
             in_flight += lookup.next_queries()
         assert lookup.is_done and lookup.max_in_flight <= alpha
+
+
+class TestWireAndLoss:
+    def test_lossy_network_over_the_wire_codec(self) -> None:
+        net = SimNetwork(FAST, seed=21, wire=True, loss=0.05, latency_s=(0.001, 0.2))
+        live = net.grow(120)
+        rng = random.Random(22)
+        top1 = 0
+        for _ in range(40):
+            source, target = rng.choice(live), random_id(rng)
+            done = net.find_node(source, target)
+            top1 += done.contacts[0] == net.true_closest(target, 1, exclude=source)[0]
+        assert net.dropped > 0 and net.rejected == 0
+        assert top1 >= 36                                  # 90 %: one lost reply drops a contact
+        key = random_id(rng)
+        net.set(live[0], key, b"over the wire")
+        assert all(net.get(a, key).value == b"over the wire" for a in live[::10])

@@ -113,3 +113,14 @@ class TestNodeRejects:
         query = next(s for s in eff.sends if s.address == "a")
         with pytest.raises(ProtocolError, match="does not answer"):
             node.receive("a", encode(Value(query.message.rpc_id, A, KadId(7), b"x")), now=1.1)
+
+
+class TestNodeRejectsImpostorReplies:
+    def test_reply_claiming_an_unknown_id_is_rejected(self) -> None:
+        node = KademliaNode(KadId(1), "me", KademliaConfig(ksize=4), rng=random.Random(0))
+        node.receive("a", encode(Ping(9, A)), now=0.0)
+        _, eff = node.find_node(KadId(7), now=1.0)
+        query = eff.sends[0]
+        with pytest.raises(ProtocolError, match="another id"):
+            node.receive("a", encode(Nodes(query.message.rpc_id, KadId(12345), ())), now=1.1)
+        assert node.routing.contacts() == [Contact(A, "a")]
