@@ -29,8 +29,8 @@ from .events import Done, Effects, KademliaConfig, OpKind, Send, SetTimer, Timer
 from .ids import KadId, random_id, random_id_in_range, shared_prefix_len, short
 from .lookup import Lookup
 from .routing import Contact, RoutingTable
-from .rpc import (REPLY_KINDS, REQUEST_KINDS, FindNode, FindValue, Kind, Message, Nodes, Ping, Pong, Store,
-                  Stored, Value, decode)
+from .rpc import (REPLY_KINDS, REQUEST_KINDS, FindNode, FindValue, Kind, Message, Nodes, Ping,
+                  Pong, Store, Stored, Value, decode)
 from .services import picks_from_subtree, sample_depth, table_size_estimate
 from .storage import MemoryStorage, Storage
 

@@ -174,9 +174,10 @@ def _address(value: object) -> str:
 
 
 def _ttl(value: object) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not math.isfinite(value) or value <= 0:
         raise ProtocolError(f"ttl_s must be a positive finite number, got {value!r:.40}")
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def _contacts(value: object, max_contacts: int) -> tuple[Contact, ...]:

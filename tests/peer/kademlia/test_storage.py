@@ -99,7 +99,8 @@ class TestExpiry:
         store = MemoryStorage()
         store.put(KadId(1), b"a", now=0.0, ttl_s=50.0)
         store.put(KadId(2), b"b", now=0.0, ttl_s=50.0, is_origin=True)
-        assert store.due_for_republish(10.0, interval_s=30.0) == [(KadId(2), store.record(KadId(2)))]
+        origin = store.record(KadId(2))
+        assert store.due_for_republish(10.0, interval_s=30.0) == [(KadId(2), origin)]
         assert [k for k, _ in store.due_for_republish(30.0, interval_s=30.0)] == [1, 2]
         store.put(KadId(1), b"a", now=35.0, ttl_s=10.0)     # a shorter re-STORE keeps the expiry
         assert store.record(KadId(1)).expires_at == 50.0
