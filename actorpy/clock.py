@@ -5,7 +5,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 
@@ -36,12 +35,15 @@ class SystemClock:
         raise NotImplementedError("SystemClock has no timer loop; use the node's loop")
 
 
-@dataclass(order=True)
 class _Entry:
-    due: float
-    seq: int
-    callback: Callable[[], None] = field(compare=False)
-    cancelled: bool = field(default=False, compare=False)
+    """A pending FakeClock timer; the heap orders ``(due, seq, entry)`` tuples, so
+    comparisons stay in C (the simulators push millions of them)."""
+
+    __slots__ = ("callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -61,22 +63,22 @@ class FakeClock:
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start
-        self._queue: list[_Entry] = []
+        self._queue: list[tuple[float, int, _Entry]] = []
         self._seq = itertools.count()
 
     def now(self) -> float:
         return self._now
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> _Entry:
-        entry = _Entry(self._now + max(0.0, delay_s), next(self._seq), callback)
-        heapq.heappush(self._queue, entry)
+        entry = _Entry(callback)
+        heapq.heappush(self._queue, (self._now + max(0.0, delay_s), next(self._seq), entry))
         return entry
 
     def next_due(self) -> float | None:
         """Time of the earliest pending timer, or None."""
-        while self._queue and self._queue[0].cancelled:
+        while self._queue and self._queue[0][2].cancelled:
             heapq.heappop(self._queue)
-        return self._queue[0].due if self._queue else None
+        return self._queue[0][0] if self._queue else None
 
     def advance(self, delta_s: float) -> None:
         """Move time forward by ``delta_s``, firing due timers in order (each at its due time)."""
@@ -88,7 +90,7 @@ class FakeClock:
             due = self.next_due()
             if due is None or due > t:
                 break
-            entry = heapq.heappop(self._queue)
-            self._now = max(self._now, entry.due)
+            _, _, entry = heapq.heappop(self._queue)
+            self._now = max(self._now, due)
             entry.callback()
         self._now = max(self._now, t)
