@@ -24,7 +24,10 @@ class Config:
         start_timeout_s: how long connect() waits for the cluster to come up.
         task_threads: tasks a worker runs at once.
         chunk_bytes: buffers larger than this travel as several frames.
-        max_frame_bytes: larger frames are refused by the receiver (protects memory).
+        max_frame_bytes: a received frame larger than this is dropped with a WARNING naming
+            the sender. The check runs after receipt: only authenticated members can send
+            at all, and they can already run code on the cluster, so it guards against
+            mistakes, not attacks.
         linger_ms: how long closing sockets may flush pending messages.
         local_transport: "auto" (ipc where available), "ipc", or "tcp" (127.0.0.1 with
             CURVE and a fresh secret) for the embedded local cluster.

@@ -95,7 +95,6 @@ class Node:
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self._router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self._router.rcvhwm = 0
         security.apply_server(self._router)
         self._router.bind(bind)

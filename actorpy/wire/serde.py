@@ -53,7 +53,8 @@ def _reduce_tensor(torch: Any, tensor: Any) -> Any:
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
+    # conj() and neg() may be lazy bits on a view; materialise them so the bytes are the value.
+    t = t.resolve_conj().resolve_neg().contiguous()
     # One uniform path for every dtype (bfloat16 and float8 have no numpy twin): raw bytes.
     flat = t.reshape(-1).view(torch.uint8).numpy()
     return (_rebuild_tensor, (flat, str(t.dtype).removeprefix("torch."), tuple(t.shape),
