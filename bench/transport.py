@@ -1,0 +1,478 @@
+"""Transport benchmark: raw pyzmq vs actorpy's wire vs the full Node runtime, side by side.
+
+Run:  python bench/transport.py [--quick] [--mech ipc,curve]
+
+What it measures, per mechanism (``ipc``: sockets in ``auth.private_dir()``; ``curve``: CurveZMQ
+over tcp://127.0.0.1 with both sides holding the same cluster secret and the server running the
+ZAP authenticator from ``Security.start_authenticator``) and per payload (a tiny message, numpy
+float32 arrays of 1 KB .. 128 MB, a 16 MB torch tensor):
+
+* (a) ``raw``  — pyzmq DEALER -> ROUTER, the array sent as one raw frame (``copy=False`` from
+  64 KB up, the same threshold actorpy uses; below it pyzmq's copying send is the faster one),
+  received with ``copy=False`` and turned into an ndarray with ``np.frombuffer`` (a tensor with
+  ``torch.from_numpy``). This is the floor: no header, no pickle, dtype/shape known in advance.
+* (b) ``wire`` — the same sockets, but every message is built with
+  ``actorpy.wire.message.assemble`` (header + ``serde.encode``), checked with
+  ``Security.is_trusted``, parsed with ``Message.parse`` and decoded with ``.payload()`` into a
+  real ndarray / tensor — exactly the work a Node does per message, minus its threads.
+* (c) ``node`` — two ``actorpy.runtime.node.Node``s: ``node.call`` round trips to a handler that
+  answers with ``node.reply(msg, value)``, and ``node.send`` streams closed by a ``call``; this
+  is what a request costs end to end (I/O thread hand-offs, futures, handler dispatch).
+
+Round-trip latency: the client (this process) sends a message and waits for the echo; the
+server echoes what it decoded (wire/node re-encode it). ``perf_counter`` around each round
+trip, after a warm-up; median and p99 over all round trips.
+
+One-way bandwidth: the client sends K messages back to back; the server decodes every one and
+then answers one small ack. Bandwidth = K * size / (time from the first send to the ack),
+after one untimed warm-up repetition; the median over several repetitions is printed.
+
+The server runs in a separate process (``multiprocessing`` spawn context) so the two sides
+never share a GIL; commands travel over a multiprocessing Pipe, data only over ZeroMQ.
+``np.copyto`` between two preallocated arrays of each size is the physical limit (memcpy).
+Nothing here asserts on speed; the targets (b/a >= 0.8 in bandwidth from 1 MB up, small
+round trip of the wire <= 1.5x raw) are printed next to the table.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Benchmark the checkout this script lives in, not whatever actorpy is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import zmq  # noqa: E402
+
+from actorpy.runtime.node import Node  # noqa: E402
+from actorpy.wire import auth  # noqa: E402
+from actorpy.wire import message as wm  # noqa: E402
+from actorpy.wire.kinds import CORE_SERVICE, Kind  # noqa: E402
+
+SECRET = b"bench-transport-secret-0123456789"
+SERVER_ID, CLIENT_ID = "bench-s", "bench-c"
+BENCH_SERVICE = 1
+ECHO, SINK, FLUSH = 1, 2, 3
+MAX_FRAME = 1 << 30
+TIMEOUT_S = 120.0
+SMALL = "tiny msg"
+
+
+@dataclass(frozen=True)
+class Payload:
+    label: str
+    nbytes: int          # 0: the tiny message (8 raw bytes / a small Python int)
+    torch: bool = False
+    rtt_n: int = 0       # round trips timed
+    bw_k: int = 0        # messages per bandwidth repetition
+    bw_reps: int = 0     # timed bandwidth repetitions
+
+
+def payloads(quick: bool) -> list[Payload]:
+    q = (lambda full, short: short) if quick else (lambda full, short: full)
+    kb, mb = 1 << 10, 1 << 20
+    return [
+        Payload(SMALL, 0, rtt_n=q(3000, 500)),
+        Payload("1 KB", kb, rtt_n=q(2000, 300), bw_k=q(4000, 1000), bw_reps=q(5, 3)),
+        Payload("64 KB", 64 * kb, rtt_n=q(1000, 200), bw_k=q(500, 200), bw_reps=q(5, 3)),
+        Payload("1 MB", mb, rtt_n=q(200, 50), bw_k=q(64, 32), bw_reps=q(5, 3)),
+        Payload("16 MB", 16 * mb, rtt_n=q(20, 5), bw_k=q(8, 4), bw_reps=q(5, 3)),
+        Payload("128 MB", 128 * mb, rtt_n=q(3, 1), bw_k=q(2, 1), bw_reps=q(3, 1)),
+        Payload("torch 16 MB", 16 * mb, torch=True, rtt_n=q(20, 5), bw_k=q(8, 4),
+                bw_reps=q(5, 3)),
+    ]
+
+
+def make_value(p: Payload) -> Any:
+    """What the client sends: the thing a user would hand to the wire."""
+    if p.nbytes == 0:
+        return 42
+    arr = np.arange(p.nbytes // 4, dtype=np.float32)
+    if p.torch:
+        import torch
+        return torch.from_numpy(arr)
+    return arr
+
+
+# --------------------------------------------------------------------------- raw / wire codecs
+def send_frames(sock: zmq.Socket, frames: list[Any]) -> None:
+    """Send frames the way Node does: zero-copy from 64 KB, copying below."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        big = not isinstance(frame, bytes) and memoryview(frame).nbytes >= wm.ZERO_COPY_MIN_BYTES
+        sock.send(frame, zmq.SNDMORE if i < last else 0, copy=not big)
+
+
+def raw_frames(value: Any) -> list[Any]:
+    if isinstance(value, int):
+        return [b"\0" * 8]
+    if isinstance(value, bytes):
+        return [value]
+    if isinstance(value, np.ndarray):
+        return [value]
+    return [value.numpy()]  # torch tensor
+
+
+def raw_decode(frames: list[zmq.Frame], kind: str) -> Any:
+    frame = frames[-1]
+    if kind == "small":
+        return frame.bytes
+    arr = np.frombuffer(frame.buffer, dtype=np.float32)
+    if kind == "torch":
+        import torch
+        return torch.from_numpy(arr)
+    return arr
+
+
+def wire_frames(value: Any, sender: str, kind: int, request_id: int = 0) -> list[Any]:
+    return wm.assemble(CORE_SERVICE, kind, sender, value, request_id=request_id)
+
+
+def wire_decode(frames: list[zmq.Frame], security: auth.Security, has_identity: bool) -> Any:
+    if has_identity and not security.is_trusted(frames[0]):
+        raise RuntimeError("untrusted frame in the benchmark")
+    msg = wm.Message.parse(frames[1:] if has_identity else frames, MAX_FRAME)
+    return msg.payload()
+
+
+def payload_kind(p: Payload) -> str:
+    return "small" if p.nbytes == 0 else ("torch" if p.torch else "numpy")
+
+
+# --------------------------------------------------------------------------- server process
+def security_for(mech: str) -> auth.Security:
+    return auth.Security.ipc() if mech == "ipc" else auth.Security.curve(SECRET)
+
+
+def endpoint(mech: str, ipc_dir: str, name: str) -> str:
+    return f"ipc://{ipc_dir}/{name}" if mech == "ipc" else "tcp://127.0.0.1:*"
+
+
+def server_main(conn: Any, mech: str, ipc_dir: str) -> None:
+    """Serve one implementation at a time, driven by commands on ``conn``."""
+    security = security_for(mech)
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "stop":
+            return
+        impl = cmd[1]
+        if impl == "node":
+            _serve_node(conn, mech, ipc_dir, security)
+        else:
+            _serve_socket(conn, mech, ipc_dir, security, impl)
+
+
+def _serve_socket(conn: Any, mech: str, ipc_dir: str, security: auth.Security,
+                  impl: str) -> None:
+    ctx = zmq.Context()
+    authenticator = security.start_authenticator(ctx)
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    sock.rcvhwm = sock.sndhwm = 0
+    security.apply_server(sock)
+    sock.bind(endpoint(mech, ipc_dir, f"srv-{impl}"))
+    conn.send(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    try:
+        while True:
+            cmd = conn.recv()
+            if cmd[0] == "done":
+                return
+            op, n, kind = cmd
+            for i in range(n):
+                frames = sock.recv_multipart(copy=False)
+                ident = frames[0]
+                if impl == "raw":
+                    value = raw_decode(frames, kind)
+                    out = raw_frames(value) if op == "echo" else None
+                else:
+                    value = wire_decode(frames, security, has_identity=True)
+                    out = wire_frames(value, SERVER_ID, Kind.RESULT) if op == "echo" else None
+                if out is not None:
+                    send_frames(sock, [ident, *out])
+                elif i == n - 1:  # sink: one small ack after the last message
+                    ack = [b"ok"] if impl == "raw" else wire_frames(n, SERVER_ID, Kind.RESULT)
+                    send_frames(sock, [ident, *ack])
+            conn.send("ok")
+    finally:
+        sock.close(linger=0)
+        if authenticator is not None:
+            authenticator.stop()
+        ctx.term()
+
+
+def _serve_node(conn: Any, mech: str, ipc_dir: str, security: auth.Security) -> None:
+    node = Node(SERVER_ID, endpoint(mech, ipc_dir, "srv-node"), security,
+                max_frame_bytes=MAX_FRAME).start()
+    received = [0]
+
+    def sink(msg: wm.Message) -> None:
+        msg.payload()
+        received[0] += 1
+
+    node.on(BENCH_SERVICE, ECHO, lambda msg: node.reply(msg, msg.payload()))
+    node.on(BENCH_SERVICE, SINK, sink)
+    node.on(BENCH_SERVICE, FLUSH, lambda msg: node.reply(msg, received[0]))
+    conn.send(node.address)
+    client_address = conn.recv()
+    node.add_peer(CLIENT_ID, client_address, "driver")
+    conn.send("ok")
+    try:
+        conn.recv()  # "done"
+    finally:
+        node.close()
+
+
+# --------------------------------------------------------------------------- client side
+def recv(sock: zmq.Socket) -> list[zmq.Frame]:
+    if not sock.poll(int(TIMEOUT_S * 1000)):
+        raise TimeoutError(f"no answer from the server within {TIMEOUT_S} s (see its traceback)")
+    return sock.recv_multipart(copy=False)
+
+
+def answer(conn: Any) -> Any:
+    if not conn.poll(TIMEOUT_S):
+        raise TimeoutError(f"the server process did not answer within {TIMEOUT_S} s")
+    return conn.recv()
+
+
+def stats(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return statistics.median(ordered), p99
+
+
+class SocketClient:
+    """Client for the raw / wire implementations."""
+
+    def __init__(self, conn: Any, mech: str, impl: str, security: auth.Security) -> None:
+        self.conn, self.impl, self.security = conn, impl, security
+        conn.send(("serve", impl))
+        address = answer(conn)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.rcvhwm = self.sock.sndhwm = 0
+        security.apply_client(self.sock)
+        self.sock.connect(address)
+
+    def frames(self, value: Any) -> list[Any]:
+        if self.impl == "raw":
+            return raw_frames(value)
+        return wire_frames(value, CLIENT_ID, Kind.TASK, request_id=1)
+
+    def decode(self, frames: list[zmq.Frame], kind: str) -> Any:
+        if self.impl == "raw":
+            return raw_decode(frames, kind)
+        return wire_decode(frames, self.security, has_identity=False)
+
+    def rtt(self, value: Any, kind: str, n: int) -> list[float]:
+        warm = max(2, n // 10)
+        self.conn.send(("echo", warm + n, kind))
+        samples = []
+        for i in range(warm + n):
+            t0 = time.perf_counter()
+            send_frames(self.sock, self.frames(value))
+            self.decode(recv(self.sock), kind)
+            if i >= warm:
+                samples.append(time.perf_counter() - t0)
+        answer(self.conn)
+        return samples
+
+    def bandwidth(self, value: Any, kind: str, k: int, reps: int) -> list[float]:
+        times = []
+        for rep in range(reps + 1):  # the first repetition warms up
+            self.conn.send(("sink", k, kind))
+            t0 = time.perf_counter()
+            for _ in range(k):
+                send_frames(self.sock, self.frames(value))
+            recv(self.sock)
+            if rep:
+                times.append(time.perf_counter() - t0)
+            answer(self.conn)
+        return times
+
+    def close(self) -> None:
+        self.conn.send(("done",))
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+class NodeClient:
+    """Client for the full runtime path."""
+
+    def __init__(self, conn: Any, mech: str, ipc_dir: str, security: auth.Security) -> None:
+        self.conn = conn
+        conn.send(("serve", "node"))
+        server_address = answer(conn)
+        self.node = Node(CLIENT_ID, endpoint(mech, ipc_dir, "cli-node"), security,
+                         max_frame_bytes=MAX_FRAME).start()
+        self.node.add_peer(SERVER_ID, server_address, "worker")
+        conn.send(self.node.address)
+        answer(conn)
+
+    def rtt(self, value: Any, kind: str, n: int) -> list[float]:
+        warm = max(2, n // 10)
+        samples = []
+        for i in range(warm + n):
+            t0 = time.perf_counter()
+            self.node.call(SERVER_ID, BENCH_SERVICE, ECHO, value, timeout_s=TIMEOUT_S)
+            if i >= warm:
+                samples.append(time.perf_counter() - t0)
+        return samples
+
+    def bandwidth(self, value: Any, kind: str, k: int, reps: int) -> list[float]:
+        times = []
+        for rep in range(reps + 1):
+            t0 = time.perf_counter()
+            for _ in range(k):
+                self.node.send(SERVER_ID, BENCH_SERVICE, SINK, value)
+            self.node.call(SERVER_ID, BENCH_SERVICE, FLUSH, timeout_s=TIMEOUT_S)
+            if rep:
+                times.append(time.perf_counter() - t0)
+        return times
+
+    def close(self) -> None:
+        self.conn.send(("done",))
+        self.node.close()
+
+
+def memcpy_bw(nbytes: int, reps: int = 5) -> float:
+    src = np.ones(max(1, nbytes // 4), dtype=np.float32)
+    dst = np.empty_like(src)
+    inner = max(1, (64 << 20) // max(src.nbytes, 1))
+    np.copyto(dst, src)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            np.copyto(dst, src)
+        times.append((time.perf_counter() - t0) / inner)
+    return src.nbytes / statistics.median(times)
+
+
+def run_mechanism(mech: str, quick: bool, results: dict) -> None:
+    ctx = mp.get_context("spawn")
+    ipc_dir = auth.private_dir("actorpy-bench-")
+    parent, child = ctx.Pipe()
+    server = ctx.Process(target=server_main, args=(child, mech, ipc_dir), daemon=True)
+    server.start()
+    security = security_for(mech)
+    try:
+        for impl in ("raw", "wire", "node"):
+            client: Any = (NodeClient(parent, mech, ipc_dir, security) if impl == "node"
+                           else SocketClient(parent, mech, impl, security))
+            try:
+                for p in payloads(quick):
+                    value, kind = make_value(p), payload_kind(p)
+                    row = results.setdefault((mech, p.label), {})
+                    row[f"rtt_{impl}"] = stats(client.rtt(value, kind, p.rtt_n))
+                    if p.bw_k:
+                        t = statistics.median(client.bandwidth(value, kind, p.bw_k, p.bw_reps))
+                        row[f"bw_{impl}"] = p.bw_k * max(p.nbytes, 1) / t
+                    print(f"  {mech:5s} {impl:4s} {p.label:12s} done", file=sys.stderr,
+                          flush=True)
+            finally:
+                client.close()
+    finally:
+        parent.send(("stop",))
+        server.join(timeout=30)
+        if server.is_alive():
+            server.kill()
+            server.join()
+        for name in os.listdir(ipc_dir):
+            os.unlink(os.path.join(ipc_dir, name))
+        os.rmdir(ipc_dir)
+
+
+# --------------------------------------------------------------------------- output
+def fmt_t(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f}us"
+    if s < 1:
+        return f"{s * 1e3:.1f}ms"
+    return f"{s:.2f}s"
+
+
+def fmt_bw(b: float | None) -> str:
+    return "-" if b is None else f"{b / 1e9:.2f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def print_table(results: dict, mechs: list[str], quick: bool) -> None:
+    head = ["mech", "payload", "rtt raw med/p99", "rtt wire med/p99", "b/a", "rtt node med/p99",
+            "bw raw GB/s", "bw wire GB/s", "b/a", "bw node GB/s", "memcpy GB/s"]
+    rows = []
+    for mech in mechs:
+        for p in payloads(quick):
+            r = results[(mech, p.label)]
+            ra, rb, rc = r["rtt_raw"], r["rtt_wire"], r["rtt_node"]
+            ba, bb, bc = r.get("bw_raw"), r.get("bw_wire"), r.get("bw_node")
+            rows.append([
+                mech, p.label,
+                f"{fmt_t(ra[0])}/{fmt_t(ra[1])}", f"{fmt_t(rb[0])}/{fmt_t(rb[1])}",
+                fmt_ratio(rb[0] / ra[0]), f"{fmt_t(rc[0])}/{fmt_t(rc[1])}",
+                fmt_bw(ba), fmt_bw(bb), fmt_ratio(bb / ba if ba and bb else None), fmt_bw(bc),
+                fmt_bw(memcpy_bw(p.nbytes)) if p.nbytes else "-",
+            ])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(  # noqa: E731
+        str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    print(line(head))
+    print("  ".join("-" * w for w in widths))
+    for mech_rows in [rows[i:i + len(payloads(quick))] for i in range(0, len(rows),
+                                                                        len(payloads(quick)))]:
+        for row in mech_rows:
+            print(line(row))
+    print()
+    print("raw  = pyzmq DEALER->ROUTER, array as one raw frame (np.frombuffer on receipt)")
+    print("wire = same sockets, actorpy.wire.message.assemble / Message.parse / .payload()")
+    print("node = two actorpy Nodes: node.call echo (rtt) / node.send stream + call (bw)")
+    print("rtt b/a: lower is better (target <= 1.5 for the tiny message); "
+          "bw b/a: higher is better (target >= 0.8 from 1 MB up)")
+    verdicts = []
+    for mech in mechs:
+        small = results[(mech, SMALL)]
+        ratio = small["rtt_wire"][0] / small["rtt_raw"][0]
+        verdicts.append(f"{mech}: tiny rtt b/a {ratio:.2f} "
+                        f"({'met' if ratio <= 1.5 else 'MISSED'})")
+        for p in payloads(quick):
+            if p.nbytes >= 1 << 20:
+                r = results[(mech, p.label)]
+                bwr = r["bw_wire"] / r["bw_raw"]
+                verdicts.append(f"{mech}: {p.label} bw b/a {bwr:.2f} "
+                                f"({'met' if bwr >= 0.8 else 'MISSED'})")
+    print("targets: " + "; ".join(verdicts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (~1 min)")
+    parser.add_argument("--mech", default="ipc,curve",
+                        help="comma-separated mechanisms to run: ipc, curve")
+    args = parser.parse_args(argv)
+    mechs = [m for m in args.mech.split(",") if m]
+    results: dict = {}
+    t0 = time.perf_counter()
+    for mech in mechs:
+        run_mechanism(mech, args.quick, results)
+    print(f"actorpy transport benchmark ({'quick' if args.quick else 'full'}; pyzmq "
+          f"{zmq.__version__}, libzmq {zmq.zmq_version()}, {os.cpu_count()} cores; "
+          f"{time.perf_counter() - t0:.0f} s)\n")
+    print_table(results, mechs, args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
