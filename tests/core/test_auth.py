@@ -145,11 +145,6 @@ class TestUnauthenticatedPickle:
         assert seen == [("cli", "still here")]
         assert not path.exists()
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "gap: a client without CURVE, or with a wrong secret (hence a wrong server key), "
-        "fails the handshake before ZAP runs, so nothing is "
-        "logged on the server; fix: Node monitors its ROUTER for EVENT_HANDSHAKE_FAILED_* "
-        "and logs one WARNING per refused connection"))
     @pytest.mark.parametrize("security", [None, Security.curve(OTHER_SECRET)],
                              ids=["no-curve", "wrong-secret"])
     def test_server_logs_a_failed_handshake(self, cluster, tmp_path, caplog, security):
@@ -157,7 +152,9 @@ class TestUnauthenticatedPickle:
         caplog.set_level(logging.WARNING, logger="actorpy")
         attack(server.address, security, b"intruder", "intruder", str(tmp_path / "pwned"))
         wait_until(lambda: any(r.levelno == logging.WARNING and r.name.startswith("actorpy")
+                               and "rejected a connection" in r.getMessage()
                                for r in caplog.records), 2, "a WARNING about the refusal")
+        assert not (tmp_path / "pwned").exists()
 
     def test_ipc_security_trusts_every_frame_and_curve_needs_the_member_key(self):
         assert Security.ipc().is_trusted(zmq.Frame(b"x"))

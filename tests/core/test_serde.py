@@ -165,9 +165,6 @@ class TestTorch:
         assert chunk.nbytes == t.numel() * 4
         assert chunk.ctypes.data == t.data_ptr()
 
-    @pytest.mark.xfail(strict=True, raises=SerializationError, reason=(
-        "bug: serde._reduce_tensor calls .view(torch.uint8) on a tensor whose conjugate bit is "
-        "set; fix: t = t.resolve_conj().resolve_neg() before .contiguous()"))
     def test_conjugate_view(self):
         # torch.conj() is lazy (a conjugate bit); the value that travels must be the conjugate.
         z = torch.randn(3, 2, dtype=torch.complex64)

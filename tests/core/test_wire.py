@@ -237,10 +237,7 @@ REASONS = {
 class TestLiveNode:
     @pytest.mark.parametrize("case", [
         "random", "wrong-version", "unknown-core-kind", "truncated", "too-many-frames",
-        pytest.param("oversize", marks=pytest.mark.xfail(strict=True, reason=(
-            "bug: Node sets ZMQ_MAXMSGSIZE=max_frame_bytes on its ROUTER, so libzmq silently "
-            "disconnects the peer and Message.parse's size check (which logs) never runs"))),
-        "impostor", "no-handler",
+        "oversize", "impostor", "no-handler",
     ])
     def test_garbage_is_dropped_with_one_warning_each_and_node_keeps_serving(
             self, live, caplog, case):
