@@ -25,6 +25,7 @@ from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, ProtocolError
 from actorpy.ids import NodeId
 from actorpy.log import Throttle
 from actorpy.runtime import remote
+from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
 from actorpy.wire.kinds import CORE_SERVICE, Kind
@@ -86,6 +87,7 @@ class Node:
                  chunk_bytes: int = 64 << 20, max_frame_bytes: int = 1 << 30,
                  linger_ms: int = 500) -> None:
         self.node_id = node_id
+        self._sender = hdr.sender_bytes(node_id)
         self.security = security
         self.chunk_bytes = chunk_bytes
         self.max_frame_bytes = max_frame_bytes
@@ -229,7 +231,7 @@ class Node:
         numpy/torch buffers in ``payload`` are sent without copying: do not modify them
         until the request they belong to has been answered.
         """
-        frames = wm.assemble(service, kind, self.node_id, payload, request_id=request_id,
+        frames = wm.assemble(service, kind, self._sender, payload, request_id=request_id,
                              step=step, chunk_bytes=self.chunk_bytes)
         self._send_frames(dest, frames)
 

@@ -11,7 +11,7 @@ before anything is unpickled.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from actorpy.errors import ProtocolError
 from actorpy.wire.kinds import CORE_SERVICE, PROTOCOL_VERSION, Kind
@@ -23,12 +23,16 @@ SENDER_BYTES = 16
 
 #: flags bit: the payload frames carry out-of-band buffers (body, layout, chunks...).
 FLAG_BUFFERS = 0x01
-_KNOWN_FLAGS = FLAG_BUFFERS
+#: flags bit: a small pickled body follows the header inside the header frame (one frame
+#: per small message instead of two: each frame costs a ZeroMQ message, and under CURVE a
+#: separate encryption).
+FLAG_INLINE = 0x02
+_KNOWN_FLAGS = FLAG_BUFFERS | FLAG_INLINE
 _CORE_KINDS = frozenset(int(k) for k in Kind)
+_PRINTABLE = bytes(range(0x21, 0x7F))
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
     """One message's header.
 
     >>> h = Header(service=0, kind=Kind.TASK, sender="w-1", request_id=7, step=3, nframes=1)
@@ -46,11 +50,39 @@ class Header:
     version: int = PROTOCOL_VERSION
 
     def encode(self) -> bytes:
-        sender = self.sender.encode("ascii")
-        if len(sender) > SENDER_BYTES:
-            raise ProtocolError(f"sender id {self.sender!r} longer than {SENDER_BYTES} bytes")
-        return _STRUCT.pack(MAGIC, self.version, self.flags, self.service, int(self.kind),
-                            self.request_id, self.step, sender, self.nframes)
+        return encode(self.service, self.kind, sender_bytes(self.sender), self.request_id,
+                      self.step, self.nframes, self.flags, self.version)
+
+
+def sender_bytes(sender: str) -> bytes:
+    """A node id as the header carries it (checked once, so senders can cache it).
+
+    Raises:
+        ProtocolError: the id is not printable ASCII or longer than 16 bytes.
+    """
+    try:
+        raw = sender.encode("ascii")
+    except UnicodeEncodeError:
+        raise ProtocolError(f"sender id {sender!r} is not ASCII") from None
+    if len(raw) > SENDER_BYTES:
+        raise ProtocolError(f"sender id {sender!r} longer than {SENDER_BYTES} bytes")
+    if not raw or raw.translate(None, _PRINTABLE):
+        raise ProtocolError(f"sender id {sender!r} must be printable ASCII, without spaces")
+    return raw
+
+
+def encode(service: int, kind: int, sender: bytes, request_id: int = 0, step: int = 0,
+           nframes: int = 0, flags: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
+    """Pack a header without building a Header first (the send path's fast lane).
+
+    Raises:
+        ProtocolError: a field is out of its range.
+    """
+    try:
+        return _STRUCT.pack(MAGIC, version, flags, service, int(kind), request_id, step,
+                            sender, nframes)
+    except struct.error as exc:
+        raise ProtocolError(f"header field out of range: {exc}") from None
 
 
 def decode(data: bytes | memoryview) -> Header:
@@ -60,19 +92,24 @@ def decode(data: bytes | memoryview) -> Header:
         ProtocolError: wrong size, magic or version, unknown flags, an unknown core kind,
             or a sender id that is not printable ASCII.
     """
-    if len(data) != HEADER_BYTES:
+    if len(data) < HEADER_BYTES:
         raise ProtocolError(f"header is {len(data)} bytes, expected {HEADER_BYTES}")
-    magic, version, flags, service, kind, request_id, step, sender, nframes = _STRUCT.unpack(data)
+    magic, version, flags, service, kind, request_id, step, sender, nframes = \
+        _STRUCT.unpack_from(data)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {magic!r}")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version}, this node speaks {PROTOCOL_VERSION}")
     if flags & ~_KNOWN_FLAGS:
         raise ProtocolError(f"unknown flags 0x{flags:02x}")
+    if len(data) != HEADER_BYTES and not flags & FLAG_INLINE:
+        raise ProtocolError(f"header is {len(data)} bytes, expected {HEADER_BYTES}")
+    if flags & FLAG_INLINE and (flags & FLAG_BUFFERS or nframes or len(data) == HEADER_BYTES):
+        raise ProtocolError("inline body flag with buffers, extra frames or no body")
     if service == CORE_SERVICE and kind not in _CORE_KINDS:
         raise ProtocolError(f"unknown core message kind {kind}")
     raw = sender.rstrip(b"\0")
-    if not raw or not all(0x21 <= b < 0x7F for b in raw):
+    if not raw or raw.translate(None, _PRINTABLE):
         raise ProtocolError("sender id is empty or not printable ASCII")
     return Header(service=service, kind=kind, sender=raw.decode("ascii"), request_id=request_id,
                   step=step, nframes=nframes, flags=flags, version=version)

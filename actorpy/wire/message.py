@@ -11,6 +11,9 @@ from actorpy.wire import serde
 #: Sentinel: a message without payload frames.
 NO_PAYLOAD: Any = object()
 
+#: Pickled bodies up to this size travel inside the header frame.
+INLINE_MAX_BYTES = 8 << 10
+
 #: Frames smaller than this are copied into ZeroMQ (cheaper than tracking them).
 ZERO_COPY_MIN_BYTES = 64 << 10
 
@@ -35,19 +38,22 @@ class Encoded:
         return serde.decode(self.frames, self.has_buffers)
 
 
-def assemble(service: int, kind: int, sender: str, payload: Any = NO_PAYLOAD, *,
+def assemble(service: int, kind: int, sender: str | bytes, payload: Any = NO_PAYLOAD, *,
              request_id: int = 0, step: int = 0,
              chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES) -> list[Any]:
-    """All frames of one message: header first, then the payload's frames."""
+    """All frames of one message: header first, then the payload's frames.
+
+    ``sender`` may be pre-checked bytes from ``header.sender_bytes`` (nodes cache theirs)."""
+    sender_raw = sender if isinstance(sender, bytes) else hdr.sender_bytes(sender)
     if payload is NO_PAYLOAD:
-        body: Sequence[Any] = ()
-        flags = 0
-    else:
-        enc = payload if isinstance(payload, Encoded) else Encoded.of(payload, chunk_bytes)
-        body = enc.frames
-        flags = hdr.FLAG_BUFFERS if enc.has_buffers else 0
-    head = hdr.Header(service=service, kind=kind, sender=sender, request_id=request_id,
-                      step=step, nframes=len(body), flags=flags).encode()
+        return [hdr.encode(service, kind, sender_raw, request_id, step, 0, 0)]
+    enc = payload if isinstance(payload, Encoded) else Encoded.of(payload, chunk_bytes)
+    body = enc.frames
+    if not enc.has_buffers and len(body[0]) <= INLINE_MAX_BYTES:
+        return [hdr.encode(service, kind, sender_raw, request_id, step, 0, hdr.FLAG_INLINE)
+                + body[0]]
+    flags = hdr.FLAG_BUFFERS if enc.has_buffers else 0
+    head = hdr.encode(service, kind, sender_raw, request_id, step, len(body), flags)
     return [head, *body]
 
 
@@ -85,17 +91,24 @@ class Message:
         """
         if not frames:
             raise ProtocolError("empty message")
-        head = hdr.decode(_bytes(frames[0]))
+        first = _bytes(frames[0])
+        head = hdr.decode(first)
+        if head.flags & hdr.FLAG_INLINE:
+            if len(frames) != 1:
+                raise ProtocolError(f"inline body but {len(frames) - 1} more frames")
+            if len(first) > max_frame_bytes:
+                raise ProtocolError(f"frame over the {max_frame_bytes}-byte limit")
+            return cls(head, [first[hdr.HEADER_BYTES:]])
         body = frames[1:]
         if head.nframes != len(body):
             raise ProtocolError(f"header announces {head.nframes} payload frames, got {len(body)}")
         if head.flags & hdr.FLAG_BUFFERS and len(body) < 2:
             raise ProtocolError("buffer flag set but no buffer frames")
         for frame in body:
-            if memoryview(frame).nbytes > max_frame_bytes:
+            if len(frame) > max_frame_bytes:
                 raise ProtocolError(f"frame over the {max_frame_bytes}-byte limit")
         return cls(head, body)
 
 
 def _bytes(frame: Any) -> bytes | memoryview:
-    return frame.buffer if hasattr(frame, "buffer") else frame
+    return frame.bytes if hasattr(frame, "bytes") else frame  # a 44-byte copy beats a view

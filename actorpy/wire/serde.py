@@ -25,6 +25,7 @@ from actorpy.errors import ProtocolError, SerializationError
 #: pieces; the receiver joins them with one copy).
 DEFAULT_CHUNK_BYTES = 64 << 20
 _ALIGN = 16
+_ATOMIC = frozenset({type(None), bool, int, float, complex, str, bytes})
 _SMALL = 1 << 20
 
 
@@ -161,6 +162,8 @@ def encode(obj: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[list[Any],
     Without buffers the frames are ``[body]``; with them ``[body, layout, chunk...]`` where
     ``layout`` holds, per buffer, the number of chunk frames it was split into (u32 each).
     """
+    if type(obj) in _ATOMIC:  # nothing to find out of band, nothing cloudpickle adds
+        return [pickle.dumps(obj, protocol=5)], False
     body, buffers = dumps(obj)
     if not buffers:
         return [body], False
@@ -215,10 +218,10 @@ def decode(frames: Sequence[Any], has_buffers: bool) -> Any:
             if count == 1:
                 buffers.append(_aligned(_buffer(frames[i])))
             else:
-                parts = [_buffer(f) for f in frames[i:i + count]]
-                joined = bytearray(sum(p.nbytes for p in parts))
+                parts = [np.frombuffer(_buffer(f), dtype=np.uint8) for f in frames[i:i + count]]
+                joined = np.empty(sum(p.nbytes for p in parts), dtype=np.uint8)
                 offset = 0
-                for part in parts:
+                for part in parts:  # the one copy on receive: numpy's memcpy, no temporaries
                     joined[offset:offset + part.nbytes] = part
                     offset += part.nbytes
                 buffers.append(memoryview(joined))
