@@ -1,6 +1,6 @@
 """Transport benchmark: raw pyzmq vs actorpy's wire vs the full Node runtime, side by side.
 
-Run:  python bench/transport.py [--quick] [--mech ipc,curve]
+Run:  python bench/transport.py [--quick] [--rounds R] [--mech ipc,curve]
 
 What it measures, per mechanism (``ipc``: sockets in ``auth.private_dir()``; ``curve``: CurveZMQ
 over tcp://127.0.0.1 with both sides holding the same cluster secret and the server running the
@@ -357,7 +357,7 @@ def memcpy_bw(nbytes: int, reps: int = 5) -> float:
     return src.nbytes / statistics.median(times)
 
 
-def run_mechanism(mech: str, quick: bool, results: dict) -> None:
+def run_mechanism(mech: str, quick: bool, results: dict, rounds: int = 1) -> None:
     ctx = mp.get_context("spawn")
     ipc_dir = auth.private_dir("actorpy-bench-")
     parent, child = ctx.Pipe()
@@ -365,21 +365,32 @@ def run_mechanism(mech: str, quick: bool, results: dict) -> None:
     server.start()
     security = security_for(mech)
     try:
-        for impl in ("raw", "wire", "node"):
-            client: Any = (NodeClient(parent, mech, ipc_dir, security) if impl == "node"
-                           else SocketClient(parent, mech, impl, security))
-            try:
-                for p in payloads(quick):
-                    value, kind = make_value(p), payload_kind(p)
-                    row = results.setdefault((mech, p.label), {})
-                    row[f"rtt_{impl}"] = stats(client.rtt(value, kind, p.rtt_n))
-                    if p.bw_k:
-                        t = statistics.median(client.bandwidth(value, kind, p.bw_k, p.bw_reps))
-                        row[f"bw_{impl}"] = p.bw_k * max(p.nbytes, 1) / t
-                    print(f"  {mech:5s} {impl:4s} {p.label:12s} done", file=sys.stderr,
-                          flush=True)
-            finally:
-                client.close()
+        # Rounds alternate raw, wire and node, so slow drift of a noisy machine hits all
+        # three alike; samples are pooled over rounds, bandwidths take the median round.
+        samples: dict[tuple[str, str], list[float]] = {}
+        bandwidths: dict[tuple[str, str], list[float]] = {}
+        for round_no in range(rounds):
+            for impl in ("raw", "wire", "node"):
+                client: Any = (NodeClient(parent, mech, ipc_dir, security) if impl == "node"
+                               else SocketClient(parent, mech, impl, security))
+                try:
+                    for p in payloads(quick):
+                        value, kind = make_value(p), payload_kind(p)
+                        samples.setdefault((p.label, impl), []).extend(
+                            client.rtt(value, kind, p.rtt_n))
+                        if p.bw_k:
+                            t = statistics.median(
+                                client.bandwidth(value, kind, p.bw_k, p.bw_reps))
+                            bandwidths.setdefault((p.label, impl), []).append(
+                                p.bw_k * max(p.nbytes, 1) / t)
+                        print(f"  {mech:5s} {impl:4s} {p.label:12s} round {round_no + 1} done",
+                              file=sys.stderr, flush=True)
+                finally:
+                    client.close()
+        for (label, impl), values in samples.items():
+            results.setdefault((mech, label), {})[f"rtt_{impl}"] = stats(values)
+        for (label, impl), values in bandwidths.items():
+            results[(mech, label)][f"bw_{impl}"] = statistics.median(values)
     finally:
         parent.send(("stop",))
         server.join(timeout=30)
@@ -459,14 +470,18 @@ def print_table(results: dict, mechs: list[str], quick: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (~1 min)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="raw/wire/node alternations (default 2, quick 1)")
     parser.add_argument("--mech", default="ipc,curve",
                         help="comma-separated mechanisms to run: ipc, curve")
     args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 2
     mechs = [m for m in args.mech.split(",") if m]
     results: dict = {}
     t0 = time.perf_counter()
     for mech in mechs:
-        run_mechanism(mech, args.quick, results)
+        run_mechanism(mech, args.quick, results, args.rounds)
     print(f"actorpy transport benchmark ({'quick' if args.quick else 'full'}; pyzmq "
           f"{zmq.__version__}, libzmq {zmq.zmq_version()}, {os.cpu_count()} cores; "
           f"{time.perf_counter() - t0:.0f} s)\n")

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import zmq
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, ProtocolError
+from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, ProtocolError
 from actorpy.ids import NodeId
 from actorpy.log import Throttle
 from actorpy.runtime import remote
@@ -67,7 +67,11 @@ class ReplyFuture(Future):
         with self._lock:
             if not self._decoded:
                 if msg.kind == Kind.ERROR and msg.header.service == CORE_SERVICE:
-                    raise remote.rebuild(msg.payload())
+                    failure = msg.payload()
+                    if not isinstance(failure, remote.RemoteFailure):
+                        raise ProtocolError(f"{self.dest} answered {self.what} with a "
+                                            f"malformed error ({type(failure).__name__})")
+                    raise remote.rebuild(failure)
                 self._value = msg.payload()
                 self._decoded = True
         return self._value
@@ -99,7 +103,14 @@ class Node:
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._router.rcvhwm = 0
         security.apply_server(self._router)
-        self._router.bind(bind)
+        try:
+            self._router.bind(bind)
+        except zmq.ZMQError as exc:
+            self._router.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.term()
+            raise ConfigError(f"cannot bind {bind}: {exc}") from None
         self.address: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         # With CURVE, peers that fail the handshake never reach us; log them (the ZAP
         # callback in wire.auth logs wrong keys, this catches wrong mechanisms too).
