@@ -41,6 +41,7 @@ def run_demo(workers: int = 2) -> int:
                   f"{exc.remote_type} on {exc.node_id}")
     print("cluster stopped; no processes left behind")
     _barrier_demo()
+    _plugin_demos()
     return 0
 
 
@@ -60,3 +61,13 @@ def _barrier_demo(workers: int = 200, seconds: float = 200.0) -> None:
         print(f"  {policy!r:<30} {st['mean']:>10.1f} {st['max'] - st['min']:>7.0f} "
               f"{st['mean'] / asp_mean:>6.2f}")
     print("  (try `actorpy sim --compare bsp ssp:4 pbsp:10 pssp:10:4 asp --plot steps.png`)")
+
+
+
+def _plugin_demos() -> None:
+    """Sections that apps add under the ``actorpy.demo`` entry-point group (the core names
+    no engine; packaging wires them in)."""
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group="actorpy.demo"), key=lambda e: e.name):
+        entry.load()()

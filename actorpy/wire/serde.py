@@ -164,9 +164,20 @@ def encode(obj: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[list[Any],
     """
     if type(obj) in _ATOMIC:  # nothing to find out of band, nothing cloudpickle adds
         return [pickle.dumps(obj, protocol=5)], False
+    if type(obj) is np.ndarray and not obj.dtype.hasobject:
+        # A bare array needs none of cloudpickle's machinery: the C pickler is 3x faster.
+        if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+            obj = np.ascontiguousarray(obj)
+        raw: list[memoryview] = []
+        body = pickle.dumps(obj, protocol=5, buffer_callback=lambda b: raw.append(b.raw()))
+        return _with_buffers(body, raw, chunk_bytes)
     body, buffers = dumps(obj)
     if not buffers:
         return [body], False
+    return _with_buffers(body, buffers, chunk_bytes)
+
+
+def _with_buffers(body: bytes, buffers: list[memoryview], chunk_bytes: int) -> tuple[list[Any], bool]:
     counts: list[int] = []
     chunks: list[Any] = []
     for buf in buffers:
