@@ -41,11 +41,11 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         workers: local worker processes.
         config: a full Config; ``settings`` override single fields (e.g. dead_after_s=2).
 
-    Example:
-        >>> import actorpy                                       # doctest: +SKIP
-        >>> with actorpy.connect(workers=2) as cluster:          # doctest: +SKIP
-        ...     cluster.submit(pow, 2, 10).result(timeout=30)
-        1024
+    Example (tests/test_readme.py runs the same in README.md)::
+
+        import actorpy
+        with actorpy.connect(workers=2) as cluster:
+            print(cluster.submit(pow, 2, 10).result(timeout=30))   # 1024
     """
     if config is None:
         config = Config.from_env(workers=workers, **settings)
