@@ -6,56 +6,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import os
 import random
 import signal
-import stat
 import sys
 import threading
-import time
 from typing import Any, Sequence
 
 from actorpy import log as alog
 from actorpy.config import Config
 from actorpy.errors import ActorpyError, ConfigError
-from actorpy.ids import NodeId, new_node_id
+from actorpy.ids import new_node_id
+from actorpy.runtime.address import node_bind, security_for
+from actorpy.runtime.worker import DRIVER_GONE
 from actorpy.wire import auth
-from actorpy.wire.auth import Security
-
-DRIVER_GONE = "the driver went away"
-
-
-def _security_for(address: str, secret_file: str | None, *, serving: bool) -> Security:
-    if address.startswith("ipc://"):
-        folder = os.path.dirname(address[len("ipc://"):]) or "."
-        mode = os.stat(folder).st_mode
-        if serving and mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"ipc directory {folder} can be opened by other users; "
-                              f"`chmod 700 {folder}` first (ipc trust is the directory's)")
-        return Security.ipc()
-    if address.startswith("tcp://"):
-        secret = auth.read_secret(secret_file)
-        if secret is None:
-            raise ConfigError("refusing to use tcp without a cluster secret: pass --secret-file F "
-                              "or set ACTORPY_SECRET (make one with `actorpy secret > F`)")
-        return Security.curve(secret)
-    raise ConfigError(f"address must be tcp://HOST:PORT or ipc://PATH, not {address!r}")
-
-
-def _node_bind(manager: str, node_id: str, host: str | None) -> str:
-    if manager.startswith("ipc://"):
-        return f"ipc://{os.path.dirname(manager[len('ipc://'):])}/{node_id}"
-    from actorpy.runtime.cluster import advertise_host
-
-    return f"tcp://{host or advertise_host(manager)}:*"
 
 
 def _serve_until_stopped(stopped: threading.Event, lifeline_fd: int | None, node: Any,
                          stop: Any) -> None:
     if lifeline_fd is not None:
         node.watch_fd(lifeline_fd, lambda: stop(DRIVER_GONE))
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process outright
+        stop("signal")
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop("signal"))
+        signal.signal(sig, on_signal)
     while not stopped.wait(0.5):
         pass
 
@@ -63,7 +41,7 @@ def _serve_until_stopped(stopped: threading.Event, lifeline_fd: int | None, node
 def cmd_manager(args: argparse.Namespace) -> int:
     from actorpy.runtime.manager import Manager
 
-    security = _security_for(args.bind, args.secret_file, serving=True)
+    security = security_for(args.bind, secret_file=args.secret_file)
     manager = Manager(args.bind, security, Config.from_env()).start()
     if not args.lifeline_fd:
         print(f"actorpy manager listening at {manager.address}", flush=True)
@@ -76,9 +54,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from actorpy.runtime.worker import Worker
 
     config = Config.from_env(task_threads=args.threads)
-    security = _security_for(args.manager, args.secret_file, serving=False)
+    security = security_for(args.manager, secret_file=args.secret_file)
     node_id = new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "w")
-    worker = Worker(node_id, args.manager, _node_bind(args.manager, node_id, args.host),
+    worker = Worker(node_id, args.manager, node_bind(args.manager, node_id, args.host),
                     security, config)
     try:
         worker.start(config.start_timeout_s)
@@ -86,7 +64,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         worker.stop()
         worker.close()
-    return 0
+    # A task may still be running in a thread that cannot be interrupted; the worker's job
+    # is over, so leave now rather than wait for it (no orphan outlives its cluster).
+    logging.shutdown()
+    os._exit(0)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -94,9 +75,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from actorpy.runtime.node import Node
     from actorpy.wire.kinds import CORE_SERVICE, Kind
 
-    security = _security_for(args.manager, args.secret_file, serving=False)
+    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
+        raise ConfigError("--timeout-s must be a positive number of seconds")
+    security = security_for(args.manager, secret_file=args.secret_file)
     node_id = new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "s")
-    node = Node(node_id, _node_bind(args.manager, node_id, None), security, linger_ms=0).start()
+    node = Node(node_id, node_bind(args.manager, node_id), security, linger_ms=0).start()
     try:
         node.add_peer(MANAGER_ID, args.manager, "manager")
         rows = node.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": node.address},
@@ -127,6 +110,8 @@ def cmd_secret(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from actorpy.demo import run_demo
 
+    if args.workers < 1:
+        raise ConfigError("--workers must be at least 1")
     return run_demo(workers=args.workers)
 
 
@@ -193,7 +178,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except ConfigError as exc:
         print(f"actorpy {args.command}: {exc}", file=sys.stderr)
         return 2
-    except ActorpyError as exc:
+    except (ActorpyError, OSError) as exc:
         print(f"actorpy {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

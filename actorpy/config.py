@@ -5,6 +5,7 @@ Precedence: explicit argument > ``ACTORPY_*`` environment variable > default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -45,6 +46,10 @@ class Config:
     local_transport: str = "auto"
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value}")
         if self.workers is not None and self.workers < 0:
             raise ConfigError("workers must be >= 0")
         if self.heartbeat_interval_s <= 0 or self.dead_after_s <= self.heartbeat_interval_s:

@@ -30,7 +30,7 @@ def paper(seeds: int) -> None:
                 float(np.mean([r.stats()["std"] for r in res])),
                 float(np.mean([r.stats()["max"] - r.stats()["min"] for r in res])))
     asp = runs(ASP())[0]
-    print(f"| barrier | mean steps | std | max-min | / ASP | Owl figure / ASP |")
+    print("| barrier | mean steps | std | max-min | / ASP | Owl figure / ASP |")
     print("|---|---:|---:|---:|---:|---:|")
     named = [("BSP", BSP()), ("SSP(4)", SSP(4)), ("pBSP(10)", PSP(10, 0)),
              ("pSSP(10,4)", PSP(10, 4)), ("DSSP(2,6)", DSSP(2, 6)), ("ASP", ASP())]

@@ -161,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         results = [simulate(p, config, engine=args.engine) for p in policies]
         if args.plot:
             from actorpy.barrier.plot import plot_cdf
-            plot_cdf(results, args.plot)
+            try:
+                plot_cdf(results, args.plot)
+            except OSError as exc:
+                raise ConfigError(f"cannot write --plot {args.plot}: {exc.strerror or exc}") \
+                    from None
     except ConfigError as exc:
         parser.print_usage(sys.stderr)
         print(f"actorpy sim: error: {exc}", file=sys.stderr)

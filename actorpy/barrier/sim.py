@@ -54,8 +54,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
-        if not self.seconds > 0:
-            raise ConfigError(f"--seconds must be > 0, got {self.seconds}")
+        if not (self.seconds > 0 and math.isfinite(self.seconds)):
+            raise ConfigError(f"--seconds must be a finite number > 0, got {self.seconds}")
 
     def node(self, index: int) -> NodeId:
         """The id of worker ``index`` (zero-padded, so ids sort like indices)."""

@@ -6,6 +6,8 @@ whichever simulator engine (or policy) consumes it: runs differ only by the barr
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +51,9 @@ class Workload:
             raise ConfigError("--straggler-frac and transient probability must lie in [0, 1]")
         if self.straggler_slowdown < 1.0 or self.transient_slowdown < 1.0:
             raise ConfigError("slowdowns must be >= 1 (a straggler is slower, not faster)")
+        if not all(math.isfinite(v) for v in (self.mean_s, self.shape, self.straggler_slowdown,
+                                               self.transient_slowdown)):
+            raise ConfigError("--mean, --shape and slowdowns must be finite numbers")
 
     def base(self, rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
         """Draw i.i.d. times of a normal worker."""

@@ -1,7 +1,6 @@
 """The driver's handle on a cluster: ``actorpy.connect()`` returns a ``Cluster``."""
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import os
@@ -13,11 +12,11 @@ from typing import Any, Callable, Iterable
 from actorpy.config import Config
 from actorpy.errors import ActorpyError, ConfigError, NodeLost
 from actorpy.ids import NodeId, new_node_id
+from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime.context import Caller, CallTask, ServiceRef
 from actorpy.runtime.local import LocalCluster
 from actorpy.runtime.membership import MANAGER_ID, Membership
 from actorpy.runtime.node import Node, ReplyFuture
-from actorpy.wire import auth
 from actorpy.wire.auth import Security
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
@@ -56,38 +55,19 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
     local: LocalCluster | None = None
     if address is None:
         n = config.workers if config.workers is not None else (os.cpu_count() or 1)
+        if n < 1:
+            raise ConfigError("an embedded local cluster needs workers >= 1")
         local = LocalCluster(n, config, log_level)
         security, bind, manager_address = local.security, local.bind_for(node_id), local.manager_address
-    elif address.startswith("ipc://"):
-        security, bind, manager_address = Security.ipc(), f"{address}-{node_id}", address
-    elif address.startswith("tcp://"):
-        key = auth.read_secret(secret_file, secret)
-        if key is None:
-            raise ConfigError("joining a tcp:// cluster needs its secret: pass secret= or "
-                              "secret_file=, or set ACTORPY_SECRET")
-        security = Security.curve(key)
-        bind = f"tcp://{advertise_host(address)}:*"
-        manager_address = address
     else:
-        raise ConfigError(f"address must be tcp://HOST:PORT or ipc://PATH, not {address!r}")
+        security = security_for(address, secret=secret, secret_file=secret_file)
+        bind, manager_address = node_bind(address, node_id), address
     try:
         return Cluster(node_id, manager_address, bind, security, config, local)
     except BaseException:
         if local is not None:
             local.close()
         raise
-
-
-def advertise_host(manager_address: str) -> str:
-    """The local IP address that routes to the manager (where peers can reach us)."""
-    import socket
-
-    host = manager_address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-    if host in ("0.0.0.0", "*", "localhost", "127.0.0.1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, 9))  # no packet is sent: this only picks the route
-        return s.getsockname()[0]
 
 
 class Cluster(Caller):
@@ -115,8 +95,8 @@ class Cluster(Caller):
         except BaseException:
             self.node.close()
             raise
+        # Runs at terminate(), when the Cluster is collected, or at interpreter exit.
         self._finalizer = weakref.finalize(self, Cluster._cleanup, self.node, local)
-        atexit.register(self._finalizer)
 
     @property
     def node_id(self) -> NodeId:

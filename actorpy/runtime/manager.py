@@ -8,7 +8,9 @@ import time
 from dataclasses import asdict, dataclass
 
 from actorpy.config import Config
+from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
+from actorpy.runtime.address import is_endpoint
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import Node
 from actorpy.wire import message as wm
@@ -79,11 +81,16 @@ class Manager:
 
     def _register(self, msg: wm.Message) -> None:
         info = msg.payload()
-        if not isinstance(info, dict) or not isinstance(info.get("address"), str):
-            log.warning("ignored a malformed registration from %s", msg.sender)
+        if not isinstance(info, dict) or not is_endpoint(info.get("address")):
+            log.warning("ignored a registration from %s: no valid address in %r", msg.sender,
+                        info if not isinstance(info, dict) else info.get("address"))
             return
         node_id = NodeId(msg.sender)
-        self.node.add_peer(node_id, info["address"], str(info.get("role", "worker")))
+        try:
+            self.node.add_peer(node_id, info["address"], str(info.get("role", "worker")))
+        except ConfigError as exc:
+            log.warning("ignored a registration from %s: %s", msg.sender, exc)
+            return
         rec = NodeRecord(node_id, str(info.get("role", "worker")), info["address"],
                          str(info.get("host", "")), int(info.get("pid", 0)),
                          int(info.get("slots", 1)), "alive", time.time(), time.monotonic())
@@ -108,9 +115,16 @@ class Manager:
 
     def _list(self, msg: wm.Message) -> None:
         info = msg.payload()
-        if isinstance(info, dict) and isinstance(info.get("address"), str) \
-                and msg.sender not in self.records:
-            self.node.add_peer(NodeId(msg.sender), info["address"], "client")
+        visitor = msg.sender not in self.records
+        if visitor:  # e.g. `actorpy status`: reachable for this one reply only
+            if not isinstance(info, dict) or not is_endpoint(info.get("address")):
+                log.warning("ignored a node list request from %s: no valid address", msg.sender)
+                return
+            try:
+                self.node.add_peer(NodeId(msg.sender), info["address"], "client")
+            except ConfigError as exc:
+                log.warning("ignored a node list request from %s: %s", msg.sender, exc)
+                return
         now = time.monotonic()
         rows = []
         for rec in self.records.values():
@@ -119,6 +133,8 @@ class Manager:
             del row["last_seen"]
             rows.append(row)
         self.node.reply(msg, rows)
+        if visitor:
+            self.node.forget_peer(NodeId(msg.sender))
 
     def _lookup(self, msg: wm.Message) -> None:
         rec = self.records.get(msg.payload())

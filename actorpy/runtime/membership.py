@@ -45,10 +45,10 @@ class Membership:
         self._lookups: set[NodeId] = set()
         self._gone = False
         node.add_peer(MANAGER_ID, manager_address, "manager")
-        node.on(CORE_SERVICE, Kind.NODE_JOINED, self._joined)
-        node.on(CORE_SERVICE, Kind.NODE_DEAD, self._dead)
-        node.on(CORE_SERVICE, Kind.HEARTBEAT_ACK, self._ack)
-        node.on(CORE_SERVICE, Kind.SHUTDOWN, self._shutdown)
+        node.on(CORE_SERVICE, Kind.NODE_JOINED, self._from_manager(self._joined))
+        node.on(CORE_SERVICE, Kind.NODE_DEAD, self._from_manager(self._dead))
+        node.on(CORE_SERVICE, Kind.HEARTBEAT_ACK, self._from_manager(self._ack))
+        node.on(CORE_SERVICE, Kind.SHUTDOWN, self._from_manager(self._shutdown))
         node.on_unknown_destination(self._lookup)
         node.on_node_lost(lambda _nid: self._notify())
 
@@ -88,6 +88,17 @@ class Membership:
                     raise ActorpyTimeout(f"timed out after {timeout_s} s waiting for {what}")
                 self._changed.wait(min(left, 0.5))
 
+    @staticmethod
+    def _from_manager(handler: Callable[[wm.Message], None]) -> Callable[[wm.Message], None]:
+        """Membership news counts only when the manager says it."""
+        def guarded(msg: wm.Message) -> None:
+            if msg.sender != MANAGER_ID:
+                log.warning("dropped a %s from %r: only the manager may send it",
+                            Kind(msg.kind).name, msg.sender)
+                return
+            handler(msg)
+        return guarded
+
     def _notify(self) -> None:
         with self._changed:
             self._changed.notify_all()
@@ -111,7 +122,10 @@ class Membership:
     def _joined(self, msg: wm.Message) -> None:
         node_id, address, role = msg.payload()
         if node_id != self.node.node_id:
-            self.node.add_peer(NodeId(node_id), address, role)
+            try:
+                self.node.add_peer(NodeId(node_id), address, role)
+            except ActorpyError as exc:
+                log.warning("could not add node %s: %s", node_id, exc)
             self._lookups.discard(node_id)
         self._notify()
 

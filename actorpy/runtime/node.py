@@ -16,6 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -61,7 +62,7 @@ class ReplyFuture(Future):
                                "handlers and node-lost listeners must not block")
         try:
             msg = super().result(timeout)
-        except TimeoutError:
+        except (TimeoutError, FutureTimeout):  # distinct classes before Python 3.11
             raise ActorpyTimeout(f"{self.what} on {self.dest} got no reply within {timeout} s; "
                                  "raise the timeout_s, or check the node's log") from None
         with self._lock:
@@ -100,7 +101,6 @@ class Node:
         self._auth = security.start_authenticator(self._ctx)
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
-        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._router.rcvhwm = 0
         security.apply_server(self._router)
         try:
@@ -124,12 +124,14 @@ class Node:
         self._wake_lock = threading.Lock()
         self._handlers: dict[tuple[int, int], Handler] = {}
         self._service_sink: Callable[[wm.Message], bool] | None = None
+        # The directory: peers, the dead, messages parked for peers not yet known, and one
+        # DEALER per peer. One lock guards all four, so a flush of parked messages and a new
+        # send cannot overtake each other. Lock order: _dir_lock, then a DEALER's own lock.
+        self._dir_lock = threading.Lock()
         self._peers: dict[NodeId, Peer] = {}
         self._dead: set[NodeId] = set()
         self._dealers: dict[NodeId, tuple[zmq.Socket, threading.Lock]] = {}
-        self._dealers_lock = threading.Lock()
         self._parked: dict[NodeId, list[list[Any]]] = defaultdict(list)
-        self._park_lock = threading.Lock()
         self._pending: dict[int, ReplyFuture] = {}
         self._pending_lock = threading.Lock()
         self._request_ids = itertools.count(1)
@@ -167,11 +169,11 @@ class Node:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(NodeLost(self.node_id, f"node {self.node_id} closed"))
-        with self._dealers_lock:
-            for sock, lock in self._dealers.values():
-                with lock:
-                    sock.close(linger=linger)
-            self._dealers.clear()
+        with self._dir_lock:
+            dealers, self._dealers = list(self._dealers.values()), {}
+        for sock, lock in dealers:
+            with lock:
+                sock.close(linger=linger)
         if self._monitor is not None:
             self._router.disable_monitor()
             self._monitor.close(linger=0)
@@ -187,13 +189,32 @@ class Node:
 
     # ----------------------------------------------------------------- directory
     def add_peer(self, node_id: NodeId, address: str, role: str) -> None:
-        """Learn where a node listens; sends parked for it go out now."""
-        with self._park_lock:
+        """Learn where a node listens; messages parked for it go out now, before any newer one.
+
+        Raises:
+            ConfigError: ``address`` is not an endpoint ZeroMQ can connect to.
+        """
+        with self._dir_lock:
             self._peers[node_id] = Peer(node_id, address, role)
             self._dead.discard(node_id)
             parked = self._parked.pop(node_id, [])
-        for frames in parked:
-            self._send_frames(node_id, frames)
+            if parked and node_id not in self._dealers:
+                sock, lock = self._new_dealer(node_id, address, held=True)
+                try:
+                    for frames in parked:
+                        self._write(sock, frames)
+                finally:
+                    lock.release()
+
+    def forget_peer(self, node_id: NodeId) -> None:
+        """Drop a peer that was only passing by (e.g. a status client); what was sent to it
+        may still flush for ``linger_ms``. Not a death: no listener hears of it."""
+        with self._dir_lock:
+            self._peers.pop(node_id, None)
+            entry = self._dealers.pop(node_id, None)
+        if entry is not None:
+            with entry[1]:
+                entry[0].close(linger=self.linger_ms)
 
     def peers(self, role: str | None = None) -> list[Peer]:
         return [p for p in list(self._peers.values())
@@ -207,11 +228,11 @@ class Node:
 
     def mark_dead(self, node_id: NodeId, reason: str = "") -> None:
         """Forget a node: fail requests waiting on it and tell the listeners."""
-        if node_id in self._dead:
-            return
-        self._dead.add(node_id)
-        self._parked.pop(node_id, None)
-        with self._dealers_lock:
+        with self._dir_lock:
+            if node_id in self._dead:
+                return
+            self._dead.add(node_id)
+            self._parked.pop(node_id, None)
             entry = self._dealers.pop(node_id, None)
         if entry is not None:
             with entry[1]:
@@ -296,47 +317,63 @@ class Node:
     def _send_frames(self, dest: NodeId, frames: list[Any]) -> None:
         if self._closed.is_set():
             raise NodeLost(self.node_id, f"node {self.node_id} is closed")
-        if dest in self._dead:
-            log.debug("dropping a message for dead node %s", dest)
-            return
-        entry = self._dealer(dest)
-        if entry is None:
-            with self._park_lock:
-                parked = dest not in self._peers
-                if parked:
-                    self._parked[dest].append(frames)
-            if not parked:
-                entry = self._dealer(dest)
-            elif self._unknown_dest is not None:
-                self._unknown_dest(dest)
-        if entry is None:
-            return
-        sock, lock = entry
-        last = len(frames) - 1
-        with lock:
-            for i, frame in enumerate(frames):
-                big = not isinstance(frame, bytes) and memoryview(frame).nbytes >= wm.ZERO_COPY_MIN_BYTES
-                sock.send(frame, zmq.SNDMORE if i < last else 0, copy=not big)
-
-    def _dealer(self, dest: NodeId) -> tuple[zmq.Socket, threading.Lock] | None:
         entry = self._dealers.get(dest)
-        if entry is not None:
-            return entry
-        peer = self._peers.get(dest)
-        if peer is None:
-            return None
-        with self._dealers_lock:
-            entry = self._dealers.get(dest)
+        if entry is None:
+            with self._dir_lock:
+                if dest in self._dead:
+                    log.debug("dropping a message for dead node %s", dest)
+                    return
+                entry = self._dealers.get(dest)
+                if entry is None:
+                    peer = self._peers.get(dest)
+                    if peer is None:
+                        self._parked[dest].append(frames)
+                    else:
+                        entry = self._new_dealer(dest, peer.address)
             if entry is None:
-                sock = self._ctx.socket(zmq.DEALER)
-                sock.setsockopt(zmq.IDENTITY, self.node_id.encode("ascii"))
-                sock.sndhwm = 0
-                sock.linger = self.linger_ms
-                self.security.apply_client(sock)
-                sock.connect(peer.address)
-                entry = (sock, threading.Lock())
-                self._dealers[dest] = entry
-        return entry
+                if self._unknown_dest is not None:
+                    self._unknown_dest(dest)
+                return
+        sock, lock = entry
+        with lock:
+            try:
+                self._write(sock, frames)
+            except zmq.ZMQError as exc:  # closed under us: the peer died or we are closing
+                if self._closed.is_set():
+                    raise NodeLost(self.node_id, f"node {self.node_id} is closed") from None
+                if dest in self._dead:
+                    log.debug("dropping a message for dead node %s", dest)
+                    return
+                raise NodeLost(dest, f"cannot send to {dest}: {exc}") from exc
+
+    @staticmethod
+    def _write(sock: zmq.Socket, frames: list[Any]) -> None:
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            big = not isinstance(frame, bytes) and memoryview(frame).nbytes >= wm.ZERO_COPY_MIN_BYTES
+            sock.send(frame, zmq.SNDMORE if i < last else 0, copy=not big)
+
+    def _new_dealer(self, dest: NodeId, address: str,
+                    held: bool = False) -> tuple[zmq.Socket, threading.Lock]:
+        """Create and register the DEALER to ``dest`` (caller holds ``_dir_lock``); with
+        ``held`` its send lock is returned already acquired."""
+        if self._closed.is_set():
+            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
+        sock = self._ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.IDENTITY, self._sender)
+            sock.sndhwm = 0
+            sock.linger = self.linger_ms
+            self.security.apply_client(sock)
+            sock.connect(address)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ConfigError(f"cannot connect to {dest} at {address!r}: {exc}") from None
+        lock = threading.Lock()
+        if held:
+            lock.acquire()
+        self._dealers[dest] = (sock, lock)
+        return sock, lock
 
     # ----------------------------------------------------------------- receiving
     def on(self, service: int, kind: int, handler: Handler) -> None:
@@ -459,9 +496,14 @@ class Node:
         service, kind = msg.header.service, msg.header.kind
         if service == CORE_SERVICE and kind in (Kind.RESULT, Kind.ERROR):
             with self._pending_lock:
-                fut = self._pending.pop(msg.header.request_id, None)
+                fut = self._pending.get(msg.header.request_id)
+                if fut is not None and fut.dest == msg.sender:
+                    del self._pending[msg.header.request_id]
             if fut is None:
                 log.debug("late or unknown reply %d from %s", msg.header.request_id, who)
+            elif fut.dest != msg.sender:
+                log.warning("dropped a reply from %r: request %d was sent to %r", who,
+                            msg.header.request_id, fut.dest)
             elif not fut.done():
                 fut.set_result(msg)
             return

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from actorpy.errors import ProtocolError
 from actorpy.wire import header as hdr

@@ -116,7 +116,9 @@ class TestCLI:
         (["--workers", "0"], "--workers"), (["--barrier", "xsp"], "invalid choice"),
         (["--compare", "ssp:x"], "integers"), (["--barrier", "pbsp", "--staleness", "3"], "pssp"),
         (["--sweep-sample", "1", "2"], "--barrier pbsp"), (["--bounds", "--lag-cdf", "2"], "F(r)"),
-        (["--dist", "exp", "--mean", "-1"], "--mean")])
+        (["--dist", "exp", "--mean", "-1"], "--mean"), (["--seconds", "inf"], "finite"),
+        (["--mean", "inf"], "finite"),
+        (["--workers", "5", "--seconds", "5", "--plot", "/nonexistent-dir/x.png"], "cannot write")])
     def test_bad_arguments_exit_2_with_a_message(self, capsys, argv, message):
         assert main(argv) == 2
         err = capsys.readouterr().err

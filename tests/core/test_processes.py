@@ -12,7 +12,7 @@ import pytest
 
 import actorpy
 from actorpy.errors import NodeLost
-from tests.conftest import child_pids, wait_until
+from tests.conftest import wait_until
 
 PY = sys.executable
 
@@ -48,16 +48,20 @@ def test_killed_worker_is_declared_dead_and_its_task_fails():
 
 
 DRIVER = """
-import sys, actorpy
+import sys, time, actorpy
 c = actorpy.connect(workers=2)
+busy = sys.argv[1] == "busy"
+if busy:  # both workers deep in a task that will not end by itself
+    running = [c.submit_to(w, time.sleep, 1000) for w in c.workers()]
 print(" ".join(str(p) for p in c.local.pids()), flush=True)
 sys.stdin.read()
 """
 
 
-def test_no_orphans_when_the_driver_is_killed():
-    proc = subprocess.Popen([PY, "-c", DRIVER], stdout=subprocess.PIPE, stdin=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+@pytest.mark.parametrize("state", ["idle", "busy"])
+def test_no_orphans_when_the_driver_is_killed(state):
+    proc = subprocess.Popen([PY, "-c", DRIVER, state], stdout=subprocess.PIPE,
+                            stdin=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         line = proc.stdout.readline().decode()
         pids = [int(p) for p in line.split()]
@@ -76,6 +80,19 @@ def test_no_orphans_when_the_driver_is_killed():
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
     return subprocess.run([PY, "-m", "actorpy", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["status", "--manager", "tcp://127.0.0.1", "--timeout-s", "1"], "tcp://HOST:PORT"),
+    (["status", "--manager", "ipc:///nonexistent-dir/x", "--timeout-s", "1"], "ipc directory"),
+    (["worker", "--manager", "ipc:///nonexistent-dir/x"], "ipc directory"),
+    (["status", "--manager", "tcp://127.0.0.1:9", "--timeout-s", "nan"], "--timeout-s"),
+    (["demo", "--workers", "0"], "--workers"),
+])
+def test_cli_refuses_bad_input_without_a_traceback(args, message):
+    out = _cli(*args, env={"ACTORPY_SECRET": "a-secret-long-enough-0123"}, timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
 
 
 def test_manager_refuses_tcp_without_secret():

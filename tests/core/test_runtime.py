@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import actorpy
-from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError, SerializationError
+from actorpy.errors import ActorpyTimeout, RemoteError, SerializationError
 
 
 class CustomError(Exception):

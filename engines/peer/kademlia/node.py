@@ -183,6 +183,9 @@ class KademliaNode:
         known = self.routing.get(sender.node_id)
         if known is not None and known.address != sender_address:
             raise ProtocolError(f"{sender_address} claims the id of {known.address}")
+        holder = self.routing.id_at(sender_address)
+        if holder is not None and holder != sender.node_id:
+            raise ProtocolError(f"{sender_address} is in the table under another id")
         eff = Effects()
         if message.KIND in REQUEST_KINDS:
             self._note_alive(sender, now, eff)

@@ -75,6 +75,9 @@ class RoutingTable:
         self._buckets: list[KBucket] = [KBucket(0, ID_SPACE, now)]
         self._los: list[int] = [0]
         self._all: dict[int, Contact] = {}
+        # One id per address: a single peer must not fill the table (and skew the size
+        # estimate and peer samples) by claiming many ids.
+        self._by_address: dict[str, int] = {}
 
     # ----------------------------------------------------------------- queries
     def __len__(self) -> int:
@@ -86,6 +89,10 @@ class RoutingTable:
     def get(self, node_id: int) -> Contact | None:
         """The contact with this id, if the table holds it."""
         return self._all.get(node_id)
+
+    def id_at(self, address: str) -> int | None:
+        """The id the table holds for ``address``, if any."""
+        return self._by_address.get(address)
 
     def contacts(self) -> list[Contact]:
         """Every contact held (not the replacement caches)."""
@@ -136,7 +143,8 @@ class RoutingTable:
             waits in the replacement cache meanwhile.
 
         Raises:
-            ProtocolError: the contact claims our own id, or an id held under another address.
+            ProtocolError: the contact claims our own id, an id held under another address,
+                or a second id for an address the table already holds under another id.
         """
         node_id = contact.node_id
         if node_id == self.own_id:
@@ -144,6 +152,9 @@ class RoutingTable:
         known = self._all.get(node_id)
         if known is not None and known.address != contact.address:
             raise ProtocolError(f"id held by {known.address} claimed by {contact.address}")
+        holder = self._by_address.get(contact.address)
+        if holder is not None and holder != node_id:
+            raise ProtocolError(f"{contact.address} already holds another id in this table")
         while True:
             bucket = self.bucket_for(node_id)
             bucket.last_touched_s = now
@@ -154,6 +165,7 @@ class RoutingTable:
                 bucket.contacts[node_id] = contact
                 bucket.replacements.pop(node_id, None)
                 self._all[node_id] = contact
+                self._by_address[contact.address] = node_id
                 return None
             if bucket.covers(self.own_id) and bucket.hi - bucket.lo > 1:
                 self._split(bucket, now)
@@ -174,14 +186,18 @@ class RoutingTable:
         bucket.replacements.pop(node_id, None)
         if bucket.contacts.pop(node_id, None) is None:
             return None
-        del self._all[node_id]
-        if not bucket.replacements:
-            return None
-        new_id, new = bucket.replacements.popitem(last=True)
-        bucket.contacts[new_id] = new
-        self._all[new_id] = new
-        log.debug("promoted %s from the replacement cache", new.address)
-        return new
+        gone = self._all.pop(node_id)
+        self._by_address.pop(gone.address, None)
+        while bucket.replacements:
+            new_id, new = bucket.replacements.popitem(last=True)
+            if new.address in self._by_address:
+                continue  # its address is in the table under another id by now
+            bucket.contacts[new_id] = new
+            self._all[new_id] = new
+            self._by_address[new.address] = new_id
+            log.debug("promoted %s from the replacement cache", new.address)
+            return new
+        return None
 
     def _split(self, bucket: KBucket, now: float) -> None:
         mid = (bucket.lo + bucket.hi) // 2

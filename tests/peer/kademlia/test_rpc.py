@@ -83,6 +83,7 @@ class TestNodeRejects:
 
     @pytest.mark.parametrize("sender, wire", [
         ("evil", encode(Ping(1, A))),                            # claims a's id
+        ("a", encode(Ping(1, KadId(99)))),                       # a second id for a's address
         ("evil", encode(Ping(1, KadId(1)))),                     # claims our own id
         ("a", encode(Pong(77, A))),                              # unsolicited reply
         ("evil", (1, 5, 0, bytes(3), bytes(20))),                # short sender id
@@ -95,6 +96,19 @@ class TestNodeRejects:
         with pytest.raises(ProtocolError):
             node.receive(sender, wire, now=1.0)
         assert self._snapshot(node) == before
+
+    def test_one_address_cannot_fill_the_table_with_ids(self) -> None:
+        node = KademliaNode(KadId(1), "me", KademliaConfig(ksize=20), rng=random.Random(0))
+        rng = random.Random(5)
+        rejected = 0
+        for _ in range(200):
+            try:
+                node.receive("tcp://evil:1", encode(Ping(1, KadId(rng.getrandbits(160)))), 0.0)
+            except ProtocolError:
+                rejected += 1
+        assert rejected == 199
+        assert [c.address for c in node.routing.contacts()] == ["tcp://evil:1"]
+        assert node.size_estimate() < 5
 
     def test_reply_under_another_id_is_rejected_and_the_rpc_stays_pending(self) -> None:
         node, known = self._node()

@@ -1,0 +1,79 @@
+"""Cluster addresses: which security an address implies, and where a node should bind.
+Shared by ``actorpy.connect`` and the CLI so both apply the same rules."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import stat
+
+from actorpy.errors import ConfigError
+from actorpy.wire import auth
+from actorpy.wire.auth import Security
+
+_ENDPOINT = re.compile(r"^(tcp://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.*-]+):(\d{1,5}|\*)|ipc://[^\s\x00]+)$")
+
+
+def is_endpoint(address: object) -> bool:
+    """Whether ``address`` looks like an endpoint a node can listen on or connect to.
+
+    >>> is_endpoint("tcp://10.0.0.5:7400"), is_endpoint("ipc:///tmp/x"), is_endpoint("tcp://h")
+    (True, True, False)
+    """
+    if not isinstance(address, str) or not _ENDPOINT.match(address):
+        return False
+    return not address.startswith("tcp://") or address.endswith(":*") or \
+        0 <= int(address.rsplit(":", 1)[1]) < 65536
+
+
+def security_for(address: str, *, secret: str | bytes | None = None,
+                 secret_file: str | None = None) -> Security:
+    """The security an address implies: ipc -> the directory's permissions, tcp -> CURVE.
+
+    Raises:
+        ConfigError: a malformed address, an ipc directory that is missing or open to other
+            users, or tcp without a cluster secret.
+    """
+    if not is_endpoint(address):
+        raise ConfigError(f"address must be tcp://HOST:PORT or ipc://PATH, not {address!r}")
+    if address.startswith("ipc://"):
+        folder = os.path.dirname(address[len("ipc://"):]) or "."
+        try:
+            mode = os.stat(folder).st_mode
+        except OSError as exc:
+            raise ConfigError(f"ipc directory {folder}: {exc.strerror}") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"ipc directory {folder} can be opened by other users; "
+                              f"`chmod 700 {folder}` first (ipc trust is the directory's)")
+        return Security.ipc()
+    key = auth.read_secret(secret_file, secret)
+    if key is None:
+        raise ConfigError("tcp needs the cluster secret: pass --secret-file F (or secret=/"
+                          "secret_file=), or set ACTORPY_SECRET; make one with "
+                          "`actorpy secret > F`")
+    return Security.curve(key)
+
+
+def advertise_host(manager_address: str) -> str:
+    """The local IP address that routes to the manager (where peers can reach us).
+
+    Raises:
+        ConfigError: the manager's host name does not resolve.
+    """
+    host = manager_address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if host in ("0.0.0.0", "*", "localhost", "127.0.0.1"):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # no packet is sent: this only picks the route
+            return s.getsockname()[0]
+    except OSError as exc:
+        raise ConfigError(f"cannot find a route to the manager host {host!r}: {exc}") from None
+
+
+def node_bind(manager_address: str, node_id: str, host: str | None = None) -> str:
+    """Where a node joining ``manager_address`` binds: next to it (ipc) or on a free port
+    of the address that routes to it (tcp)."""
+    if manager_address.startswith("ipc://"):
+        return f"ipc://{os.path.dirname(manager_address[len('ipc://'):])}/{node_id}"
+    return f"tcp://{host or advertise_host(manager_address)}:*"

@@ -1,0 +1,114 @@
+"""Membership protocol with in-process nodes on loopback: who may say what, and what the
+manager keeps."""
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from actorpy.config import Config
+from actorpy.errors import ConfigError
+from actorpy.ids import NodeId
+from actorpy.runtime.manager import Manager
+from actorpy.runtime.membership import MANAGER_ID, Membership
+from actorpy.runtime.node import Node
+from actorpy.wire.auth import Security, private_dir
+from actorpy.wire.kinds import CORE_SERVICE, Kind
+from tests.conftest import wait_until
+
+
+@pytest.fixture
+def net():
+    folder = private_dir()
+    config = Config(heartbeat_interval_s=0.1, dead_after_s=1.0)
+    manager = Manager(f"ipc://{folder}/manager", Security.ipc(), config).start()
+    made: list[Node] = []
+
+    def node(name: str, role: str | None = None) -> tuple[Node, Membership | None]:
+        n = Node(NodeId(name), f"ipc://{folder}/{name}", Security.ipc(), linger_ms=0).start()
+        made.append(n)
+        if role is None:
+            n.add_peer(MANAGER_ID, manager.address, "manager")
+            return n, None
+        lost = threading.Event()
+        m = Membership(n, manager.address, role, config, lambda reason: lost.set())
+        m.join(10)
+        m.lost = lost  # type: ignore[attr-defined]
+        return n, m
+
+    yield manager, node
+    for n in made:
+        n.close()
+    manager.stop(tell_nodes=False)
+
+
+def test_status_clients_leave_no_socket_behind(net):
+    manager, node = net
+    before = len(manager.node._dealers)
+    for i in range(3):
+        client, _ = node(f"s-{i}")
+        rows = client.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": client.address},
+                           timeout_s=10)
+        assert rows == []
+        wait_until(lambda: len(manager.node._dealers) == before, 5,
+                   "the manager to drop the status client's socket")
+    assert manager.node.peers() == []
+
+
+def test_registration_with_a_bad_address_is_ignored(net, caplog):
+    manager, node = net
+    caplog.set_level(logging.WARNING, logger="actorpy")
+    rogue, _ = node("rogue")
+    for address in ("tcp://127.0.0.1", "http://x:1", 42):
+        rogue.send(MANAGER_ID, CORE_SERVICE, Kind.REGISTER, {"address": address, "role": "worker"})
+    wait_until(lambda: sum("ignored a registration" in r.getMessage() for r in caplog.records) == 3,
+               5, "three refused registrations")
+    worker, _ = node("w-ok", "worker")  # the manager still serves
+    assert [r["node_id"] for r in rogue.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES,
+                                             {"address": rogue.address}, timeout_s=10)] == ["w-ok"]
+
+
+def test_only_the_manager_may_send_membership_news(net, caplog):
+    manager, node = net
+    caplog.set_level(logging.WARNING, logger="actorpy")
+    worker, membership = node("w-1", "worker")
+    other, _ = node("w-2", "worker")
+    wait_until(lambda: worker.peer(NodeId("w-2")) is not None, 5, "w-1 to learn of w-2")
+    intruder, _ = node("s-x")
+    intruder.add_peer(NodeId("w-1"), worker.address, "worker")
+    intruder.send(NodeId("w-1"), CORE_SERVICE, Kind.NODE_DEAD, ("w-2", "forged"))
+    intruder.send(NodeId("w-1"), CORE_SERVICE, Kind.SHUTDOWN)
+    wait_until(lambda: sum("only the manager may send it" in r.getMessage()
+                           for r in caplog.records) == 2, 5, "two dropped forgeries")
+    assert not worker.is_dead(NodeId("w-2")) and not membership.lost.is_set()
+
+
+def test_a_reply_counts_only_from_the_node_asked(net, caplog):
+    manager, node = net
+    caplog.set_level(logging.WARNING, logger="actorpy")
+    asker, _ = node("a")
+    slow, _ = node("b")
+    forger, _ = node("c")
+    asked = threading.Event()
+    slow.on(7, 1, lambda msg: asked.set())  # b never answers
+    asker.add_peer(NodeId("b"), slow.address, "worker")
+    forger.add_peer(NodeId("a"), asker.address, "worker")
+    slow.add_peer(NodeId("a"), asker.address, "worker")
+    fut = asker.request(NodeId("b"), 7, 1, "question")
+    assert asked.wait(5)
+    rid = max(asker._pending)
+    forger.send(NodeId("a"), CORE_SERVICE, Kind.RESULT, "forged answer", request_id=rid)
+    wait_until(lambda: any("dropped a reply from 'c'" in r.getMessage() for r in caplog.records),
+               5, "the forged reply to be dropped")
+    assert not fut.done()
+    slow.send(NodeId("a"), CORE_SERVICE, Kind.RESULT, "real answer", request_id=rid)
+    assert fut.result(5) == "real answer"
+
+
+def test_unreachable_addresses_fail_cleanly(net):
+    manager, node = net
+    n, _ = node("x")
+    with pytest.raises(ConfigError, match="cannot connect"):
+        n.add_peer(NodeId("y"), "tcp://no-port-here", "worker")
+        n.send(NodeId("y"), 7, 1, "hello")
