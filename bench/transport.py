@@ -343,6 +343,35 @@ class NodeClient:
         self.node.close()
 
 
+def cpu_per_message(quick: bool) -> None:
+    """Python CPU per message, encode + decode, raw vs wire, timed in this one process.
+
+    Unlike the socket rows this does not depend on the scheduler of a noisy 2-core machine:
+    it is the work the wire adds to each message, to set beside the round-trip times.
+    """
+    import timeit
+
+    security = auth.Security.ipc()
+    print("CPU per message in one process (encode + parse + decode; median of 5 runs)")
+    print(f"{'payload':<12} {'raw us':>8} {'wire us':>8} {'added us':>9}")
+    for p in payloads(quick):
+        if p.nbytes > (1 << 20):
+            continue  # large payloads are bound by copying, covered by the bandwidth rows
+        value, kind = make_value(p), payload_kind(p)
+
+        def raw() -> None:
+            raw_decode([zmq.Frame(f) for f in raw_frames(value)], kind)
+
+        def wire() -> None:
+            frames = [zmq.Frame(f) for f in wire_frames(value, CLIENT_ID, Kind.RESULT, 1)]
+            wire_decode(frames, security, has_identity=False)
+        n = 2000 if p.nbytes < (1 << 16) else 300
+        t_raw = statistics.median(timeit.repeat(raw, number=n, repeat=5)) / n * 1e6
+        t_wire = statistics.median(timeit.repeat(wire, number=n, repeat=5)) / n * 1e6
+        print(f"{p.label:<12} {t_raw:>8.1f} {t_wire:>8.1f} {t_wire - t_raw:>9.1f}")
+    print()
+
+
 def memcpy_bw(nbytes: int, reps: int = 5) -> float:
     src = np.ones(max(1, nbytes // 4), dtype=np.float32)
     dst = np.empty_like(src)
@@ -486,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{zmq.__version__}, libzmq {zmq.zmq_version()}, {os.cpu_count()} cores; "
           f"{time.perf_counter() - t0:.0f} s)\n")
     print_table(results, mechs, args.quick)
+    cpu_per_message(args.quick)
     return 0
 
 
