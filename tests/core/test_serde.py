@@ -15,7 +15,11 @@ from hypothesis.extra import numpy as hnp
 from actorpy.errors import ProtocolError, SerializationError
 from actorpy.wire import serde
 
-torch = pytest.importorskip("torch")
+try:  # torch is an optional extra: only the tests that use it need it
+    import torch
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
 
 def local_roundtrip(obj, chunk_bytes=serde.DEFAULT_CHUNK_BYTES):
@@ -131,6 +135,7 @@ class TestNumpy:
         assert_same_array(local_roundtrip(a), a)
 
 
+@needs_torch
 class TestTorch:
     @pytest.mark.parametrize("make", [
         lambda: torch.randn(3, 4),
@@ -172,6 +177,7 @@ class TestTorch:
 
 
 class TestContainersAndFunctions:
+    @needs_torch
     def test_nested_containers_mix_arrays_tensors_and_objects(self):
         value = {
             "weights": [np.arange(6.0).reshape(2, 3), torch.ones(4, dtype=torch.float64)],
@@ -233,6 +239,7 @@ class TestOutOfBand:
         assert_same_array(got, a)
         assert got.flags.writeable
 
+    @needs_torch
     def test_several_buffers_some_chunked(self):
         value = [np.arange(100, dtype=np.int64), np.arange(50_000, dtype=np.float64),
                  torch.arange(3)]
@@ -252,6 +259,7 @@ class TestOutOfBand:
         assert_same_array(got, a)
         assert not got.flags.writeable
 
+    @needs_torch
     def test_received_arrays_and_tensors_are_writable(self, pipe):
         value = {"big": np.arange(300_000, dtype=np.float32), "small": np.arange(3.0),
                  "t": torch.arange(10.0), "bigt": torch.zeros(100_000)}
@@ -303,6 +311,7 @@ class TestErrors:
         with pytest.raises(ProtocolError, match=reason):
             serde.decode(mutate(list(frames)), has_buffers)
 
+    @needs_torch
     @pytest.mark.parametrize("name", ["not_a_dtype", "Tensor", "nn"])
     def test_unknown_torch_dtype_is_a_protocol_error(self, name):
         with pytest.raises(ProtocolError, match="unknown torch dtype"):
