@@ -464,11 +464,10 @@ class Node:
             name = zmq.Event(event["event"]).name
             allowed, held = self._throttle.allow(name)
             if allowed:
-                log.log(logging.INFO if name.endswith("NO_DETAIL") else logging.WARNING,
-                        "rejected a connection to %s: handshake failed (%s, code %s); the peer "
-                        "is not a member of this cluster or speaks another protocol%s",
-                        self.address, name, event["value"],
-                        f" ({held} more since the last report)" if held else "")
+                log.warning("rejected a connection to %s: handshake failed (%s, code %s); the peer "
+                            "is not a member of this cluster or speaks another protocol%s",
+                            self.address, name, event["value"],
+                            f" ({held} more since the last report)" if held else "")
 
     def _drain_router(self) -> None:
         for _ in range(1000):  # bounded, so timers still run under a flood
