@@ -131,8 +131,10 @@ def raw_decode(frames: list[zmq.Frame], kind: str) -> Any:
     return arr
 
 
-def wire_frames(value: Any, sender: str, kind: int, request_id: int = 0) -> list[Any]:
-    return wm.assemble(CORE_SERVICE, kind, sender, value, request_id=request_id)
+def wire_frames(value: Any, sender: str, kind: int, security: auth.Security,
+                request_id: int = 0) -> list[Any]:
+    return wm.assemble(CORE_SERVICE, kind, sender, value, request_id=request_id,
+                       chunk_bytes=security.chunk_bytes)
 
 
 def wire_decode(frames: list[zmq.Frame], security: auth.Security, has_identity: bool) -> Any:
@@ -193,11 +195,11 @@ def _serve_socket(conn: Any, mech: str, ipc_dir: str, security: auth.Security,
                     out = raw_frames(value) if op == "echo" else None
                 else:
                     value = wire_decode(frames, security, has_identity=True)
-                    out = wire_frames(value, SERVER_ID, Kind.RESULT) if op == "echo" else None
+                    out = wire_frames(value, SERVER_ID, Kind.RESULT, security) if op == "echo" else None
                 if out is not None:
                     send_frames(sock, [ident, *out])
                 elif i == n - 1:  # sink: one small ack after the last message
-                    ack = [b"ok"] if impl == "raw" else wire_frames(n, SERVER_ID, Kind.RESULT)
+                    ack = [b"ok"] if impl == "raw" else wire_frames(n, SERVER_ID, Kind.RESULT, security)
                     send_frames(sock, [ident, *ack])
             conn.send("ok")
     finally:
@@ -265,7 +267,7 @@ class SocketClient:
     def frames(self, value: Any) -> list[Any]:
         if self.impl == "raw":
             return raw_frames(value)
-        return wire_frames(value, CLIENT_ID, Kind.TASK, request_id=1)
+        return wire_frames(value, CLIENT_ID, Kind.TASK, self.security, request_id=1)
 
     def decode(self, frames: list[zmq.Frame], kind: str) -> Any:
         if self.impl == "raw":
@@ -363,7 +365,7 @@ def cpu_per_message(quick: bool) -> None:
             raw_decode([zmq.Frame(f) for f in raw_frames(value)], kind)
 
         def wire() -> None:
-            frames = [zmq.Frame(f) for f in wire_frames(value, CLIENT_ID, Kind.RESULT, 1)]
+            frames = [zmq.Frame(f) for f in wire_frames(value, CLIENT_ID, Kind.RESULT, security, 1)]
             wire_decode(frames, security, has_identity=False)
         n = 2000 if p.nbytes < (1 << 16) else 300
         t_raw = statistics.median(timeit.repeat(raw, number=n, repeat=5)) / n * 1e6

@@ -89,12 +89,12 @@ class Node:
     """
 
     def __init__(self, node_id: NodeId, bind: str, security: Security, *,
-                 chunk_bytes: int = 64 << 20, max_frame_bytes: int = 1 << 30,
+                 chunk_bytes: int | None = None, max_frame_bytes: int = 1 << 30,
                  linger_ms: int = 500) -> None:
         self.node_id = node_id
         self._sender = hdr.sender_bytes(node_id)
         self.security = security
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = security.chunk_bytes if chunk_bytes is None else chunk_bytes
         self.max_frame_bytes = max_frame_bytes
         self.linger_ms = linger_ms
         self._ctx = zmq.Context()

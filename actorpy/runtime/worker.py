@@ -70,7 +70,7 @@ class Worker:
         self.config = config
         self.node = Node(node_id, bind, security, chunk_bytes=config.chunk_bytes,
                          max_frame_bytes=config.max_frame_bytes, linger_ms=config.linger_ms)
-        self.store = ObjectStore(config.chunk_bytes)
+        self.store = ObjectStore(self.node.chunk_bytes)
         self.ctx = WorkerContext(self.node, self.store)
         self.stopped = threading.Event()
         self.stop_reason = ""

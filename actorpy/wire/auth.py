@@ -114,6 +114,13 @@ class Security:
         return cls("curve", public, private)
 
     @property
+    def chunk_bytes(self) -> int:
+        """The frame size large buffers are split into under this mechanism."""
+        from actorpy.wire import serde
+
+        return serde.ENCRYPTED_CHUNK_BYTES if self.mode == "curve" else serde.DEFAULT_CHUNK_BYTES
+
+    @property
     def user_id(self) -> str | None:
         """The ``User-Id`` libzmq attaches to messages from members (curve mode)."""
         return self.public_key.decode("ascii") if self.public_key else None

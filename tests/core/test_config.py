@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 import actorpy
@@ -67,3 +68,15 @@ def test_local_cluster_over_tcp_with_curve():
         assert cluster.node.security.mode == "curve"
         assert cluster.node.address.startswith("tcp://127.0.0.1:")
         assert cluster.submit(sum, [1, 2, 3]).result(30) == 6
+        # Under CURVE large buffers travel in 8 MiB frames; 20 MB takes three each way.
+        assert cluster.node.chunk_bytes == serde.ENCRYPTED_CHUNK_BYTES
+        a = np.arange(5_000_000, dtype=np.float32)
+        back = cluster.submit(lambda x: x * 2, a).result(60)
+        np.testing.assert_array_equal(back, a * 2)
+
+
+def test_chunk_size_follows_the_mechanism():
+    from actorpy.wire.auth import Security
+    assert Security.ipc().chunk_bytes == serde.DEFAULT_CHUNK_BYTES == 64 << 20
+    assert Security.curve(b"s" * 16).chunk_bytes == serde.ENCRYPTED_CHUNK_BYTES == 8 << 20
+    assert Config(chunk_bytes=1 << 20).chunk_bytes == 1 << 20
