@@ -396,17 +396,18 @@ def run_mechanism(mech: str, quick: bool, results: dict, rounds: int = 1) -> Non
     server.start()
     security = security_for(mech)
     try:
-        # Rounds alternate raw, wire and node, so slow drift of a noisy machine hits all
-        # three alike; samples are pooled over rounds, bandwidths take the median round.
+        # Within every round and for every payload, raw, wire and node run back to back, so
+        # the drift of a noisy machine hits all three alike; samples are pooled over rounds,
+        # bandwidths take the median round.
         samples: dict[tuple[str, str], list[float]] = {}
         bandwidths: dict[tuple[str, str], list[float]] = {}
         for round_no in range(rounds):
-            for impl in ("raw", "wire", "node"):
-                client: Any = (NodeClient(parent, mech, ipc_dir, security) if impl == "node"
-                               else SocketClient(parent, mech, impl, security))
-                try:
-                    for p in payloads(quick):
-                        value, kind = make_value(p), payload_kind(p)
+            for p in payloads(quick):
+                value, kind = make_value(p), payload_kind(p)
+                for impl in ("raw", "wire", "node"):
+                    client: Any = (NodeClient(parent, mech, ipc_dir, security) if impl == "node"
+                                   else SocketClient(parent, mech, impl, security))
+                    try:
                         samples.setdefault((p.label, impl), []).extend(
                             client.rtt(value, kind, p.rtt_n))
                         if p.bw_k:
@@ -414,10 +415,10 @@ def run_mechanism(mech: str, quick: bool, results: dict, rounds: int = 1) -> Non
                                 client.bandwidth(value, kind, p.bw_k, p.bw_reps))
                             bandwidths.setdefault((p.label, impl), []).append(
                                 p.bw_k * max(p.nbytes, 1) / t)
-                        print(f"  {mech:5s} {impl:4s} {p.label:12s} round {round_no + 1} done",
-                              file=sys.stderr, flush=True)
-                finally:
-                    client.close()
+                    finally:
+                        client.close()
+                print(f"  {mech:5s} {p.label:12s} round {round_no + 1} done", file=sys.stderr,
+                      flush=True)
         for (label, impl), values in samples.items():
             results.setdefault((mech, label), {})[f"rtt_{impl}"] = stats(values)
         for (label, impl), values in bandwidths.items():
