@@ -2,6 +2,7 @@
 
 Files:
     node.py         one process's endpoint: ROUTER + per-peer DEALERs + I/O thread
+    reply.py        ReplyFuture: a reply that unpickles in the waiting thread
     membership.py   register, heartbeat, directory of peers, manager loss
     manager.py      the registry and failure detector (never runs user code)
     worker.py       runs tasks and hosts services for any engine

@@ -16,7 +16,8 @@ from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime.context import Caller, CallTask, ServiceRef
 from actorpy.runtime.local import LocalCluster
 from actorpy.runtime.membership import MANAGER_ID, Membership
-from actorpy.runtime.node import Node, ReplyFuture
+from actorpy.runtime.node import Node
+from actorpy.runtime.reply import ReplyFuture
 from actorpy.wire.auth import Security
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
@@ -77,8 +78,7 @@ class Cluster(Caller):
                  config: Config, local: LocalCluster | None) -> None:
         self.config = config
         self.local = local
-        self.node = Node(node_id, bind, security, chunk_bytes=config.chunk_bytes,
-                         max_frame_bytes=config.max_frame_bytes, linger_ms=config.linger_ms)
+        self.node = Node.from_config(node_id, bind, security, config)
         self._lost = threading.Event()
         self._lost_reason = ""
         self.membership = Membership(self.node, manager_address, "driver", config,

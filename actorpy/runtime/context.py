@@ -8,7 +8,8 @@ from typing import Any, Protocol
 
 from actorpy.errors import ActorpyError
 from actorpy.ids import NodeId
-from actorpy.runtime.node import Node, ReplyFuture
+from actorpy.runtime.node import Node
+from actorpy.runtime.reply import ReplyFuture
 from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 

@@ -45,8 +45,7 @@ class Manager:
 
     def __init__(self, bind: str, security: Security, config: Config) -> None:
         self.config = config
-        self.node = Node(MANAGER_ID, bind, security, chunk_bytes=config.chunk_bytes,
-                         max_frame_bytes=config.max_frame_bytes, linger_ms=config.linger_ms)
+        self.node = Node.from_config(MANAGER_ID, bind, security, config)
         self.records: dict[str, NodeRecord] = {}
         self.stopped = threading.Event()
         on = self.node.on

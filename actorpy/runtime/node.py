@@ -15,17 +15,17 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, ProtocolError
+from actorpy.errors import ConfigError, NodeLost, ProtocolError
+from actorpy.config import Config
 from actorpy.ids import NodeId
 from actorpy.log import Throttle
 from actorpy.runtime import remote
+from actorpy.runtime.reply import ReplyFuture
 from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
@@ -41,41 +41,6 @@ class Peer:
     node_id: NodeId
     address: str
     role: str
-
-
-class ReplyFuture(Future):
-    """A reply on its way. ``result()`` unpickles it in the calling thread and raises
-    ``RemoteError`` when the remote side failed."""
-
-    def __init__(self, dest: NodeId, what: str, io_thread: threading.Thread | None = None) -> None:
-        super().__init__()
-        self.dest = dest
-        self.what = what
-        self._io_thread = io_thread
-        self._lock = threading.Lock()
-        self._decoded = False
-        self._value: Any = None
-
-    def result(self, timeout: float | None = None) -> Any:
-        if not self.done() and threading.current_thread() is self._io_thread:
-            raise ActorpyError(f"waiting for {self.what} on the node's I/O thread would deadlock: "
-                               "handlers and node-lost listeners must not block")
-        try:
-            msg = super().result(timeout)
-        except (TimeoutError, FutureTimeout):  # distinct classes before Python 3.11
-            raise ActorpyTimeout(f"{self.what} on {self.dest} got no reply within {timeout} s; "
-                                 "raise the timeout_s, or check the node's log") from None
-        with self._lock:
-            if not self._decoded:
-                if msg.kind == Kind.ERROR and msg.header.service == CORE_SERVICE:
-                    failure = msg.payload()
-                    if not isinstance(failure, remote.RemoteFailure):
-                        raise ProtocolError(f"{self.dest} answered {self.what} with a "
-                                            f"malformed error ({type(failure).__name__})")
-                    raise remote.rebuild(failure)
-                self._value = msg.payload()
-                self._decoded = True
-        return self._value
 
 
 class Node:
@@ -147,6 +112,13 @@ class Node:
         self.bytes_in = 0
         self._thread = threading.Thread(target=self._loop, name=f"actorpy-io-{node_id}",
                                         daemon=True)
+
+    @classmethod
+    def from_config(cls, node_id: NodeId, bind: str, security: Security,
+                    config: Config) -> Node:
+        """A node with the wire settings of ``config`` (what every process uses)."""
+        return cls(node_id, bind, security, chunk_bytes=config.chunk_bytes,
+                   max_frame_bytes=config.max_frame_bytes, linger_ms=config.linger_ms)
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> Node:

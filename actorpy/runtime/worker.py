@@ -68,8 +68,7 @@ class Worker:
     def __init__(self, node_id: NodeId, manager_address: str, bind: str, security: Security,
                  config: Config) -> None:
         self.config = config
-        self.node = Node(node_id, bind, security, chunk_bytes=config.chunk_bytes,
-                         max_frame_bytes=config.max_frame_bytes, linger_ms=config.linger_ms)
+        self.node = Node.from_config(node_id, bind, security, config)
         self.store = ObjectStore(self.node.chunk_bytes)
         self.ctx = WorkerContext(self.node, self.store)
         self.stopped = threading.Event()
