@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch pulls gigabytes of CUDA packages.
 	$(VENV)/bin/python -m pip install -q "torch==2.13.0"
-	$(VENV)/bin/python -m pip install -q -e ".[torch,plot,test]"
+	$(VENV)/bin/python -m pip install -q -e ".[torch,plot,test,apps]"
 	touch $(STAMP)
 
 demo: $(STAMP)

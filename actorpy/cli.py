@@ -1,5 +1,7 @@
-"""``actorpy`` command line: manager, worker, status, demo, sim, secret.
+"""``actorpy`` command line: manager, worker, status, demo, sim, secret, and the apps.
 
+Apps add their own subcommands through the ``actorpy.apps`` entry-point group (name ->
+``module:main`` taking ``argv`` and returning an exit status), so the core names no app.
 The only place logging is configured (``--log-level`` > ``ACTORPY_LOG_LEVEL`` > WARNING).
 """
 from __future__ import annotations
@@ -149,7 +151,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_secret)
 
     sub.add_parser("sim", help="barrier simulator (actorpy sim --help)", add_help=False)
+    for name in sorted(_apps()):
+        sub.add_parser(name, help=f"app (actorpy {name} --help)", add_help=False)
     return parser
+
+
+def _command_index(argv: list[str]) -> int | None:
+    """Where the subcommand word stands (after global options such as ``--log-level X``)."""
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--log-level":
+            i += 2
+        elif argv[i].startswith("-"):
+            i += 1
+        else:
+            return i
+    return None
+
+
+def _apps() -> dict[str, Any]:
+    """Subcommands contributed by apps: ``{name: entry point}``."""
+    from importlib.metadata import entry_points
+
+    return {e.name: e for e in entry_points(group="actorpy.apps")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,14 +187,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # `sim` owns its own argument parser; forward everything after the word.
-    if "sim" in argv and all(a.startswith("-") or a == "sim" for a in argv[:argv.index("sim") + 1]):
-        i = argv.index("sim")
-        pre = build_parser().parse_args([*argv[:i], "secret"])
+    # `sim` and the apps own their argument parsers; forward everything after the word.
+    word = _command_index(argv)
+    if word is not None and (argv[word] == "sim" or argv[word] in _apps()):
+        pre = build_parser().parse_args([*argv[:word], "secret"])
         alog.configure(pre.log_level)
-        from actorpy.barrier.cli import main as sim_main
-
-        return sim_main(argv[i + 1:])
+        if argv[word] == "sim":
+            from actorpy.barrier.cli import main as sub_main
+        else:
+            sub_main = _apps()[argv[word]].load()
+        try:
+            return sub_main(argv[word + 1:])
+        except ConfigError as exc:
+            print(f"actorpy {argv[word]}: {exc}", file=sys.stderr)
+            return 2
+        except ActorpyError as exc:
+            print(f"actorpy {argv[word]}: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 130
     args = build_parser().parse_args(argv)
     alog.configure(args.log_level)
     try:

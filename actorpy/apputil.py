@@ -1,0 +1,65 @@
+"""What every app shares, so they all behave alike: the cluster flags, connecting from them,
+and ``--json`` output that keeps stdout clean.
+
+Every app accepts ``--workers N`` (embedded cluster), ``--manager tcp://HOST:PORT`` with
+``--secret-file F`` (an existing cluster) and ``--json`` (stdout holds only the JSON)::
+
+    parser = argparse.ArgumentParser(prog="actorpy wordcount")
+    apputil.add_cluster_arguments(parser)
+    args = parser.parse_args(argv)
+    with apputil.connect_from_args(args) as cluster:
+        ...
+    apputil.print_json(result)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from actorpy.errors import ConfigError
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, *, default_workers: int = 2,
+                          json_flag: bool = True) -> None:
+    """Add ``--workers``, ``--manager``, ``--secret-file`` (and ``--json``) to ``parser``."""
+    group = parser.add_argument_group("cluster")
+    group.add_argument("--workers", type=int, default=None,
+                       help=f"worker processes of the embedded local cluster "
+                            f"(default {default_workers}); ignored with --manager")
+    group.add_argument("--manager", metavar="tcp://HOST:PORT",
+                       help="run on an existing cluster instead of an embedded one")
+    group.add_argument("--secret-file", metavar="F",
+                       help="the cluster secret, with --manager (else ACTORPY_SECRET)")
+    parser.set_defaults(default_workers=default_workers)
+    if json_flag:
+        parser.add_argument("--json", action="store_true",
+                            help="print only a JSON object on stdout")
+
+
+def connect_from_args(args: argparse.Namespace, **settings: Any) -> Any:
+    """``actorpy.connect`` as the cluster flags say: an existing cluster with ``--manager``,
+    else an embedded one with ``--workers`` processes.
+
+    Raises:
+        ConfigError: bad flags (workers < 1, --secret-file without --manager).
+    """
+    from actorpy.runtime.cluster import connect
+
+    if args.manager:
+        return connect(args.manager, secret_file=args.secret_file, **settings)
+    if args.secret_file:
+        raise ConfigError("--secret-file goes with --manager")
+    workers = args.workers if args.workers is not None else args.default_workers
+    if workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    return connect(workers=workers, **settings)
+
+
+def print_json(value: Any, out: TextIO | None = None) -> None:
+    """Write ``value`` as one JSON document on stdout (the only thing there with --json)."""
+    out = sys.stdout if out is None else out
+    json.dump(value, out, ensure_ascii=False)
+    out.write("\n")
+    out.flush()

@@ -1,0 +1,43 @@
+"""The flags every app shares, and how the CLI finds an app's subcommand."""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+
+import pytest
+
+from actorpy import apputil
+from actorpy.cli import _command_index
+from actorpy.errors import ConfigError
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    apputil.add_cluster_arguments(parser, default_workers=3)
+    return parser.parse_args(argv)
+
+
+def test_flags_and_defaults():
+    args = _parse(["--manager", "tcp://h:7400", "--secret-file", "s", "--json"])
+    assert (args.manager, args.secret_file, args.json, args.workers) == ("tcp://h:7400", "s", True, None)
+    assert _parse([]).default_workers == 3
+
+
+@pytest.mark.parametrize("argv, message", [(["--workers", "0"], "at least 1"),
+                                           (["--secret-file", "x"], "goes with --manager")])
+def test_bad_flags_fail_before_connecting(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        apputil.connect_from_args(_parse(argv))
+
+
+def test_print_json_is_one_document():
+    out = io.StringIO()
+    apputil.print_json({"wörd": 2}, out)
+    assert json.loads(out.getvalue()) == {"wörd": 2} and out.getvalue().count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, index", [(["sim", "--json"], 0), (["--log-level", "INFO", "sim"], 2),
+                                         (["--log-level", "INFO"], None), ([], None)])
+def test_command_word_skips_global_options(argv, index):
+    assert _command_index(argv) == index
