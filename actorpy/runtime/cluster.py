@@ -16,7 +16,7 @@ from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime.context import Caller, CallTask, ServiceRef
 from actorpy.runtime.local import LocalCluster
 from actorpy.runtime.membership import MANAGER_ID, Membership
-from actorpy.runtime.node import Node
+from actorpy.runtime.node import Node, NodeEvent, Subscription
 from actorpy.runtime.reply import ReplyFuture
 from actorpy.wire.auth import Security
 from actorpy.wire.kinds import CORE_SERVICE, Kind
@@ -153,9 +153,15 @@ class Cluster(Caller):
                               timeout_s=timeout_s, what="service stop")
 
     # --------------------------------------------------------------- membership
-    def on_node_lost(self, listener: Callable[[NodeId], None]) -> None:
-        """Call ``listener(node_id)`` when a node dies or leaves (from the I/O thread)."""
-        self.node.on_node_lost(listener)
+    def on_node_lost(self, listener: Callable[[NodeId], None]) -> Subscription:
+        """Call ``listener(node_id)`` when a node dies or leaves (from the I/O thread: quick,
+        never blocking); ``cancel()`` the returned subscription to stop."""
+        return self.node.on_node_lost(listener)
+
+    def subscribe(self, listener: Callable[[NodeEvent], None]) -> Subscription:
+        """Call ``listener(event)`` for every membership change: a ``NodeEvent`` with kind
+        JOINED, LEFT or DEAD, the node's id, role and the reason (same thread rules)."""
+        return self.node.subscribe(listener)
 
     def nodes(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """The manager's table: one dict per node (id, role, state, host, pid, heartbeat age)."""

@@ -85,21 +85,25 @@ class Manager:
                         info if not isinstance(info, dict) else info.get("address"))
             return
         node_id = NodeId(msg.sender)
+        slots = info.get("slots", 1)
+        if not isinstance(slots, int) or not 1 <= slots <= 4096:
+            log.warning("ignored a registration from %s: bad slots %r", msg.sender, slots)
+            return
         try:
-            self.node.add_peer(node_id, info["address"], str(info.get("role", "worker")))
+            self.node.add_peer(node_id, info["address"], str(info.get("role", "worker")), slots)
         except ConfigError as exc:
             log.warning("ignored a registration from %s: %s", msg.sender, exc)
             return
         rec = NodeRecord(node_id, str(info.get("role", "worker")), info["address"],
                          str(info.get("host", "")), int(info.get("pid", 0)),
-                         int(info.get("slots", 1)), "alive", time.time(), time.monotonic())
+                         slots, "alive", time.time(), time.monotonic())
         for other in self._alive():
             if other.node_id != node_id:
                 self.node.send(NodeId(other.node_id), CORE_SERVICE, Kind.NODE_JOINED,
-                               (node_id, rec.address, rec.role))
+                               (node_id, rec.address, rec.role, rec.slots))
         self.records[node_id] = rec
         log.info("%s %s joined from %s (pid %d)", rec.role, node_id, rec.host, rec.pid)
-        self.node.reply(msg, [(r.node_id, r.address, r.role) for r in self._alive()])
+        self.node.reply(msg, [(r.node_id, r.address, r.role, r.slots) for r in self._alive()])
 
     def _heartbeat(self, msg: wm.Message) -> None:
         rec = self.records.get(msg.sender)
@@ -137,7 +141,8 @@ class Manager:
 
     def _lookup(self, msg: wm.Message) -> None:
         rec = self.records.get(msg.payload())
-        self.node.reply(msg, (rec.address, rec.role) if rec and rec.state == "alive" else None)
+        self.node.reply(msg, (rec.address, rec.role, rec.slots) if rec and rec.state == "alive"
+                        else None)
 
     def _leave(self, msg: wm.Message) -> None:
         rec = self.records.get(msg.sender)
@@ -157,7 +162,7 @@ class Manager:
         rec.state, rec.reason = state, reason
         level = logging.WARNING if state == "dead" else logging.INFO
         log.log(level, "%s %s is %s: %s", rec.role, rec.node_id, state, reason)
-        self.node.mark_dead(NodeId(rec.node_id), reason)
+        self.node.mark_dead(NodeId(rec.node_id), reason, left=state == "left")
         for other in self._alive():
             self.node.send(NodeId(other.node_id), CORE_SERVICE, Kind.NODE_DEAD,
-                           (rec.node_id, reason))
+                           (rec.node_id, reason, state))

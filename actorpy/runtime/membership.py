@@ -63,9 +63,9 @@ class Membership:
             raise ActorpyTimeout(f"no manager answered at {self.node.peer(MANAGER_ID).address} "
                                  f"within {timeout_s} s; is `actorpy manager` running there, "
                                  "and is the secret the same?") from None
-        for node_id, address, role in directory:
+        for node_id, address, role, slots in directory:
             if node_id != self.node.node_id:
-                self.node.add_peer(node_id, address, role)
+                self.node.add_peer(node_id, address, role, slots)
         self._last_ack = time.monotonic()
         self._notify()
         self.node.call_later(0, self._heartbeat)
@@ -120,22 +120,22 @@ class Membership:
         self._last_ack = time.monotonic()
 
     def _joined(self, msg: wm.Message) -> None:
-        node_id, address, role = msg.payload()
+        node_id, address, role, slots = msg.payload()
         if node_id != self.node.node_id:
             try:
-                self.node.add_peer(NodeId(node_id), address, role)
+                self.node.add_peer(NodeId(node_id), address, role, slots)
             except ActorpyError as exc:
                 log.warning("could not add node %s: %s", node_id, exc)
             self._lookups.discard(node_id)
         self._notify()
 
     def _dead(self, msg: wm.Message) -> None:
-        node_id, reason = msg.payload()
+        node_id, reason, state = msg.payload()
         if node_id == self.node.node_id:
             self._shutdown(msg)
             return
-        log.info("%s: node %s is gone (%s)", self.node.node_id, node_id, reason)
-        self.node.mark_dead(NodeId(node_id), reason)
+        log.info("%s: node %s is %s (%s)", self.node.node_id, node_id, state, reason)
+        self.node.mark_dead(NodeId(node_id), reason, left=state == "left")
 
     def _shutdown(self, msg: wm.Message) -> None:
         if not self._gone:
@@ -159,5 +159,5 @@ class Membership:
             if found is None:
                 self.node.mark_dead(node_id, "unknown to the manager")
             else:
-                self.node.add_peer(node_id, found[0], found[1])
+                self.node.add_peer(node_id, *found)
         fut.add_done_callback(learned)

@@ -9,6 +9,7 @@ Replies to ``request()`` resolve a ``ReplyFuture`` that unpickles in the waiting
 """
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import logging
@@ -41,6 +42,46 @@ class Peer:
     node_id: NodeId
     address: str
     role: str
+    slots: int = 1  # tasks the node runs at once (workers); 1 for the rest
+
+
+class NodeEventKind(enum.Enum):
+    JOINED = "joined"   # first seen (joined the cluster, or already there when we joined)
+    LEFT = "left"       # left on purpose
+    DEAD = "dead"       # declared dead (by the manager, or by us)
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """A change in membership, as this node learned it."""
+
+    kind: NodeEventKind
+    node_id: NodeId
+    role: str
+    reason: str = ""
+
+
+class Subscription:
+    """What ``Node.subscribe`` returns: ``cancel()`` stops the deliveries (idempotent)."""
+
+    def __init__(self, listeners: dict[int, Callable[[NodeEvent], None]], key: int) -> None:
+        self._listeners, self._key = listeners, key
+
+    def cancel(self) -> None:
+        self._listeners.pop(self._key, None)
+
+
+class TimerHandle:
+    """A timer set with ``Node.call_later``; ``cancel()`` stops it if it has not run yet."""
+
+    __slots__ = ("callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 class Node:
@@ -100,11 +141,12 @@ class Node:
         self._pending: dict[int, ReplyFuture] = {}
         self._pending_lock = threading.Lock()
         self._request_ids = itertools.count(1)
-        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timers: list[tuple[float, int, TimerHandle]] = []
         self._timer_seq = itertools.count()
         self._timers_lock = threading.Lock()
         self._watch_fds: dict[int, Callable[[], None]] = {}
-        self._lost_listeners: list[Callable[[NodeId], None]] = []
+        self._listeners: dict[int, Callable[[NodeEvent], None]] = {}
+        self._listener_ids = itertools.count()
         self._unknown_dest: Callable[[NodeId], None] | None = None
         self._closed = threading.Event()
         self._throttle = Throttle()
@@ -160,14 +202,16 @@ class Node:
         return self._closed.is_set()
 
     # ----------------------------------------------------------------- directory
-    def add_peer(self, node_id: NodeId, address: str, role: str) -> None:
+    def add_peer(self, node_id: NodeId, address: str, role: str, slots: int = 1) -> None:
         """Learn where a node listens; messages parked for it go out now, before any newer one.
+        A node not known before is announced to subscribers as JOINED.
 
         Raises:
             ConfigError: ``address`` is not an endpoint ZeroMQ can connect to.
         """
         with self._dir_lock:
-            self._peers[node_id] = Peer(node_id, address, role)
+            is_new = node_id not in self._peers or node_id in self._dead
+            self._peers[node_id] = Peer(node_id, address, role, slots)
             self._dead.discard(node_id)
             parked = self._parked.pop(node_id, [])
             if parked and node_id not in self._dealers:
@@ -177,6 +221,8 @@ class Node:
                         self._write(sock, frames)
                 finally:
                     lock.release()
+        if is_new:
+            self._publish(NodeEvent(NodeEventKind.JOINED, node_id, role))
 
     def forget_peer(self, node_id: NodeId) -> None:
         """Drop a peer that was only passing by (e.g. a status client); what was sent to it
@@ -198,8 +244,9 @@ class Node:
     def is_dead(self, node_id: NodeId) -> bool:
         return node_id in self._dead
 
-    def mark_dead(self, node_id: NodeId, reason: str = "") -> None:
-        """Forget a node: fail requests waiting on it and tell the listeners."""
+    def mark_dead(self, node_id: NodeId, reason: str = "", left: bool = False) -> None:
+        """Forget a node: fail requests waiting on it and tell the subscribers (LEFT when it
+        left on purpose, else DEAD)."""
         with self._dir_lock:
             if node_id in self._dead:
                 return
@@ -216,12 +263,33 @@ class Node:
             if not fut.done():
                 fut.set_exception(NodeLost(node_id, f"node {node_id} was lost while running "
                                                     f"{fut.what}{': ' + reason if reason else ''}"))
-        for listener in list(self._lost_listeners):
-            listener(node_id)
+        peer = self._peers.get(node_id)
+        self._publish(NodeEvent(NodeEventKind.LEFT if left else NodeEventKind.DEAD, node_id,
+                                peer.role if peer else "", reason))
 
-    def on_node_lost(self, listener: Callable[[NodeId], None]) -> None:
-        """Call ``listener(node_id)`` (on the I/O thread) whenever a node is declared dead."""
-        self._lost_listeners.append(listener)
+    def subscribe(self, listener: Callable[[NodeEvent], None]) -> Subscription:
+        """Call ``listener(event)`` for every membership change (JOINED, LEFT, DEAD).
+
+        It runs on the thread that learned the news (usually the I/O thread), so it must be
+        quick and never block; a listener that raises is logged and the others still run.
+        """
+        key = next(self._listener_ids)
+        self._listeners[key] = listener
+        return Subscription(self._listeners, key)
+
+    def on_node_lost(self, listener: Callable[[NodeId], None]) -> Subscription:
+        """Call ``listener(node_id)`` whenever a node dies or leaves (see ``subscribe``)."""
+        def lost(event: NodeEvent) -> None:
+            if event.kind is not NodeEventKind.JOINED:
+                listener(event.node_id)
+        return self.subscribe(lost)
+
+    def _publish(self, event: NodeEvent) -> None:
+        for listener in list(self._listeners.values()):
+            try:
+                listener(event)
+            except Exception:  # one broken listener must not silence the others
+                log.exception("a membership listener failed on %s", event)
 
     def on_unknown_destination(self, callback: Callable[[NodeId], None]) -> None:
         """Called when a send targets a node whose address is not yet known."""
@@ -362,13 +430,16 @@ class Node:
         self._watch_fds[fd] = callback
         self._wake()
 
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
-        """Run ``callback`` on the I/O thread after ``delay_s`` seconds."""
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> TimerHandle:
+        """Run ``callback`` on the I/O thread after ``delay_s`` seconds (``cancel()`` the
+        returned handle to stop it)."""
+        handle = TimerHandle(callback)
         with self._timers_lock:
             heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._timer_seq),
-                                          callback))
+                                          handle))
         if threading.current_thread() is not self._thread:
             self._wake()
+        return handle
 
     def _wake(self) -> None:
         with self._wake_lock:
@@ -415,12 +486,13 @@ class Node:
             with self._timers_lock:
                 if not self._timers:
                     return None
-                due, _, callback = self._timers[0]
+                due, _, handle = self._timers[0]
                 now = time.monotonic()
-                if due > now:
+                if due > now and not handle.cancelled:
                     return max(1, int((due - now) * 1000))
                 heapq.heappop(self._timers)
-            self._guard(callback)
+            if not handle.cancelled:
+                self._guard(handle.callback)
 
     def _guard(self, callback: Callable[[], None]) -> None:
         try:

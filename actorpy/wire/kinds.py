@@ -13,12 +13,12 @@ CORE_SERVICE = 0
 class Kind(IntEnum):
     """Messages of the core runtime (service 0)."""
 
-    REGISTER = 1        # node -> manager: (role, address, pid)
+    REGISTER = 1        # node -> manager: {role, address, pid, host, slots}
     REGISTERED = 2      # manager -> node: directory of live nodes
     HEARTBEAT = 3       # node -> manager
     HEARTBEAT_ACK = 4   # manager -> node
-    NODE_JOINED = 5     # manager -> all: (node id, role, address)
-    NODE_DEAD = 6       # manager -> all: node id, reason
+    NODE_JOINED = 5     # manager -> all: (node id, address, role, slots)
+    NODE_DEAD = 6       # manager -> all: (node id, reason, "dead" or "left")
     LIST_NODES = 7      # any -> manager: request a status table
     TASK = 8            # driver -> worker: run a task, reply RESULT or ERROR
     RESULT = 9          # reply carrying a value
