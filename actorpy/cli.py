@@ -105,7 +105,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_secret(args: argparse.Namespace) -> int:
-    print(auth.generate_secret())
+    if args.out:
+        auth.write_secret_file(args.out, auth.generate_secret())
+        print(f"wrote a fresh cluster secret to {args.out} (mode 600); copy it to every "
+              "machine keeping that mode (e.g. `scp -p`)", file=sys.stderr)
+    else:
+        print(auth.generate_secret())
     return 0
 
 
@@ -147,7 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("secret", help="print a fresh random cluster secret")
+    p = sub.add_parser("secret", help="make a fresh random cluster secret",
+                       description="Print a fresh random cluster secret, or write it to a new "
+                       "file of mode 600 with --out (a secret file other users can read is "
+                       "refused).")
+    p.add_argument("--out", metavar="F", help="write it to the new file F (mode 600)")
     p.set_defaults(func=cmd_secret)
 
     sub.add_parser("sim", help="barrier simulator (actorpy sim --help)", add_help=False)

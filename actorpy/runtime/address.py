@@ -50,7 +50,7 @@ def security_for(address: str, *, secret: str | bytes | None = None,
     if key is None:
         raise ConfigError("tcp needs the cluster secret: pass --secret-file F (or secret=/"
                           "secret_file=), or set ACTORPY_SECRET; make one with "
-                          "`actorpy secret > F`")
+                          "`actorpy secret --out F`")
     return Security.curve(key)
 
 

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import secrets as _secrets
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +46,13 @@ def read_secret(secret_file: str | None = None, secret: str | bytes | None = Non
                 env: dict[str, str] | None = None) -> bytes | None:
     """The cluster secret: explicit value > ``--secret-file`` > ``ACTORPY_SECRET`` > None.
 
+    A secret file must be private to its owner (like an ssh private key): one that other
+    users can read or change is refused, since whoever holds the secret can run code on
+    every member.
+
     Raises:
-        ConfigError: the file cannot be read, or the secret is shorter than 16 bytes.
+        ConfigError: the file cannot be read, is open to other users, or the secret is
+            shorter than 16 bytes.
     """
     env = os.environ if env is None else env
     value: bytes | None
@@ -55,6 +61,7 @@ def read_secret(secret_file: str | None = None, secret: str | bytes | None = Non
     elif secret_file:
         try:
             with open(secret_file, "rb") as f:
+                check_private_file(secret_file, os.fstat(f.fileno()).st_mode)
                 value = f.read().strip()
         except OSError as exc:
             raise ConfigError(f"cannot read --secret-file {secret_file}: {exc}") from exc
@@ -64,8 +71,39 @@ def read_secret(secret_file: str | None = None, secret: str | bytes | None = Non
         return None
     if len(value) < MIN_SECRET_BYTES:
         raise ConfigError(f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes; "
-                          "make one with `actorpy secret > cluster.secret`")
+                          f"make one with `actorpy secret --out {secret_file or 'cluster.secret'}`")
     return value
+
+
+def check_private_file(path: str, mode: int) -> None:
+    """Refuse a secret file that users other than its owner may read or write (any of the
+    mode bits 077), as ssh refuses such private keys.
+
+    Raises:
+        ConfigError: naming the file, its mode and the ``chmod`` that fixes it.
+    """
+    if os.name == "posix" and stat.S_IMODE(mode) & 0o077:
+        raise ConfigError(
+            f"the secret file {path} is open to other users (mode {stat.S_IMODE(mode):04o}); "
+            f"anyone who can read it can run code on the cluster. Run `chmod 600 {path}` "
+            "and try again")
+
+
+def write_secret_file(path: str, secret: str) -> None:
+    """Write ``secret`` to a new file ``path`` that only its owner can read (mode 0600).
+
+    Raises:
+        ConfigError: ``path`` already exists (it is never overwritten) or cannot be created.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ConfigError(f"{path} already exists; remove it first, or pick another name") \
+            from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(secret + "\n")
 
 
 def curve_keypair(secret: bytes) -> tuple[bytes, bytes]:

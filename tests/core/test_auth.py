@@ -168,6 +168,7 @@ class TestSecret:
     def test_precedence_explicit_then_file_then_env(self, tmp_path):
         f = tmp_path / "cluster.secret"
         f.write_bytes(b"from-the-file-0123456789\n")
+        f.chmod(0o600)
         env = {"ACTORPY_SECRET": "from-the-environment-0123"}
         assert auth.read_secret(str(f), "explicit-value-0123456", env) == b"explicit-value-0123456"
         assert auth.read_secret(str(f), b"explicit-bytes-0123456", env) == b"explicit-bytes-0123456"
@@ -187,6 +188,7 @@ class TestSecret:
         short = "x" * (auth.MIN_SECRET_BYTES - 1)
         f = tmp_path / "s"
         f.write_text(short + "\n")
+        f.chmod(0o600)
         kwargs = {"explicit": dict(secret=short), "file": dict(secret_file=str(f)),
                   "env": dict(env={"ACTORPY_SECRET": short})}[source]
         with pytest.raises(ConfigError, match="at least 16 bytes"):
@@ -196,6 +198,32 @@ class TestSecret:
     def test_unreadable_file_names_the_flag(self, tmp_path):
         with pytest.raises(ConfigError, match="--secret-file"):
             auth.read_secret(str(tmp_path / "missing"))
+
+    @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660])
+    def test_file_open_to_other_users_is_refused_with_the_fix(self, tmp_path, mode):
+        f = tmp_path / "cluster.secret"
+        f.write_text(auth.generate_secret() + "\n")
+        f.chmod(mode)
+        with pytest.raises(ConfigError) as info:
+            auth.read_secret(str(f), None, {})
+        message = str(info.value)
+        assert f"chmod 600 {f}" in message and f"{mode:04o}" in message
+
+    @pytest.mark.parametrize("mode", [0o600, 0o400])
+    def test_private_file_is_accepted(self, tmp_path, mode):
+        f = tmp_path / "cluster.secret"
+        f.write_text("a-private-secret-0123456789\n")
+        f.chmod(mode)
+        assert auth.read_secret(str(f), None, {}) == b"a-private-secret-0123456789"
+
+    def test_written_secret_file_is_private_and_never_overwritten(self, tmp_path):
+        f = tmp_path / "cluster.secret"
+        auth.write_secret_file(str(f), "written-secret-0123456789")
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+        assert auth.read_secret(str(f), None, {}) == b"written-secret-0123456789"
+        with pytest.raises(ConfigError, match="already exists"):
+            auth.write_secret_file(str(f), "another-secret-0123456789")
+        assert auth.read_secret(str(f), None, {}) == b"written-secret-0123456789"
 
     def test_generated_secrets_are_long_and_fresh(self):
         a, b = auth.generate_secret(), auth.generate_secret()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -95,6 +96,17 @@ def test_cli_refuses_bad_input_without_a_traceback(args, message):
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
+def test_cli_refuses_a_secret_file_other_users_can_read(tmp_path):
+    secret_file = tmp_path / "cluster.secret"
+    secret_file.write_text("a-secret-long-enough-0123\n")
+    secret_file.chmod(0o644)
+    for args in (["worker", "--manager", "tcp://127.0.0.1:9"],
+                 ["manager", "--bind", "tcp://127.0.0.1:*"]):
+        out = _cli(*args, "--secret-file", str(secret_file), timeout=30)
+        assert out.returncode == 2, out.stderr
+        assert f"chmod 600 {secret_file}" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_manager_refuses_tcp_without_secret():
     env = {k: v for k, v in os.environ.items() if k != "ACTORPY_SECRET"}
     out = subprocess.run([PY, "-m", "actorpy", "manager", "--bind", "tcp://127.0.0.1:0"],
@@ -106,7 +118,9 @@ def test_manager_refuses_tcp_without_secret():
 @pytest.fixture
 def tcp_manager(tmp_path):
     secret_file = tmp_path / "cluster.secret"
-    secret_file.write_text(_cli("secret").stdout)
+    made = _cli("secret", "--out", str(secret_file))
+    assert made.returncode == 0, made.stderr
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
     env = {"ACTORPY_MANAGER_TIMEOUT_S": "1.5", "ACTORPY_DEAD_AFTER_S": "1.0"}
     manager = subprocess.Popen([PY, "-m", "actorpy", "manager", "--bind", "tcp://127.0.0.1:*",
                                 "--secret-file", str(secret_file)], stdout=subprocess.PIPE,
@@ -143,6 +157,7 @@ def test_status_and_tcp_cluster_with_secret(tcp_manager):
 
     wrong = secret_file.parent / "wrong.secret"
     wrong.write_text("not-the-cluster-secret-at-all")
+    wrong.chmod(0o600)
     bad = _cli("status", "--manager", address, "--secret-file", str(wrong), "--timeout-s", "1")
     assert bad.returncode == 1 and "no answer" in bad.stderr
 
