@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
+import threading
+import time
+from collections import OrderedDict
 
 
 def configure(level: str | None = None) -> None:
@@ -21,24 +25,60 @@ class Throttle:
     """Let a repeated warning through at most once per ``interval_s`` per key, counting the
     ones held back (a misconfigured peer retrying every 100 ms must not flood the log).
 
+    Keys may come from outsiders (a CURVE key anyone can mint), so the table is bounded:
+    it remembers at most ``max_keys`` keys, the least recently reported first to go once
+    its interval is over. While a flood of fresh keys keeps it full, every further fresh
+    key shares one "other" bucket, throttled the same way; its report counts all of them
+    (and what evicted keys had held back). Memory stays bounded, and the log still hears
+    about the flood once per interval.
+
     >>> t = Throttle(10.0)
     >>> t.allow("k", now=0.0), t.allow("k", now=1.0), t.allow("k", now=11.0)
     ((True, 0), (False, 0), (True, 1))
     """
 
-    def __init__(self, interval_s: float = 10.0) -> None:
+    def __init__(self, interval_s: float = 10.0, max_keys: int = 1024) -> None:
+        if max_keys < 1:
+            raise ValueError("max_keys must be at least 1")
         self.interval_s = interval_s
-        self._last: dict[object, float] = {}
-        self._held: dict[object, int] = {}
+        self.max_keys = max_keys
+        # key -> [when it was last let through, how many held back since], in the order
+        # they were last let through (the front is the first to expire).
+        self._table: OrderedDict[object, list[float]] = OrderedDict()
+        self._other = [-math.inf, 0.0]
+        self._lock = threading.Lock()
 
     def allow(self, key: object, now: float | None = None) -> tuple[bool, int]:
-        """Whether to log now, and how many were held back since the last one logged."""
-        import time
-
+        """Whether to log now, and how many were held back since the last one logged (for
+        a key in the "other" bucket: held back across all the keys in it)."""
         now = time.monotonic() if now is None else now
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval_s:
-            self._held[key] = self._held.get(key, 0) + 1
-            return False, 0
-        self._last[key] = now
-        return True, self._held.pop(key, 0)
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None:
+                if len(self._table) >= self.max_keys and not self._evict_oldest(now):
+                    entry = self._other
+                else:
+                    self._table[key] = [now, 0]
+                    return True, 0
+            if now - entry[0] < self.interval_s:
+                entry[1] += 1
+                return False, 0
+            held = int(entry[1])
+            entry[0], entry[1] = now, 0
+            if entry is not self._other:
+                self._table.move_to_end(key)
+            return True, held
+
+    def _evict_oldest(self, now: float) -> bool:
+        """Make room if the oldest key's interval is over (its held-back count moves to
+        the "other" bucket); False if every key is still within its interval."""
+        oldest, (last, held) = next(iter(self._table.items()))
+        if now - last < self.interval_s:
+            return False
+        del self._table[oldest]
+        self._other[1] += held
+        return True
+
+    def __len__(self) -> int:
+        """Keys remembered (at most ``max_keys``)."""
+        return len(self._table)

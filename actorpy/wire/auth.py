@@ -127,7 +127,7 @@ class _AllowList:
         if allowed:
             log.warning("rejected a connection: CURVE client key %s is not a member of this "
                         "cluster (wrong or missing secret)%s", key.decode("ascii", "replace"),
-                        f"; {held} more attempts since the last report" if held else "")
+                        f"; {held} more rejected attempts since the last report" if held else "")
         return False
 
 
