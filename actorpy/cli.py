@@ -40,6 +40,14 @@ def _serve_until_stopped(stopped: threading.Event, lifeline_fd: int | None, node
         pass
 
 
+def _leave_local_cluster(args: argparse.Namespace) -> None:
+    """A process of an embedded local cluster: the last one to go removes its directory."""
+    if args.cluster_dir_fd is not None:
+        from actorpy.runtime.local import leave_cluster_dir
+
+        leave_cluster_dir(args.cluster_dir, args.cluster_dir_fd)
+
+
 def cmd_manager(args: argparse.Namespace) -> int:
     from actorpy.runtime.manager import Manager
 
@@ -49,6 +57,7 @@ def cmd_manager(args: argparse.Namespace) -> int:
         print(f"actorpy manager listening at {manager.address}", flush=True)
     _serve_until_stopped(manager.stopped, args.lifeline_fd, manager.node,
                          lambda reason: manager.stop(tell_nodes=reason == "signal"))
+    _leave_local_cluster(args)
     return 0
 
 
@@ -57,7 +66,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     config = Config.from_env(task_threads=args.threads)
     security = security_for(args.manager, secret_file=args.secret_file)
-    node_id = new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "w")
+    node_id = args.node_id or new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "w")
     worker = Worker(node_id, args.manager, node_bind(args.manager, node_id, args.host),
                     security, config)
     try:
@@ -66,6 +75,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         worker.stop()
         worker.close()
+    _leave_local_cluster(args)
     # A task may still be running in a thread that cannot be interrupted; the worker's job
     # is over, so leave now rather than wait for it (no orphan outlives its cluster).
     logging.shutdown()
@@ -122,6 +132,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(workers=args.workers)
 
 
+def _add_local_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags an embedded local cluster (actorpy.runtime.local) starts its children with."""
+    p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--cluster-dir", help=argparse.SUPPRESS)
+    p.add_argument("--cluster-dir-fd", type=int, help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="actorpy", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
@@ -130,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("manager", help="run a cluster manager")
     p.add_argument("--bind", required=True, help="tcp://0.0.0.0:PORT or ipc://PATH")
     p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
-    p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
+    _add_local_cluster_arguments(p)
     p.set_defaults(func=cmd_manager)
 
     p = sub.add_parser("worker", help="run a worker that joins a manager")
@@ -138,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
     p.add_argument("--host", help="address other nodes use to reach this worker (tcp)")
     p.add_argument("--threads", type=int, help="tasks run at once (default 1)")
-    p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
+    _add_local_cluster_arguments(p)
+    p.add_argument("--node-id", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("status", help="list a cluster's nodes")

@@ -1,16 +1,19 @@
 """The driver's handle on a cluster: ``actorpy.connect()`` returns a ``Cluster``."""
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
 import random
 import threading
+import time
+import types
 import weakref
 from typing import Any, Callable, Iterable
 
 from actorpy.config import Config
-from actorpy.errors import ActorpyError, ConfigError, NodeLost
+from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost
 from actorpy.ids import NodeId, new_node_id
 from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime.context import Caller, CallTask, ServiceRef
@@ -84,19 +87,21 @@ class Cluster(Caller):
         self.membership = Membership(self.node, manager_address, "driver", config,
                                      self._manager_lost)
         self._rr = itertools.count()
+        # Tasks sent and not yet answered, per worker: where the next task goes.
+        self._in_flight: dict[NodeId, int] = {}
+        self._load_lock = threading.Lock()
         self._terminated = False
+        self._pid = os.getpid()
         self.node.start()
         try:
             self.membership.join(config.start_timeout_s)
             if local is not None:
-                want = local.workers
-                self.membership.wait_for(lambda: len(self.workers()) >= want,
-                                         config.start_timeout_s, f"{want} local workers to start")
+                self._wait_for_workers(local.worker_ids, config.start_timeout_s)
         except BaseException:
             self.node.close()
             raise
         # Runs at terminate(), when the Cluster is collected, or at interpreter exit.
-        self._finalizer = weakref.finalize(self, Cluster._cleanup, self.node, local)
+        self._finalizer = weakref.finalize(self, Cluster._cleanup, self.node, local, self._pid)
 
     @property
     def node_id(self) -> NodeId:
@@ -116,23 +121,114 @@ class Cluster(Caller):
         """Like ``submit``, on the worker ``node``."""
         return self.submit_task(CallTask(fn, args, kwargs or None), node)
 
-    def submit_task(self, task: Any, node: NodeId | None = None) -> ReplyFuture:
-        """Send an engine's task object (anything with ``run(ctx)``) to ``node`` or any worker."""
-        dest = node if node is not None else self._pick_worker()
-        what = f"task {getattr(task, 'fn', task)!r}"
-        return self.node.request(dest, CORE_SERVICE, Kind.TASK, task, what=what[:120])
+    def submit_task(self, task: Any, node: NodeId | None = None, *,
+                    what: str | None = None) -> ReplyFuture:
+        """Send an engine's task object (anything with ``run(ctx)``) to ``node``, or to the
+        worker with the most free task slots (ties in turn).
+
+        Args:
+            what: how errors and timeouts name the task (default: its type or function
+                name; never a repr, which could be costly for a task holding data).
+        """
+        with self._load_lock:
+            dest = node if node is not None else self._least_loaded()
+            self._in_flight[dest] = self._in_flight.get(dest, 0) + 1
+        try:
+            fut = self.node.request(dest, CORE_SERVICE, Kind.TASK, task,
+                                    what=what or task_name(task))
+        except BaseException:
+            self._task_done(dest)
+            raise
+        fut.add_done_callback(lambda _fut: self._task_done(dest))
+        return fut
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], *,
             timeout_s: float) -> list[Any]:
-        """``[fn(x) for x in items]``, spread over the workers."""
+        """``[fn(x) for x in items]``, spread over the workers.
+
+        Raises:
+            ActorpyTimeout: not every result came within ``timeout_s`` (one deadline for
+                the whole map, counted from the call).
+        """
+        deadline = time.monotonic() + timeout_s
         futures = [self.submit(fn, x) for x in items]
-        return [f.result(timeout_s) for f in futures]
+        results = []
+        for fut in futures:
+            try:
+                results.append(fut.result(max(0.0, deadline - time.monotonic())))
+            except ActorpyTimeout:
+                missing = sum(not f.done() for f in futures)
+                raise ActorpyTimeout(
+                    f"map of {task_name(CallTask(fn))} over {len(futures)} items: {missing} "
+                    f"not done within timeout_s={timeout_s} (the deadline of the whole map); "
+                    "raise timeout_s, add workers, or check the workers' logs") from None
+        return results
 
     def _pick_worker(self) -> NodeId:
-        workers = self.workers()
+        """The worker with the most free task slots (ties in turn)."""
+        with self._load_lock:
+            return self._least_loaded()
+
+    def _least_loaded(self) -> NodeId:
+        """(Caller holds ``_load_lock``.) Free slots = the worker's slots minus the tasks
+        this driver has in flight there; a busy worker never gets a task while another
+        has a slot free."""
+        workers = sorted(self.node.peers("worker"), key=lambda p: p.node_id)
         if not workers:
             raise NodeLost("-", "no live workers in this cluster")
-        return workers[next(self._rr) % len(workers)]
+        start = next(self._rr) % len(workers)
+        turn = workers[start:] + workers[:start]
+        return max(turn, key=lambda p: p.slots - self._in_flight.get(p.node_id, 0)).node_id
+
+    def _task_done(self, dest: NodeId) -> None:
+        with self._load_lock:
+            left = self._in_flight.get(dest, 0) - 1
+            if left > 0:
+                self._in_flight[dest] = left
+            else:
+                self._in_flight.pop(dest, None)
+
+    # --------------------------------------------------------------- workers
+    def add_workers(self, n: int, *, timeout_s: float = 60.0) -> list[NodeId]:
+        """Start ``n`` more worker processes of the embedded local cluster and wait until
+        they joined; returns their ids (they get tasks at once).
+
+        Example::
+
+            with actorpy.connect(workers=1) as cluster:
+                new = cluster.add_workers(2, timeout_s=60)   # 3 workers now
+
+        Raises:
+            ActorpyError: this cluster is not an embedded one (start ``actorpy worker`` on
+                a machine instead), or a new worker exited before joining.
+            ActorpyTimeout: they did not all join within ``timeout_s``.
+        """
+        if self.local is None:
+            peer = self.node.peer(MANAGER_ID)
+            raise ActorpyError(
+                "add_workers starts processes on this machine and works only for an embedded "
+                "local cluster (actorpy.connect() with no address); to grow this cluster, run "
+                f"`actorpy worker --manager {peer.address if peer else 'tcp://HOST:PORT'} "
+                "--secret-file F` on a machine that can reach the manager")
+        if n < 1:
+            raise ConfigError(f"add_workers needs n >= 1, not {n}")
+        ids = self.local.add_workers(n)
+        self._wait_for_workers(ids, timeout_s)
+        return ids
+
+    def _wait_for_workers(self, ids: list[NodeId], timeout_s: float) -> None:
+        local = self.local
+        assert local is not None
+
+        def joined() -> bool:
+            gone = local.exited(ids)
+            if gone:
+                raise ActorpyError(
+                    "worker process(es) exited before joining the cluster: "
+                    + ", ".join(f"{n} (exit status {code})" for n, code in gone.items())
+                    + "; their error is on this process's stderr")
+            return set(ids) <= set(self.workers())
+        self.membership.wait_for(joined, timeout_s, f"{len(ids)} local worker(s) to join")
 
     # --------------------------------------------------------------- services
     def start_service(self, factory: Callable[..., Any], /, *args: Any,
@@ -177,15 +273,20 @@ class Cluster(Caller):
 
     # --------------------------------------------------------------- lifecycle
     def terminate(self) -> None:
-        """Leave the cluster; an embedded local cluster's processes stop too."""
+        """Leave the cluster; an embedded local cluster's processes stop too. In a process
+        forked from the driver this only forgets the cluster (it is the driver's)."""
         if self._terminated:
             return
         self._terminated = True
+        if os.getpid() != self._pid:
+            return
         self.membership.leave()
         self._finalizer()
 
     @staticmethod
-    def _cleanup(node: Node, local: LocalCluster | None) -> None:
+    def _cleanup(node: Node, local: LocalCluster | None, pid: int) -> None:
+        if os.getpid() != pid:  # a forked child: its copies of the sockets are not its own
+            return
         node.close()
         if local is not None:
             local.close()
@@ -199,6 +300,21 @@ class Cluster(Caller):
     def __repr__(self) -> str:
         kind = "local" if self.local else "remote"
         return f"<Cluster {kind} driver={self.node_id} workers={len(self.workers())}>"
+
+
+def task_name(task: Any) -> str:
+    """How messages name a task: its function's or its type's qualified name. Cheap, and it
+    runs no user code (never a ``repr``, which could render a task's data or raise).
+
+    >>> task_name(CallTask(len)), task_name(CallTask(functools.partial(max, 1)))
+    ('task len', 'task max')
+    """
+    fn = task.fn if isinstance(task, CallTask) else task
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if isinstance(fn, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)):
+        return f"task {fn.__qualname__}"
+    return f"task {type(fn).__qualname__}"
 
 
 __all__ = ["Cluster", "connect", "ActorpyError"]

@@ -54,7 +54,7 @@ c = actorpy.connect(workers=2)
 busy = sys.argv[1] == "busy"
 if busy:  # both workers deep in a task that will not end by itself
     running = [c.submit_to(w, time.sleep, 1000) for w in c.workers()]
-print(" ".join(str(p) for p in c.local.pids()), flush=True)
+print(c.local.dir, " ".join(str(p) for p in c.local.pids()), flush=True)
 sys.stdin.read()
 """
 
@@ -64,13 +64,16 @@ def test_no_orphans_when_the_driver_is_killed(state):
     proc = subprocess.Popen([PY, "-c", DRIVER, state], stdout=subprocess.PIPE,
                             stdin=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
-        line = proc.stdout.readline().decode()
-        pids = [int(p) for p in line.split()]
+        folder, *line = proc.stdout.readline().decode().split()
+        pids = [int(p) for p in line]
         assert len(pids) == 3 and all(_alive(p) for p in pids)
+        assert os.path.isdir(folder) and os.listdir(folder)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         wait_until(lambda: not any(_alive(p) for p in pids), 10,
                    "the manager and workers to exit after the driver was killed")
+        # the last of them removed the socket directory (the driver could not)
+        wait_until(lambda: not os.path.exists(folder), 5, f"{folder} to be removed")
     finally:
         proc.kill()
         proc.wait(10)

@@ -1,0 +1,133 @@
+"""The driver's Cluster: where tasks go (free slots), map's overall deadline, and task names
+that cost nothing (never a repr of the task's data)."""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+
+import pytest
+
+import actorpy
+from actorpy.errors import ActorpyTimeout
+from actorpy.runtime.cluster import Cluster, task_name
+from actorpy.runtime.context import CallTask
+from actorpy.runtime.node import Peer
+from tests.conftest import wait_until
+
+
+def hold(seconds: float) -> int:
+    """A task that keeps its worker busy (no sleep: an event nobody sets)."""
+    threading.Event().wait(seconds)
+    return os.getpid()
+
+
+def hold_until(path: str, limit_s: float) -> int:
+    """A task that keeps its worker busy until ``path`` exists."""
+    deadline = time.monotonic() + limit_s
+    tick = threading.Event()
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        tick.wait(0.02)
+    return os.getpid()
+
+
+class Priceless:
+    """A task whose repr must never be taken (it would render all its data, or raise)."""
+
+    reprs = 0
+
+    def __init__(self, n: int) -> None:
+        self.data = list(range(n))
+
+    def __repr__(self) -> str:
+        type(self).reprs += 1
+        raise RuntimeError("repr of a task is not allowed")
+
+    def run(self, ctx) -> int:
+        return sum(self.data)
+
+    def __call__(self, k: int) -> int:
+        return k * len(self.data)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with actorpy.connect(workers=2) as c:
+        yield c
+
+
+class TestTaskNames:
+    def test_names_are_type_or_function_names(self):
+        import functools
+        assert task_name(CallTask(hold)) == "task hold"
+        assert task_name(CallTask(functools.partial(hold, 1.0))) == "task hold"
+        assert task_name(CallTask(Priceless.run)) == "task Priceless.run"
+        assert task_name(CallTask(Priceless)) == "task Priceless"
+        assert task_name(Priceless(3)) == "task Priceless"
+        assert task_name(CallTask(Priceless(3))) == "task Priceless"
+        assert Priceless.reprs == 0
+
+    def test_submitting_never_takes_a_repr(self, cluster):
+        task = Priceless(10_000)
+        fut = cluster.submit_task(task)
+        assert fut.what == "task Priceless"
+        assert fut.result(30) == sum(range(10_000))
+        assert cluster.submit(Priceless(7), 6).result(30) == 42
+        named = cluster.submit_task(Priceless(2), what="stage 3 partition 1")
+        assert named.result(30) == 1 and named.what == "stage 3 partition 1"
+        assert Priceless.reprs == 0
+
+
+class TestPlacement:
+    def test_a_busy_worker_gets_nothing_while_another_is_idle(self, cluster, tmp_path):
+        gate = str(tmp_path / "open")
+        slow = cluster.submit(hold_until, gate, 60.0)
+        quick = cluster.submit(os.getpid).result(30)
+        # a reply's bookkeeping runs on the I/O thread just after the waiter wakes; one more
+        # round trip through that thread makes sure it is done
+        cluster.nodes()
+        # round robin would now queue this behind `slow`, on the busy worker
+        after = cluster.submit(os.getpid)
+        try:
+            assert after.result(20) == quick
+            assert not slow.done()
+        finally:
+            open(gate, "w").close()
+        assert slow.result(30) != quick
+
+    def test_most_free_slots_first_and_ties_in_turn(self):
+        c = object.__new__(Cluster)     # the placement rule alone, without processes
+        peers = [Peer("w-a", "ipc://a", "worker", 2), Peer("w-b", "ipc://b", "worker", 1)]
+        c.node = type("Directory", (), {"peers": lambda self, role=None: peers})()
+        c._rr, c._in_flight, c._load_lock = itertools.count(), {}, threading.Lock()
+        picks = []
+        for _ in range(3):
+            with c._load_lock:
+                dest = c._least_loaded()
+                c._in_flight[dest] = c._in_flight.get(dest, 0) + 1
+            picks.append(dest)
+        assert sorted(picks) == ["w-a", "w-a", "w-b"]      # 2 slots + 1 slot, all busy now
+        c._task_done("w-b")
+        assert c._pick_worker() == "w-b"                  # the only free slot
+        assert c._in_flight == {"w-a": 2}
+        c._in_flight.clear()
+        assert [c._pick_worker() for _ in range(4)] == ["w-a"] * 4   # 2 free beats 1 free
+        peers[0] = Peer("w-a", "ipc://a", "worker", 1)
+        assert sorted(c._pick_worker() for _ in range(4)) == ["w-a", "w-a", "w-b", "w-b"]
+
+
+class TestMapDeadline:
+    def test_timeout_is_for_the_whole_map(self):
+        with actorpy.connect(workers=2) as cluster:
+            assert cluster.map(len, ["a", "bb", ""], timeout_s=30) == [1, 2, 0]
+            # 8 items of 0.5 s on 2 workers need ~2 s; each item alone is within 1 s
+            t0 = time.monotonic()
+            with pytest.raises(ActorpyTimeout) as info:
+                cluster.map(hold, [0.5] * 8, timeout_s=1.0)
+            waited = time.monotonic() - t0
+            assert 1.0 <= waited < 2.5, f"map gave up after {waited:.2f} s"
+            assert "timeout_s=1.0" in str(info.value) and "task hold" in str(info.value)
+            assert isinstance(info.value, TimeoutError)
+            pids = cluster.map(hold, [0.0] * 4, timeout_s=60)
+            assert len(pids) == 4 and set(pids) <= {r["pid"] for r in cluster.nodes()}

@@ -1,0 +1,120 @@
+"""The embedded local cluster's processes: the socket directory goes with the last of them,
+a forked child of the driver does not keep the cluster alive, workers join mid-run."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import actorpy
+from actorpy.errors import ActorpyError, ConfigError
+from actorpy.runtime.local import hold_cluster_dir, leave_cluster_dir
+from actorpy.wire.auth import private_dir
+from tests.conftest import wait_until
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class TestLastOneOut:
+    def test_only_the_last_holder_removes_the_directory(self):
+        folder = private_dir()
+        holders = [hold_cluster_dir(folder) for _ in range(3)]
+        folder_file = os.path.join(folder, "socket")
+        open(folder_file, "w").close()
+        assert [leave_cluster_dir(folder, fd) for fd in holders[:2]] == [False, False]
+        assert os.path.isfile(folder_file)
+        assert leave_cluster_dir(folder, holders[2]) is True
+        assert not os.path.exists(folder)
+
+    def test_a_closed_cluster_removes_its_directory(self):
+        with actorpy.connect(workers=1) as cluster:
+            folder = cluster.local.dir
+            assert os.path.isdir(folder)
+        assert not os.path.exists(folder)
+
+
+FORK_DRIVER = """
+import multiprocessing, os, select, sys, actorpy
+c = actorpy.connect(workers=1)
+
+def linger():
+    c.terminate()                   # a child's terminate must leave the driver's cluster be
+    select.select([], [], [], 60)   # outlive the driver
+    os._exit(0)
+
+quitter = os.fork()
+if quitter == 0:
+    sys.exit(0)                     # a normal exit runs the child's copy of the finalizers
+assert os.waitpid(quitter, 0)[1] == 0
+if sys.argv[1] == "os.fork":
+    child = os.fork()
+    if child == 0:
+        linger()
+else:
+    proc = multiprocessing.get_context("fork").Process(target=linger)
+    proc.start()
+    child = proc.pid
+assert c.submit(pow, 2, 5).result(30) == 32, "the forked children broke the cluster"
+print(child, c.local.dir, *c.local.pids(), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("how", ["os.fork", "multiprocessing"])
+def test_a_forked_child_does_not_keep_the_cluster_alive(how):
+    proc = subprocess.Popen([sys.executable, "-c", FORK_DRIVER, how], stdout=subprocess.PIPE,
+                            stdin=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = None
+    try:
+        line = proc.stdout.readline().decode().split()
+        assert len(line) == 4, f"the driver failed (exit {proc.wait(10)})"
+        child, folder, pids = int(line[0]), line[1], [int(p) for p in line[2:]]
+        assert _alive(child) and all(_alive(p) for p in pids)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: not any(_alive(p) for p in pids), 10,
+                   "the cluster to exit although a forked child of the driver lives on")
+        wait_until(lambda: not os.path.exists(folder), 5, f"{folder} to be removed")
+        assert _alive(child)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+class TestAddWorkers:
+    def test_workers_join_mid_run_and_take_tasks(self):
+        with actorpy.connect(workers=1) as cluster:
+            first = cluster.workers()
+            new = cluster.add_workers(2, timeout_s=60)
+            assert len(new) == 2 and not set(new) & set(first)
+            assert sorted(cluster.workers()) == sorted(first + new)
+            pids = {r["node_id"]: r["pid"] for r in cluster.nodes()}
+            assert {w: cluster.submit_to(w, os.getpid).result(30) for w in new} == \
+                {w: pids[w] for w in new}
+            assert {pids[w] for w in new} <= set(cluster.local.pids())
+            assert cluster.map(lambda x: x * 3, range(9), timeout_s=60) == \
+                [x * 3 for x in range(9)]
+            with pytest.raises(ConfigError, match="n >= 1"):
+                cluster.add_workers(0)
+
+    def test_a_remote_cluster_says_how_to_add_workers(self):
+        with actorpy.connect(workers=1) as local:
+            address = local.local.manager_address
+            with actorpy.connect(address) as remote:
+                with pytest.raises(ActorpyError) as info:
+                    remote.add_workers(1)
+                assert f"actorpy worker --manager {address}" in str(info.value)
+                assert remote.workers() == local.workers()
