@@ -8,6 +8,6 @@ Files:
     worker.py       runs tasks and hosts services for any engine
     context.py      WorkerContext / Caller / ServiceRef / object store given to tasks
     remote.py       RemoteFailure capture and RemoteError rebuild
-    local.py        the embedded local cluster's processes (lifeline, 0700 ipc dir)
+    local.py        the embedded local cluster: lifeline, 0700 ipc dir (last one out removes it)
     cluster.py      connect() and the driver's Cluster handle
 """
