@@ -29,3 +29,10 @@ class Kind(IntEnum):
     LEAVE = 14          # node -> manager: leaving on purpose
     SHUTDOWN = 15       # manager -> node: exit now
     LOOKUP = 16         # node -> manager: where does a node listen?
+    SERVICE_DIED = 17   # host -> the node that started a service: (ServiceRef, reason)
+    NAME_BIND = 18      # host -> manager: (name, service id) -> ServiceRef, ERROR if taken
+    NAME_UNBIND = 19    # host -> manager: (name, service id), a cast
+    NAME_LOOKUP = 20    # any -> manager: name -> ServiceRef or None
+    CANCEL = 21         # submitter -> worker: request id of a task -> CancelState value
+    STREAM_ITEM = 22    # worker -> submitter: one emitted item (request_id: the stream id)
+    STREAM_CREDIT = 23  # submitter -> worker: (items, bytes) consumed (request_id: stream id)
