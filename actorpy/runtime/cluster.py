@@ -13,7 +13,7 @@ from actorpy.config import Config
 from actorpy.errors import ActorpyError, ConfigError, NodeLost
 from actorpy.ids import NodeId, new_node_id
 from actorpy.runtime.address import node_bind, security_for
-from actorpy.runtime.context import Caller, CallTask, ServiceRef
+from actorpy.runtime.context import Caller, CallTask
 from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.local import LocalCluster
 from actorpy.runtime.membership import MANAGER_ID, Membership

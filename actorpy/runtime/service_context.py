@@ -26,7 +26,8 @@ from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 if TYPE_CHECKING:
-    from actorpy.runtime.host import ServiceHost, _Runner
+    from actorpy.runtime.host import ServiceHost
+    from actorpy.runtime.runner import ServiceRunner
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class ServiceContext(WorkerContext):
     ``on_service_died``) run them later on the service's own thread, between messages.
     """
 
-    def __init__(self, node: Any, store: Any, host: ServiceHost, runner: _Runner,
+    def __init__(self, node: Any, store: Any, host: ServiceHost, runner: ServiceRunner,
                  ref: ServiceRef) -> None:
         super().__init__(node, store)
         self.services = host
