@@ -9,6 +9,8 @@ from inside a handler is only safe towards a service that never calls back.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -138,6 +140,15 @@ class ServiceContext(WorkerContext):
         self.ref = ref
         self._from_service = ref.service
         self.clock = ServiceClock(self)
+        # Deadlines of requests in flight: one node timer, armed for the earliest, instead
+        # of one per request (each would wake the I/O thread from this thread to set it and
+        # again to cancel it). Entries of answered requests are dropped lazily when they
+        # reach the top, and in bulk when the heap has doubled.
+        self._deadlines: list[tuple[float, int, ReplyFuture, float]] = []
+        self._deadline_seq = itertools.count()
+        self._deadline_lock = threading.Lock()
+        self._armed: tuple[float, TimerHandle] | None = None
+        self._prune_at = 1024
 
     @property
     def service_id(self) -> int:
@@ -162,8 +173,7 @@ class ServiceContext(WorkerContext):
         fut = self.node.request(ref.node, ref.service, kind, payload, step=step, what=what,
                                 from_service=self.service_id)
         if not fut.done():
-            timer = self.node.call_later(timeout_s, lambda: self._expire(fut, timeout_s))
-            fut.add_done_callback(lambda _f: timer.cancel())
+            self._watch(fut, timeout_s)
         self.when_done(fut, on_reply)
         return fut
 
@@ -171,6 +181,39 @@ class ServiceContext(WorkerContext):
         """Run ``fn(fut)`` on this service's thread once ``fut`` is done (any future: a
         ``call_async``, a ``fetch_async``, a ``start_service_async``...)."""
         fut.add_done_callback(lambda f: self._runner.post(fn, f))
+
+    def _watch(self, fut: ReplyFuture, timeout_s: float) -> None:
+        due = time.monotonic() + timeout_s
+        with self._deadline_lock:
+            if len(self._deadlines) >= self._prune_at:
+                self._deadlines = [e for e in self._deadlines if not e[2].done()]
+                heapq.heapify(self._deadlines)
+                self._prune_at = max(1024, 2 * len(self._deadlines))
+            heapq.heappush(self._deadlines, (due, next(self._deadline_seq), fut, timeout_s))
+            if self._armed is None or due < self._armed[0]:
+                self._arm(due, timeout_s)
+
+    def _arm(self, due: float, delay_s: float) -> None:
+        """Set the one deadline timer (caller holds ``_deadline_lock``)."""
+        if self._armed is not None:
+            self._armed[1].cancel()
+        self._armed = (due, self.node.call_later(max(0.0, delay_s), self._sweep))
+
+    def _sweep(self) -> None:
+        """Fail the requests whose deadline passed (I/O thread); re-arm for the next."""
+        now = time.monotonic()
+        expired = []
+        with self._deadline_lock:
+            self._armed = None
+            heap = self._deadlines
+            while heap and (heap[0][2].done() or heap[0][0] <= now):
+                _, _, fut, timeout_s = heapq.heappop(heap)
+                if not fut.done():
+                    expired.append((fut, timeout_s))
+            if heap:
+                self._arm(heap[0][0], heap[0][0] - now)
+        for fut, timeout_s in expired:
+            self._expire(fut, timeout_s)
 
     def _expire(self, fut: ReplyFuture, timeout_s: float) -> None:
         if fut.done():

@@ -203,23 +203,31 @@ class TestServicesCallingEachOther:
         with pytest.raises(RemoteError, match="called itself"):
             a.call(x, BLOCK_CALL, 1, timeout_s=10)
 
-    def test_request_timeout_reaches_on_reply(self, pair):
+    def test_request_deadlines_reach_on_reply_in_deadline_order(self, pair):
         a, b = pair
         holder = b.start(Holder)
-        outcome: Future = Future()
+        patient, impatient = Future(), Future()
 
-        class Impatient(Service):
+        def settle(outcome: Future) -> Any:
+            def done(fut: Any) -> None:
+                try:
+                    outcome.set_result(fut.result())
+                except Exception as exc:
+                    outcome.set_exception(exc)
+            return done
+
+        class Asks(Service):
             @handles(ASK)
             def ask(self, _: None, env: Envelope) -> None:
-                def done(fut: Any) -> None:
-                    try:
-                        outcome.set_result(fut.result())
-                    except Exception as exc:
-                        outcome.set_exception(exc)
-                self.ctx.request(holder, HOLD, None, timeout_s=0.2, on_reply=done)
-        a.cast(a.start(Impatient), ASK)
+                # The later deadline is set first: the earlier one must still fire on time.
+                self.ctx.request(holder, HOLD, None, timeout_s=30, on_reply=settle(patient))
+                self.ctx.request(holder, HOLD, None, timeout_s=0.2, on_reply=settle(impatient))
+        a.cast(a.start(Asks), ASK)
         with pytest.raises(ActorpyTimeout, match="no reply within 0.2 s"):
-            outcome.result(10)
+            impatient.result(10)
+        assert not patient.done()
+        assert a.call(holder, PING, "late", timeout_s=10) == 2  # both were held
+        assert patient.result(10) == "late"
 
 
 class Holder(Service):
