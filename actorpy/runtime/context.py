@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from actorpy.errors import ActorpyError, NodeLost, ServiceNotFound
+from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, ServiceNotFound
 from actorpy.ids import NodeId
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import Node, Subscription
@@ -121,11 +122,18 @@ class Caller:
         cluster) others find it with ``lookup(name)``.
 
         Raises:
-            RemoteError: the factory raised, or the name is taken (ServiceError as cause).
+            RemoteError: the factory raised, or the name is taken (ServiceError as cause);
+                on this node itself, the factory's own exception.
+            ActorpyTimeout: the service did not start within ``timeout_s``.
         """
         fut = self.start_service_async(factory, *args, node=node, name=name, **kwargs)
         try:
             return fut.result(timeout_s)
+        except (TimeoutError, FutureTimeout):  # distinct classes before Python 3.11
+            if fut.done():  # the factory itself raised a TimeoutError
+                raise
+            raise ActorpyTimeout(f"service {name or factory!r} did not start on "
+                                 f"{node or 'a worker'} within {timeout_s} s") from None
         finally:
             if isinstance(fut, ReplyFuture) and not fut.done():
                 self.node.forget(fut)
