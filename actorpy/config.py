@@ -33,6 +33,12 @@ class Config:
         linger_ms: how long closing sockets may flush pending messages.
         local_transport: "auto" (ipc where available), "ipc", or "tcp" (127.0.0.1 with
             CURVE and a fresh secret) for the embedded local cluster.
+        service_inbox_items, service_inbox_bytes: a service's inbox high-water marks
+            (messages, and their bytes); beyond them a request gets a ServiceOverloaded
+            ERROR at once and a cast is dropped with a WARNING (the I/O thread never waits).
+        stream_window_items, stream_window_bytes: how far a streaming task's ``emit`` may
+            run ahead of the driver consuming its items (flow control: the driver holds at
+            most this much, plus one item).
     """
 
     workers: int | None = None
@@ -45,6 +51,10 @@ class Config:
     max_frame_bytes: int = 1 << 30
     linger_ms: int = 500
     local_transport: str = "auto"
+    service_inbox_items: int = 10_000
+    service_inbox_bytes: int = 256 << 20
+    stream_window_items: int = 64
+    stream_window_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -58,6 +68,9 @@ class Config:
         chunk = 64 << 20 if self.chunk_bytes is None else self.chunk_bytes
         if self.task_threads < 1 or chunk < 1 or self.max_frame_bytes < chunk:
             raise ConfigError("need task_threads >= 1 and 1 <= chunk_bytes <= max_frame_bytes")
+        if min(self.service_inbox_items, self.service_inbox_bytes, self.stream_window_items,
+               self.stream_window_bytes) < 1:
+            raise ConfigError("service_inbox_* and stream_window_* must be >= 1")
         if self.local_transport not in ("auto", "ipc", "tcp"):
             raise ConfigError(f"local_transport must be auto, ipc or tcp, not {self.local_transport!r}")
 

@@ -30,6 +30,27 @@ class NodeLost(ActorpyError):
         self.node_id = node_id
 
 
+class ServiceError(ActorpyError):
+    """A service could not take a message (see the subclasses); the message names it."""
+
+
+class ServiceDead(ServiceError):
+    """The service died (its thread ended on an error) or was stopped."""
+
+
+class ServiceOverloaded(ServiceError):
+    """The service's inbox is full (see Config.service_inbox_items / service_inbox_bytes):
+    retry later, or slow down."""
+
+
+class ServiceNotFound(ServiceError, LookupError):
+    """No service of that name is registered in the cluster."""
+
+
+class TaskCancelled(ActorpyError):
+    """The task was cancelled by the node that submitted it."""
+
+
 class BarrierTimeout(ActorpyError, TimeoutError):
     """A barrier did not open within its timeout."""
 

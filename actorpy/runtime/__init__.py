@@ -5,7 +5,15 @@ Files:
     reply.py        ReplyFuture: a reply that unpickles in the waiting thread
     membership.py   register, heartbeat, directory of peers, manager loss
     manager.py      the registry and failure detector (never runs user code)
-    worker.py       runs tasks and hosts services for any engine
+    worker.py       a worker process: task runner + service host + object store
+    tasks.py        the task pool: per-task contexts, cancellation, the worker end of streams
+    stream.py       the driver end of streams: TaskStream, flow-control credit
+    host.py         ServiceHost: starts, stops, routes to and reports on a node's services
+    runner.py       ServiceRunner: one service's thread, from factory to its end
+    mailbox.py      a service's bounded inbox; u16 service ids, reused, remembered
+    service.py      Service base class with @handles, Envelope (the engines' API)
+    service_context.py  ServiceContext: request(on_reply=), schedule, subscribe, Reply
+    names.py        service names, kept by the manager
     context.py      WorkerContext / Caller / ServiceRef / object store given to tasks
     remote.py       RemoteFailure capture and RemoteError rebuild
     local.py        the embedded local cluster: lifeline, 0700 ipc dir (last one out removes it)

@@ -16,11 +16,14 @@ from actorpy.config import Config
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost
 from actorpy.ids import NodeId, new_node_id
 from actorpy.runtime.address import node_bind, security_for
-from actorpy.runtime.context import Caller, CallTask, ServiceRef
+from actorpy.runtime.context import Caller, CallTask
+from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.local import LocalCluster
 from actorpy.runtime.membership import MANAGER_ID, Membership
 from actorpy.runtime.node import Node, NodeEvent, Subscription
 from actorpy.runtime.reply import ReplyFuture
+from actorpy.runtime.stream import StreamTable, TaskStream
+from actorpy.runtime.tasks import CancelState, ContextCallTask, StreamTask
 from actorpy.wire.auth import Security
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
@@ -75,7 +78,8 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
 
 
 class Cluster(Caller):
-    """A driver's connection to a cluster: submit tasks, host services, watch membership."""
+    """A driver's connection to a cluster: submit tasks (plain, or streaming items back),
+    cancel them, start services on workers or here, look them up, watch membership."""
 
     def __init__(self, node_id: NodeId, manager_address: str, bind: str, security: Security,
                  config: Config, local: LocalCluster | None) -> None:
@@ -92,6 +96,10 @@ class Cluster(Caller):
         self._load_lock = threading.Lock()
         self._terminated = False
         self._pid = os.getpid()
+        # The driver hosts services too (e.g. a collector that tasks cast to) and receives
+        # streams (runtime/host.py, runtime/stream.py).
+        self.services = ServiceHost(self.node, config)
+        self.streams = StreamTable(self.node)
         self.node.start()
         try:
             self.membership.join(config.start_timeout_s)
@@ -101,7 +109,8 @@ class Cluster(Caller):
             self.node.close()
             raise
         # Runs at terminate(), when the Cluster is collected, or at interpreter exit.
-        self._finalizer = weakref.finalize(self, Cluster._cleanup, self.node, local, self._pid)
+        self._finalizer = weakref.finalize(self, Cluster._cleanup, self.node, local,
+                                           self.services, self._pid)
 
     @property
     def node_id(self) -> NodeId:
@@ -140,7 +149,7 @@ class Cluster(Caller):
             self._task_done(dest)
             raise
         fut.add_done_callback(lambda _fut: self._task_done(dest))
-        return fut
+        return self._cancellable(fut)
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], *,
             timeout_s: float) -> list[Any]:
@@ -230,23 +239,60 @@ class Cluster(Caller):
             return set(ids) <= set(self.workers())
         self.membership.wait_for(joined, timeout_s, f"{len(ids)} local worker(s) to join")
 
-    # --------------------------------------------------------------- services
-    def start_service(self, factory: Callable[..., Any], /, *args: Any,
-                      node: NodeId | None = None, name: str = "", timeout_s: float = 60.0,
-                      **kwargs: Any) -> ServiceRef:
-        """Construct ``factory(ctx, *args, **kwargs)`` on a worker as a long-lived service.
+    # --------------------------------------------------------------- streams, cancel
+    def submit_stream(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> TaskStream:
+        """Run ``fn(ctx, *args, **kwargs)`` on some worker; what it ``ctx.emit``s arrives
+        here in order, flow-controlled (Config.stream_window_items / _bytes).
 
-        The object must have ``handle(msg, ctx)``; it gets the messages sent to the returned
-        ref one at a time. It stops with ``stop_service`` or when this driver goes away.
+        Example::
+
+            with cluster.submit_stream(lambda ctx, n: [ctx.emit(i) for i in range(n)] and n,
+                                       3) as stream:
+                items = list(stream)            # [0, 1, 2]
+                total = stream.result(10)       # 3
         """
-        dest = node if node is not None else self._pick_worker()
-        return self.node.call(dest, CORE_SERVICE, Kind.SERVICE_START,
-                              (factory, args, kwargs, name), timeout_s=timeout_s,
-                              what=f"start of service {name or factory!r}")
+        return self.submit_stream_task(ContextCallTask(fn, args, kwargs or None))
 
-    def stop_service(self, ref: ServiceRef, timeout_s: float = 10.0) -> bool:
-        return self.node.call(ref.node, CORE_SERVICE, Kind.SERVICE_STOP, ref.service,
-                              timeout_s=timeout_s, what="service stop")
+    def submit_stream_task(self, task: Any, node: NodeId | None = None, *,
+                           timeout_s: float = 300.0, window_items: int | None = None,
+                           window_bytes: int | None = None) -> TaskStream:
+        """Send an engine's task (``run(ctx)`` may ``ctx.emit``) as a stream; iterating it
+        waits at most ``timeout_s`` per item. Windows default to the Config's."""
+        items = window_items or self.config.stream_window_items
+        nbytes = window_bytes or self.config.stream_window_bytes
+        dest = node if node is not None else self._pick_worker()
+        stream = TaskStream(self.node, self.streams, dest, items, nbytes, timeout_s, self.cancel)
+        try:
+            fut = self.submit_task(StreamTask(task, stream.stream_id, items, nbytes), dest)
+        except BaseException:
+            self.streams.remove(stream.stream_id)
+            raise
+        stream.attach(fut)
+        return stream
+
+    def cancel(self, future: ReplyFuture, timeout_s: float = 10.0) -> CancelState:
+        """Cancel a submitted task and say where it was: QUEUED (removed, it never runs),
+        RUNNING (``ctx.cancelled`` is set there, its next ``emit`` raises TaskCancelled,
+        its result is dropped) or FINISHED. ``future`` then raises CancelledError.
+        (``future.cancel()`` does the same without waiting for the answer.)"""
+        if future.done() and not future.cancelled():
+            return CancelState.FINISHED
+        state = self.node.call(future.dest, CORE_SERVICE, Kind.CANCEL, future.request_id,
+                               timeout_s=timeout_s, what="cancel of a task")
+        future.cancel()  # after the request: its own notice then finds nothing left to do
+        return CancelState(state)
+
+    def _cancellable(self, fut: ReplyFuture) -> ReplyFuture:
+        """``fut.cancel()`` also cancels the task on its worker."""
+        def done(f: ReplyFuture) -> None:
+            if f.cancelled():
+                self.node.forget(f)
+                try:
+                    self.node.send(f.dest, CORE_SERVICE, Kind.CANCEL, f.request_id)
+                except ActorpyError as exc:
+                    log.debug("could not send a cancel to %s: %s", f.dest, exc)
+        fut.add_done_callback(done)
+        return fut
 
     # --------------------------------------------------------------- membership
     def on_node_lost(self, listener: Callable[[NodeId], None]) -> Subscription:
@@ -284,9 +330,11 @@ class Cluster(Caller):
         self._finalizer()
 
     @staticmethod
-    def _cleanup(node: Node, local: LocalCluster | None, pid: int) -> None:
+    def _cleanup(node: Node, local: LocalCluster | None, services: ServiceHost,
+                 pid: int) -> None:
         if os.getpid() != pid:  # a forked child: its copies of the sockets are not its own
             return
+        services.close()
         node.close()
         if local is not None:
             local.close()

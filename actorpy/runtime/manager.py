@@ -12,6 +12,7 @@ from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
 from actorpy.runtime.address import is_endpoint
 from actorpy.runtime.membership import MANAGER_ID
+from actorpy.runtime.names import NameRegistry
 from actorpy.runtime.node import Node
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
@@ -54,6 +55,7 @@ class Manager:
         on(CORE_SERVICE, Kind.LIST_NODES, self._list)
         on(CORE_SERVICE, Kind.LEAVE, self._leave)
         on(CORE_SERVICE, Kind.LOOKUP, self._lookup)
+        self.names = NameRegistry(self.node)  # service names (runtime/names.py)
 
     @property
     def address(self) -> str:

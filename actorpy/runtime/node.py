@@ -15,7 +15,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -149,6 +149,9 @@ class Node:
         self._listener_ids = itertools.count()
         self._unknown_dest: Callable[[NodeId], None] | None = None
         self._closed = threading.Event()
+        # Messages this node sends to itself (services on one node talking to each other:
+        # several P2P peers per worker). Dispatched by the I/O thread like received ones.
+        self._loopback: deque[wm.Message] = deque()
         self._throttle = Throttle()
         #: bytes received so far (all frames), for tests and monitoring
         self.bytes_in = 0
@@ -297,19 +300,22 @@ class Node:
 
     # ----------------------------------------------------------------- sending
     def send(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
-             request_id: int = 0, step: int = 0) -> None:
+             request_id: int = 0, step: int = 0, from_service: int = 0) -> None:
         """Send one message (thread-safe; serializes in the calling thread).
 
         numpy/torch buffers in ``payload`` are sent without copying: do not modify them
-        until the request they belong to has been answered.
+        until the request they belong to has been answered. ``from_service`` names the
+        sending service on this node (0: the node itself); receivers see it as
+        ``msg.from_service``.
         """
         frames = wm.assemble(service, kind, self._sender, payload, request_id=request_id,
-                             step=step, chunk_bytes=self.chunk_bytes)
+                             step=step, chunk_bytes=self.chunk_bytes, from_service=from_service)
         self._send_frames(dest, frames)
 
     def request(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
-                step: int = 0, what: str | None = None) -> ReplyFuture:
-        """Send a request; the returned future resolves with the reply (RESULT or ERROR)."""
+                step: int = 0, what: str | None = None, from_service: int = 0) -> ReplyFuture:
+        """Send a request; the returned future resolves with the reply (RESULT or ERROR).
+        Its ``request_id`` is the id the request travels under (a driver cancels a task by it)."""
         if dest in self._dead:
             fut = ReplyFuture(dest, what or f"request {kind}")
             fut.set_exception(NodeLost(dest, f"node {dest} is dead"))
@@ -317,10 +323,12 @@ class Node:
         rid = next(self._request_ids)
         fut = ReplyFuture(dest, what or f"request kind {int(kind)} (service {service})",
                           self._thread)
+        fut.request_id = rid
         with self._pending_lock:
             self._pending[rid] = fut
         try:
-            self.send(dest, service, kind, payload, request_id=rid, step=step)
+            self.send(dest, service, kind, payload, request_id=rid, step=step,
+                      from_service=from_service)
         except BaseException:
             with self._pending_lock:
                 self._pending.pop(rid, None)
@@ -328,9 +336,11 @@ class Node:
         return fut
 
     def call(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
-             timeout_s: float, step: int = 0, what: str | None = None) -> Any:
+             timeout_s: float, step: int = 0, what: str | None = None,
+             from_service: int = 0) -> Any:
         """``request(...)`` and wait for the reply's value (at most ``timeout_s``)."""
-        fut = self.request(dest, service, kind, payload, step=step, what=what)
+        fut = self.request(dest, service, kind, payload, step=step, what=what,
+                           from_service=from_service)
         try:
             return fut.result(timeout_s)
         finally:
@@ -344,19 +354,23 @@ class Node:
                 if f is fut:
                     del self._pending[rid]
 
-    def reply(self, msg: wm.Message, value: Any = None) -> None:
+    def reply(self, msg: wm.Message, value: Any = None, *, from_service: int = 0) -> None:
         """Answer a request with a value."""
         self.send(NodeId(msg.sender), CORE_SERVICE, Kind.RESULT, value,
-                  request_id=msg.header.request_id)
+                  request_id=msg.header.request_id, from_service=from_service)
 
-    def reply_error(self, msg: wm.Message, exc: BaseException) -> None:
+    def reply_error(self, msg: wm.Message, exc: BaseException, *, from_service: int = 0) -> None:
         """Answer a request with an exception (it surfaces as RemoteError at the caller)."""
         self.send(NodeId(msg.sender), CORE_SERVICE, Kind.ERROR,
-                  remote.capture(exc, self.node_id), request_id=msg.header.request_id)
+                  remote.capture(exc, self.node_id), request_id=msg.header.request_id,
+                  from_service=from_service)
 
     def _send_frames(self, dest: NodeId, frames: list[Any]) -> None:
         if self._closed.is_set():
             raise NodeLost(self.node_id, f"node {self.node_id} is closed")
+        if dest == self.node_id:
+            self._send_to_self(frames)
+            return
         entry = self._dealers.get(dest)
         if entry is None:
             with self._dir_lock:
@@ -385,6 +399,15 @@ class Node:
                     log.debug("dropping a message for dead node %s", dest)
                     return
                 raise NodeLost(dest, f"cannot send to {dest}: {exc}") from exc
+
+    def _send_to_self(self, frames: list[Any]) -> None:
+        """Loopback: a message to this node is dispatched by the I/O thread, as if received.
+        The frames are copied, so the receiver never shares a buffer with the sender (as on
+        the wire); the I/O thread decodes nothing, as for received messages."""
+        copied = [bytes(memoryview(f).cast("B")) for f in frames]
+        msg = wm.Message.parse(copied, self.max_frame_bytes)
+        self._loopback.append(msg)
+        self._wake()
 
     @staticmethod
     def _write(sock: zmq.Socket, frames: list[Any]) -> None:
@@ -470,6 +493,8 @@ class Node:
             if self._wake_recv in events:
                 while self._wake_recv.poll(0):
                     self._wake_recv.recv()
+            while self._loopback:
+                self._dispatch(self._loopback.popleft())
             if self._router in events:
                 self._drain_router()
             if self._monitor is not None and self._monitor in events:
@@ -536,6 +561,11 @@ class Node:
         if msg.sender != who:
             log.warning("dropped a message from %r: it claims to come from %r", who, msg.sender)
             return
+        self._dispatch(msg)
+
+    def _dispatch(self, msg: wm.Message) -> None:
+        """Route a valid, authenticated message: replies, handlers, then services."""
+        who = msg.sender
         service, kind = msg.header.service, msg.header.kind
         if service == CORE_SERVICE and kind in (Kind.RESULT, Kind.ERROR):
             with self._pending_lock:

@@ -16,6 +16,9 @@ class ReplyFuture(Future):
     """A reply on its way. ``result()`` unpickles it in the calling thread and raises
     ``RemoteError`` when the remote side failed."""
 
+    #: the id the request travelled under (set by ``Node.request``; 0 if never sent)
+    request_id: int = 0
+
     def __init__(self, dest: NodeId, what: str, io_thread: threading.Thread | None = None) -> None:
         super().__init__()
         self.dest = dest
@@ -32,6 +35,8 @@ class ReplyFuture(Future):
         try:
             msg = super().result(timeout)
         except (TimeoutError, FutureTimeout):  # distinct classes before Python 3.11
+            if self.done():  # the request's own deadline passed (set_exception): keep its words
+                raise
             raise ActorpyTimeout(f"{self.what} on {self.dest} got no reply within {timeout} s; "
                                  "raise the timeout_s, or check the node's log") from None
         with self._lock:

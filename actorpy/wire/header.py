@@ -1,10 +1,13 @@
 """The fixed header frame that starts every message (pure: no sockets; fuzzed in tests).
 
-Layout (network byte order, 44 bytes)::
+Layout (network byte order, 46 bytes)::
 
-    magic "AP" | version u8 | flags u8 | service u16 | kind u16 |
+    magic "AP" | version u8 | flags u8 | service u16 | from_service u16 | kind u16 |
     request_id u64 | step i64 | sender 16 bytes (ASCII node id, NUL padded) | nframes u32
 
+``service`` is the service the message is for on the receiving node; ``from_service`` the
+service that sent it on the sending node (0: the node itself, e.g. a driver or a task), so a
+receiver can tell apart several services of one node (several P2P peers per worker).
 ``nframes`` counts the payload frames after the header, so a truncated message is detected
 before anything is unpickled.
 """
@@ -17,7 +20,7 @@ from actorpy.errors import ProtocolError
 from actorpy.wire.kinds import CORE_SERVICE, PROTOCOL_VERSION, Kind
 
 MAGIC = b"AP"
-_STRUCT = struct.Struct("!2sBBHHQq16sI")
+_STRUCT = struct.Struct("!2sBBHHHQq16sI")
 HEADER_BYTES = _STRUCT.size
 SENDER_BYTES = 16
 
@@ -35,7 +38,8 @@ _PRINTABLE = bytes(range(0x21, 0x7F))
 class Header(NamedTuple):
     """One message's header.
 
-    >>> h = Header(service=0, kind=Kind.TASK, sender="w-1", request_id=7, step=3, nframes=1)
+    >>> h = Header(service=0, kind=Kind.TASK, sender="w-1", request_id=7, step=3, nframes=1,
+    ...            from_service=4)
     >>> decode(h.encode()) == h
     True
     """
@@ -48,10 +52,11 @@ class Header(NamedTuple):
     nframes: int = 0
     flags: int = 0
     version: int = PROTOCOL_VERSION
+    from_service: int = 0
 
     def encode(self) -> bytes:
         return encode(self.service, self.kind, sender_bytes(self.sender), self.request_id,
-                      self.step, self.nframes, self.flags, self.version)
+                      self.step, self.nframes, self.flags, self.version, self.from_service)
 
 
 def sender_bytes(sender: str) -> bytes:
@@ -72,15 +77,16 @@ def sender_bytes(sender: str) -> bytes:
 
 
 def encode(service: int, kind: int, sender: bytes, request_id: int = 0, step: int = 0,
-           nframes: int = 0, flags: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
+           nframes: int = 0, flags: int = 0, version: int = PROTOCOL_VERSION,
+           from_service: int = 0) -> bytes:
     """Pack a header without building a Header first (the send path's fast lane).
 
     Raises:
         ProtocolError: a field is out of its range.
     """
     try:
-        return _STRUCT.pack(MAGIC, version, flags, service, int(kind), request_id, step,
-                            sender, nframes)
+        return _STRUCT.pack(MAGIC, version, flags, service, from_service, int(kind), request_id,
+                            step, sender, nframes)
     except struct.error as exc:
         raise ProtocolError(f"header field out of range: {exc}") from None
 
@@ -94,7 +100,7 @@ def decode(data: bytes | memoryview) -> Header:
     """
     if len(data) < HEADER_BYTES:
         raise ProtocolError(f"header is {len(data)} bytes, expected {HEADER_BYTES}")
-    magic, version, flags, service, kind, request_id, step, sender, nframes = \
+    magic, version, flags, service, from_service, kind, request_id, step, sender, nframes = \
         _STRUCT.unpack_from(data)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {magic!r}")
@@ -112,4 +118,5 @@ def decode(data: bytes | memoryview) -> Header:
     if not raw or raw.translate(None, _PRINTABLE):
         raise ProtocolError("sender id is empty or not printable ASCII")
     return Header(service=service, kind=kind, sender=raw.decode("ascii"), request_id=request_id,
-                  step=step, nframes=nframes, flags=flags, version=version)
+                  step=step, nframes=nframes, flags=flags, version=version,
+                  from_service=from_service)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the header carries from_service
 
 #: Service id of the core runtime. Services hosted on a node get ids >= 1.
 CORE_SERVICE = 0
@@ -29,3 +29,10 @@ class Kind(IntEnum):
     LEAVE = 14          # node -> manager: leaving on purpose
     SHUTDOWN = 15       # manager -> node: exit now
     LOOKUP = 16         # node -> manager: where does a node listen?
+    SERVICE_DIED = 17   # host -> the node that started a service: (ServiceRef, reason)
+    NAME_BIND = 18      # host -> manager: (name, service id) -> ServiceRef, ERROR if taken
+    NAME_UNBIND = 19    # host -> manager: (name, service id), a cast
+    NAME_LOOKUP = 20    # any -> manager: name -> ServiceRef or None
+    CANCEL = 21         # submitter -> worker: request id of a task -> CancelState value
+    STREAM_ITEM = 22    # worker -> submitter: one emitted item (request_id: the stream id)
+    STREAM_CREDIT = 23  # submitter -> worker: (items, bytes) consumed (request_id: stream id)

@@ -40,20 +40,23 @@ class Encoded:
 
 def assemble(service: int, kind: int, sender: str | bytes, payload: Any = NO_PAYLOAD, *,
              request_id: int = 0, step: int = 0,
-             chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES) -> list[Any]:
+             chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES, from_service: int = 0) -> list[Any]:
     """All frames of one message: header first, then the payload's frames.
 
-    ``sender`` may be pre-checked bytes from ``header.sender_bytes`` (nodes cache theirs)."""
+    ``sender`` may be pre-checked bytes from ``header.sender_bytes`` (nodes cache theirs);
+    ``from_service`` is the sending service's id on its node (0: the node itself)."""
     sender_raw = sender if isinstance(sender, bytes) else hdr.sender_bytes(sender)
     if payload is NO_PAYLOAD:
-        return [hdr.encode(service, kind, sender_raw, request_id, step, 0, 0)]
+        return [hdr.encode(service, kind, sender_raw, request_id, step, 0, 0,
+                           from_service=from_service)]
     enc = payload if isinstance(payload, Encoded) else Encoded.of(payload, chunk_bytes)
     body = enc.frames
     if not enc.has_buffers and len(body[0]) <= INLINE_MAX_BYTES:
-        return [hdr.encode(service, kind, sender_raw, request_id, step, 0, hdr.FLAG_INLINE)
-                + body[0]]
+        return [hdr.encode(service, kind, sender_raw, request_id, step, 0, hdr.FLAG_INLINE,
+                           from_service=from_service) + body[0]]
     flags = hdr.FLAG_BUFFERS if enc.has_buffers else 0
-    head = hdr.encode(service, kind, sender_raw, request_id, step, len(body), flags)
+    head = hdr.encode(service, kind, sender_raw, request_id, step, len(body), flags,
+                      from_service=from_service)
     return [head, *body]
 
 
@@ -72,6 +75,11 @@ class Message:
     @property
     def kind(self) -> int:
         return self.header.kind
+
+    @property
+    def from_service(self) -> int:
+        """The sending service's id on the sender's node (0: the node itself)."""
+        return self.header.from_service
 
     @property
     def has_payload(self) -> bool:

@@ -33,19 +33,31 @@ def headers(draw):
                       request_id=draw(st.integers(0, 2**64 - 1)),
                       step=draw(st.integers(-2**63, 2**63 - 1)),
                       nframes=draw(st.integers(0, 2**32 - 1)),
-                      flags=draw(st.sampled_from([0, hdr.FLAG_BUFFERS])))
+                      flags=draw(st.sampled_from([0, hdr.FLAG_BUFFERS])),
+                      from_service=draw(st.integers(0, 2**16 - 1)))
 
 
 class TestHeader:
-    def test_layout_is_44_bytes_in_network_order(self):
+    def test_layout_is_46_bytes_in_network_order(self):
         h = hdr.Header(service=3, kind=258, sender="w-1", request_id=7, step=-2, nframes=5,
-                       flags=hdr.FLAG_BUFFERS)
+                       flags=hdr.FLAG_BUFFERS, from_service=65535)
         raw = h.encode()
-        assert hdr.HEADER_BYTES == 44 and len(raw) == 44
+        assert hdr.HEADER_BYTES == 46 and len(raw) == 46
         assert raw[:2] == b"AP" and raw[2] == PROTOCOL_VERSION and raw[3] == hdr.FLAG_BUFFERS
-        assert struct.unpack("!HHQq", raw[4:24]) == (3, 258, 7, -2)
-        assert raw[24:40] == b"w-1" + b"\0" * 13
-        assert struct.unpack("!I", raw[40:]) == (5,)
+        assert struct.unpack("!HHHQq", raw[4:26]) == (3, 65535, 258, 7, -2)
+        assert raw[26:42] == b"w-1" + b"\0" * 13
+        assert struct.unpack("!I", raw[42:]) == (5,)
+
+    @pytest.mark.parametrize("from_service", [-1, 2**16])
+    def test_from_service_out_of_range_is_refused_on_encode(self, from_service):
+        with pytest.raises(ProtocolError, match="out of range"):
+            hdr.Header(service=1, kind=1, sender="w-1", from_service=from_service).encode()
+
+    def test_from_service_travels_with_every_body_shape(self):
+        for payload in (wm.NO_PAYLOAD, 42, b"x" * (wm.INLINE_MAX_BYTES + 1), np.arange(4.0)):
+            frames = wm.assemble(5, 3, "w-1", payload, from_service=40000)
+            msg = wm.Message.parse([bytes(memoryview(f).cast("B")) for f in frames], 1 << 20)
+            assert (msg.from_service, msg.header.service, msg.kind) == (40000, 5, 3)
 
     @settings(max_examples=300, deadline=None)
     @given(headers())
@@ -59,16 +71,16 @@ class TestHeader:
             hdr.Header(service=0, kind=Kind.TASK, sender="x" * 17).encode()
 
     @pytest.mark.parametrize("edit, reason", [
-        (lambda b: b[:-1], "43 bytes"),
-        (lambda b: b + b"\0", "45 bytes"),
+        (lambda b: b[:-1], "45 bytes"),
+        (lambda b: b + b"\0", "47 bytes"),
         (lambda b: b"XY" + b[2:], "bad magic"),
         (lambda b: b[:2] + bytes([PROTOCOL_VERSION + 1]) + b[3:], "protocol version"),
         (lambda b: b[:3] + b"\x80" + b[4:], "unknown flags"),
-        (lambda b: b[:6] + struct.pack("!H", 999) + b[8:], "unknown core message kind"),
-        (lambda b: b[:24] + b"\0" * 16 + b[40:], "empty or not printable"),
-        (lambda b: b[:24] + b"a b" + b"\0" * 13 + b[40:], "empty or not printable"),
-        (lambda b: b[:24] + b"a\0b" + b"\0" * 13 + b[40:], "empty or not printable"),
-        (lambda b: b[:24] + b"\xff" * 16 + b[40:], "empty or not printable"),
+        (lambda b: b[:8] + struct.pack("!H", 999) + b[10:], "unknown core message kind"),
+        (lambda b: b[:26] + b"\0" * 16 + b[42:], "empty or not printable"),
+        (lambda b: b[:26] + b"a b" + b"\0" * 13 + b[42:], "empty or not printable"),
+        (lambda b: b[:26] + b"a\0b" + b"\0" * 13 + b[42:], "empty or not printable"),
+        (lambda b: b[:26] + b"\xff" * 16 + b[42:], "empty or not printable"),
     ], ids=["short", "long", "magic", "version", "flags", "core-kind", "empty-sender",
             "space-in-sender", "nul-in-sender", "non-ascii-sender"])
     def test_decode_rejects(self, edit, reason):
@@ -91,7 +103,7 @@ class TestFuzz:
             pass
 
     @settings(max_examples=500, deadline=None)
-    @given(st.binary(min_size=41, max_size=41))
+    @given(st.binary(min_size=hdr.HEADER_BYTES - 3, max_size=hdr.HEADER_BYTES - 3))
     def test_header_decode_random_body_behind_valid_magic(self, rest):
         # Past the magic and version check, every field is exercised.
         try:
@@ -99,6 +111,19 @@ class TestFuzz:
         except ProtocolError:
             return
         assert hdr.decode(h.encode()) == h
+
+    @settings(max_examples=300, deadline=None)
+    @given(headers(), st.integers(0, hdr.HEADER_BYTES - 1), st.integers(0, 255))
+    def test_header_decode_one_flipped_byte(self, h, where, value):
+        # Any single corrupted byte either still decodes to a consistent header or is refused.
+        raw = bytearray(h.encode())
+        raw[where] = value
+        try:
+            got = hdr.decode(bytes(raw))
+        except ProtocolError:
+            return
+        assert hdr.decode(got.encode()) == got
+        assert got.from_service < 2**16 and got.service < 2**16
 
     @settings(max_examples=300, deadline=None)
     @given(st.lists(st.binary(max_size=64), max_size=6), st.integers(0, 128))
@@ -225,7 +250,7 @@ def garbage(case: str) -> list[list[bytes]]:
         return [[head.encode(), *good()[1:]]]
     if case == "unknown-core-kind":
         head = bytearray(wm.assemble(CORE_SERVICE, Kind.TASK, "rogue", 1)[0])
-        head[6:8] = struct.pack("!H", 4242)
+        head[8:10] = struct.pack("!H", 4242)  # the kind field
         return [[bytes(head), *good()[1:]]]
     if case == "truncated":
         frames = wm.assemble(SERVICE, ECHO, "rogue", np.arange(4.0))  # head, body, layout, chunk

@@ -1,0 +1,193 @@
+"""One service's thread: it decodes the start request, runs the factory, then feeds the
+service its inbox one item at a time (messages, and the control items its context posts:
+replies to its requests, timers, events). Its end, by stop or by death, answers whatever
+still waits for it (see actorpy.runtime.host for who is told)."""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from actorpy.errors import ActorpyError, ServiceDead
+from actorpy.ids import NodeId
+from actorpy.runtime.context import ServiceRef, check_service
+from actorpy.runtime.mailbox import Mailbox
+from actorpy.runtime.node import Subscription
+from actorpy.runtime.service_context import Reply, ServiceContext, ServiceTimer
+from actorpy.wire import message as wm
+
+if TYPE_CHECKING:
+    from actorpy.runtime.host import ServiceHost
+
+log = logging.getLogger(__name__)
+
+#: (factory, args, kwargs, name): what SERVICE_START carries
+Spec = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str]
+
+_STOP = object()
+
+
+class ServiceRunner:
+    """One service's thread: constructs it, then feeds it its inbox one item at a time."""
+
+    def __init__(self, host: ServiceHost, sid: int, owner: NodeId, spec: Callable[[], Spec],
+                 started: Callable[[ServiceRef | BaseException], None]) -> None:
+        self.host, self.sid, self.owner = host, sid, owner
+        self.mailbox = Mailbox(host.inbox_items, host.inbox_bytes)
+        self.ref = ServiceRef(host.node.node_id, sid)
+        self.service: Any = None
+        self.ctx: ServiceContext | None = None
+        self.reason = ""
+        self.bound_name = ""
+        self._spec, self._started = spec, started
+        self._lock = threading.Lock()
+        self._timers: set[ServiceTimer] = set()
+        self._subs: list[Subscription] = []
+        self._replies: set[Reply] = set()
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"actorpy-service-{sid}")
+
+    @property
+    def label(self) -> str:
+        name = f"{self.ref.name!r} " if self.ref.name else ""
+        return f"{name}(id {self.sid}) on {self.ref.node}"
+
+    # ------------------------------------------------------------------ for the context
+    def post(self, fn: Callable[..., Any], *args: Any) -> bool:
+        return self.mailbox.post((fn, args))
+
+    def add_timer(self, timer: ServiceTimer) -> None:
+        with self._lock:
+            self._timers.add(timer)
+
+    def drop_timer(self, timer: ServiceTimer) -> None:
+        with self._lock:
+            self._timers.discard(timer)
+
+    def add_subscription(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subs.append(sub)
+
+    def add_reply(self, reply: Reply) -> None:
+        with self._lock:
+            self._replies.add(reply)
+
+    def forget_reply(self, reply: Reply) -> None:
+        with self._lock:
+            self._replies.discard(reply)
+
+    def stop(self) -> None:
+        self.mailbox.refuse_messages()
+        self.mailbox.post(_STOP)
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        if not self._construct():
+            return
+        current: wm.Message | None = None
+        try:
+            while (item := self.mailbox.get()) is not _STOP:
+                if isinstance(item, wm.Message):
+                    current = item
+                    self._handle(item)
+                    current = None
+                else:
+                    fn, args = item
+                    self._callback(fn, args)
+        except BaseException as exc:  # SystemExit in a handler, a bug here: never silent
+            self._die(exc, current)
+            return
+        self._finish(self.reason or f"service {self.label} was stopped")
+
+    def _construct(self) -> bool:
+        try:
+            factory, args, kwargs, name = self._spec()
+            if name:
+                self.host.bind_name(name, self.sid)
+                self.bound_name = name
+            self.ref = ServiceRef(self.host.node.node_id, self.sid, name)
+            self.ctx = ServiceContext(self.host.node, self.host.store, self.host, self, self.ref)
+            self.service = check_service(factory(self.ctx, *args, **kwargs))
+        except BaseException as exc:  # reported to whoever asked, even a SystemExit
+            log.info("service %s failed to start: %s: %s", self.label, type(exc).__name__, exc)
+            self.host.runner_failed(self)
+            self._finish(f"service {self.label} failed to start")
+            self._started(exc)
+            return False
+        log.info("service %s started for %s", self.label, self.owner)
+        self._started(self.ref)
+        return True
+
+    def _handle(self, msg: wm.Message) -> None:
+        try:
+            self.service.handle(msg, self.ctx)
+        except Exception as exc:  # the caller sees it; the service keeps serving
+            if msg.header.request_id:
+                self._answer_error(msg, exc)
+            else:
+                log.exception("service %s failed on kind %d from %s", self.label, msg.kind,
+                              msg.sender)
+
+    def _answer_error(self, msg: wm.Message, exc: Exception) -> None:
+        try:
+            assert self.ctx is not None
+            self.ctx.reply_error(msg, exc)
+        except Exception as again:  # e.g. an exception whose __str__ raises
+            log.exception("service %s could not send its error to %s", self.label, msg.sender)
+            self._quiet_error(msg, ActorpyError(
+                f"service {self.label} failed on kind {msg.kind} with {type(exc).__name__}, "
+                f"and that error could not be sent ({type(again).__name__})"))
+
+    def _quiet_error(self, msg: wm.Message, exc: Exception) -> None:
+        try:
+            self.host.node.reply_error(msg, exc, from_service=self.sid)
+        except Exception:
+            log.debug("could not answer %s", msg.sender, exc_info=True)
+
+    def _callback(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("service %s: callback %s failed", self.label,
+                          getattr(fn, "__qualname__", fn))
+
+    def _die(self, exc: BaseException, current: wm.Message | None) -> None:
+        try:
+            reason = f"service {self.label} died: {type(exc).__name__}: {exc}"
+        except Exception:
+            reason = f"service {self.label} died: {type(exc).__name__}"
+        self.reason = reason
+        try:
+            log.error("%s", reason, exc_info=exc)
+            if current is not None and current.header.request_id:
+                self._quiet_error(current, ServiceDead(reason))
+            self.host.runner_died(self, reason)
+        finally:
+            self._finish(reason)
+
+    def _finish(self, reason: str) -> None:
+        """The service is over: answer what waits for it, drop its timers and listeners."""
+        err = ServiceDead(reason)
+        for item in self.mailbox.close():
+            if isinstance(item, wm.Message) and item.header.request_id:
+                self._quiet_error(item, err)
+        with self._lock:
+            timers, self._timers = self._timers, set()
+            subs, self._subs = self._subs, []
+            replies, self._replies = self._replies, set()
+        for timer in timers:
+            timer.cancel()
+        for sub in subs:
+            sub.cancel()
+        for reply in replies:
+            if not reply.done:
+                try:
+                    reply.fail(err)
+                except Exception:
+                    log.debug("could not fail a deferred reply", exc_info=True)
+        close = getattr(self.service, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("service %s failed to close", self.label)

@@ -1,0 +1,78 @@
+"""A service's inbox (high-water marks, control items, close) and the u16 service ids."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from actorpy.errors import ActorpyError
+from actorpy.runtime.mailbox import MAX_SERVICE_ID, Mailbox, Offer, ServiceIds
+
+
+class TestMailbox:
+    def test_items_mark_refuses_messages_but_not_control_items(self):
+        box = Mailbox(max_items=3, max_bytes=1 << 20)
+        assert [box.offer(f"m{i}", 10) for i in range(4)] == [Offer.ACCEPTED] * 3 + [Offer.FULL]
+        assert box.post("timer") is True  # control items are never refused while open
+        assert [box.get(0) for _ in range(4)] == ["m0", "m1", "m2", "timer"]
+        assert box.get(0) is None
+        assert box.offer("m3", 10) is Offer.ACCEPTED  # room again
+        assert (box.refused, box.peak_messages) == (1, 3)
+
+    def test_bytes_mark_lets_one_big_message_into_an_empty_box(self):
+        box = Mailbox(max_items=100, max_bytes=1000)
+        assert box.offer("big", 5000) is Offer.ACCEPTED  # alone: never refused forever
+        assert box.offer("small", 1) is Offer.FULL
+        assert box.get(0) == "big"
+        assert box.offer("a", 600) is Offer.ACCEPTED
+        assert box.offer("b", 400) is Offer.ACCEPTED
+        assert box.offer("c", 1) is Offer.FULL
+
+    def test_refuse_then_close(self):
+        box = Mailbox(max_items=10, max_bytes=1000)
+        box.offer("m", 1)
+        box.refuse_messages()
+        assert box.offer("late", 1) is Offer.CLOSED
+        assert box.post("reply") is True
+        assert box.close() == ["m", "reply"]
+        assert box.post("after") is False and box.offer("x", 1) is Offer.CLOSED
+
+    def test_get_waits_for_an_item(self):
+        box = Mailbox(max_items=10, max_bytes=1000)
+        got: list[object] = []
+        t = threading.Thread(target=lambda: got.append(box.get(10)))
+        t.start()
+        box.post("wake")
+        t.join(10)
+        assert got == ["wake"]
+
+
+class TestServiceIds:
+    def test_all_65535_then_a_clear_error_then_oldest_freed_first(self):
+        ids = ServiceIds()
+        got = [ids.allocate() for _ in range(MAX_SERVICE_ID)]
+        assert got == list(range(1, 2**16))
+        with pytest.raises(ActorpyError, match="already runs 65535 services"):
+            ids.allocate()
+        ids.release(700, "service 'a' (id 700) was stopped")
+        ids.release(9, "service 'b' (id 9) died: SystemExit")
+        ids.release(9, "released twice: ignored")
+        assert ids.reason(9) == "service 'b' (id 9) died: SystemExit"
+        assert ids.allocate() == 700 and ids.reason(700) is None
+        assert ids.reason(9) is not None  # remembered until reused
+        assert ids.allocate() == 9
+        with pytest.raises(ActorpyError):
+            ids.allocate()
+        assert ids.in_use() == MAX_SERVICE_ID
+
+    def test_fresh_ids_before_reuse(self):
+        ids = ServiceIds(max_id=4)
+        a = ids.allocate()
+        ids.release(a, "gone")
+        assert [ids.allocate() for _ in range(3)] == [2, 3, 4]
+        assert ids.allocate() == a
+
+    @pytest.mark.parametrize("bad", [0, 2**16])
+    def test_max_id_within_the_header_field(self, bad):
+        with pytest.raises(ValueError):
+            ServiceIds(max_id=bad)
