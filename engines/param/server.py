@@ -302,9 +302,10 @@ class ServerCore:
         except BaseException:
             self.store.restore(*saved)   # a pull that raised halfway leaves no half-update
             raise
+        calls = len(pending) if self.config.aggregate == "each" else 1
         self.progress.updates += len(pending)
-        self.progress.pulls += 1
-        self._pulls_since_checkpoint += 1
+        self.progress.pulls += calls
+        self._pulls_since_checkpoint += calls
         every = self.config.checkpoint_every
         if every and self._pulls_since_checkpoint >= every:
             self._pulls_since_checkpoint = 0
