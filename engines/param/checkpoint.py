@@ -104,8 +104,11 @@ def load(path: str, *, job: str, shard: int, shards: int,
             layout or model; the message says which and what to do.
     """
     if not os.path.exists(path):
-        raise CheckpointError(f"no checkpoint at {path}; run once without resume=True (with "
-                              "checkpoint_dir=) to create one")
+        others = _layouts(path)
+        hint = (f"; this job has checkpoints for servers={', '.join(others)}: resume with "
+                f"servers={others[0]}" if others else
+                "; run once without resume=True (with checkpoint_dir=) to create one")
+        raise CheckpointError(f"no checkpoint at {path}{hint}")
     try:
         with np.load(path, allow_pickle=False) as npz:
             meta = json.loads(bytes(npz["meta"]).decode("utf-8"))
@@ -137,6 +140,18 @@ def load(path: str, *, job: str, shard: int, shards: int,
     return Snapshot(values, {k: int(e["clock"]) for k, e in entries.items()},
                     dict(meta["steps"]), int(meta["base_step"]), int(meta["updates"]),
                     int(meta["pulls"]))
+
+
+def _layouts(path: str) -> list[str]:
+    """Shard counts of other checkpoints of the same job beside ``path``."""
+    directory, name = os.path.split(path)
+    stem = name.split(".shard", 1)[0]
+    try:
+        found = os.listdir(directory)
+    except OSError:
+        return []
+    pattern = re.compile(re.escape(stem) + r"\.shard0of(\d+)\.npz$")
+    return sorted({m.group(1) for f in found if (m := pattern.match(f))}, key=int)
 
 
 def _check_meta(meta: Any, path: str, job: str, shard: int, shards: int) -> None:

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost
+from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError
 from actorpy.ids import NodeId
-from engines.param.errors import JobFailed
+from engines.param.errors import CheckpointError, JobFailed
 from engines.param.kinds import ParamKind, Status
 from engines.param.server import Callbacks, ShardConfig
 from engines.param.shell import ShardService, ShardSpec
@@ -137,6 +137,11 @@ class Run:
                 host = pool[i % len(pool)]
                 self.shards.append(self._start_shard(i, host, self._base_spec, pool))
                 self._hosts.append(host)
+        except RemoteError as exc:   # a refused checkpoint or directory: say it plainly
+            self._stop_services()
+            if isinstance(exc.__cause__, (CheckpointError, ConfigError)):
+                raise exc.__cause__ from None
+            raise
         except BaseException:
             self._stop_services()
             raise

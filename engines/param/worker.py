@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from actorpy.errors import ActorpyTimeout, NodeLost
+from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError
 from actorpy.ids import NodeId
-from engines.param.errors import JobFailed
+from engines.param.errors import JobFailed, UpdateError
 from engines.param.kinds import ParamKind, Push, Reply, Status
 
 log = logging.getLogger(__name__)
@@ -190,6 +190,10 @@ class _Loop:
                         raise
                     futures[self._rejoin(i, step)] = i
                     continue
+                except RemoteError as exc:   # our update was refused: report it as ours
+                    if isinstance(exc.__cause__, UpdateError):
+                        raise UpdateError(str(exc.__cause__)) from None
+                    raise
                 replies[i] = reply
                 if reply.status != Status.GO:
                     for other in futures:
