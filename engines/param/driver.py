@@ -54,12 +54,15 @@ class RunStats:
 
     Attributes:
         workers: every worker that took part, in the order they joined.
-        steps_per_worker: their completed steps, in the same order.
+        steps_per_worker: their steps the server counted (a push that came after the
+            stop is not one), in the same order.
         updates: worker updates folded into the model (the most on any shard).
         seconds: training time on the coordinator, from the start barrier to the stop.
         statuses: how each worker ended ("FINISH", "RELEASED", "LOST", "FAILED").
         restarts: server shards restarted from a checkpoint.
         first_push_wall: wall-clock time of the first push at the coordinator.
+        trace: the rows callbacks added with ``store.record`` on every shard (``t`` is
+            seconds since that shard's start barrier opened).
     """
 
     workers: list[NodeId]
@@ -70,6 +73,7 @@ class RunStats:
     restarts: int
     first_push_wall: float | None = None
     shards: list[dict[str, Any]] = field(default_factory=list)
+    trace: list[dict[str, float]] = field(default_factory=list)
 
 
 class Run:
@@ -365,11 +369,13 @@ class Run:
         history = coordinator.get("history", {})
         steps = [self._results[w].steps if w in self._results else history.get(w, 0)
                  for w in self._order]
+        trace = sorted((row for s in shard_stats for row in s.get("trace", [])),
+                       key=lambda row: row["t"])
         self.stats = RunStats(list(self._order), steps,
                               max((s["updates"] for s in shard_stats), default=0),
                               float(coordinator.get("train_seconds") or 0.0),
                               dict(self._statuses), self._restarts,
-                              coordinator.get("first_push_wall"), shard_stats)
+                              coordinator.get("first_push_wall"), shard_stats, trace)
 
     def _stop_services(self) -> None:
         for ref in self.shards:

@@ -135,6 +135,9 @@ class Job:
         if self.stop is None:
             raise ConfigError(f"job {self.name!r} needs a stop condition: "
                               "job.register_stop(lambda store: store.step >= 100)")
+        if balance and (not isinstance(self.barrier, SSP) or self.barrier.staleness != 0):
+            raise ConfigError("balance=True is LB-BSP: it resizes batches at a BSP barrier and "
+                              f"needs barrier=BSP(), not {self.barrier!r}")
         options = RunOptions(servers=servers, timeout_s=timeout_s, checkpoint_dir=checkpoint_dir,
                              checkpoint_every=checkpoint_every, resume=resume, balance=balance,
                              batch=batch, straggler_factor=straggler_factor,

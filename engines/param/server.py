@@ -98,6 +98,7 @@ class ServerCore:
         self.config = config
         self.store = store
         self.progress: Progress = store.progress
+        self.progress.now = clock.now
         self._cb = callbacks
         self._clock = clock
         coordinator = config.is_coordinator
@@ -127,7 +128,7 @@ class ServerCore:
         not drag BSP back), and is held until the start barrier opens."""
         w = join.worker
         if self.halted is not None or w in self.released:
-            return [Answer(w, Reply(self.halted or Status.RELEASED))]
+            return [Answer(w, Reply(self.halted or Status.RELEASED, self.history.get(w, 0)))]
         steps = self.progress.steps
         floor = min(steps.values()) if steps else self.progress.base_step
         start = max(join.step, floor)
@@ -150,10 +151,10 @@ class ServerCore:
                 model and the buffer are left untouched).
         """
         w = worker
-        if self.halted is not None:
-            return [Answer(w, Reply(self.halted))]
+        if self.halted is not None:   # too late: the model is final; not counted
+            return [Answer(w, Reply(self.halted, self.history.get(w, 0)))]
         if w not in self.progress.steps:
-            return [Answer(w, Reply(Status.RELEASED))]
+            return [Answer(w, Reply(Status.RELEASED, self.history.get(w, 0)))]
         self._validate(w, push.updates)
         self.progress.steps[w] = self.history[w] = push.step
         self.held[w] = push.step
@@ -220,7 +221,8 @@ class ServerCore:
                 "history": dict(self.history), "held": sorted(self.held),
                 "updates": self.progress.updates, "pulls": self.progress.pulls,
                 "released": sorted(self.released), "step": self.store.step,
-                "halted": None if self.halted is None else self.halted.name}
+                "halted": None if self.halted is None else self.halted.name,
+                "trace": list(self.progress.trace)}
 
     # ----------------------------------------------------------------- internals
     def _validate(self, w: NodeId, updates: Mapping[str, Any]) -> None:

@@ -136,6 +136,8 @@ class ShardService:
         end = self._halted_at if self._halted_at is not None else time.monotonic()
         stats["train_seconds"] = end - self._started_at if self._started_at is not None else 0.0
         stats["first_push_wall"] = self._first_push_wall
+        t0 = self._started_at if self._started_at is not None else 0.0
+        stats["trace"] = [{**row, "t": row["t"] - t0} for row in stats["trace"]]
         ctx.reply(msg, stats)
 
     # ----------------------------------------------------------------- plumbing

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -82,6 +82,8 @@ class Progress:
     base_step: int = 0      # the global step a resumed job starts from
     updates: int = 0        # worker updates folded into the model
     pulls: int = 0          # times pull ran
+    trace: list[dict[str, float]] = field(default_factory=list)   # Store.record rows
+    now: Callable[[], float] = lambda: 0.0                         # the server's clock
 
 
 class Store:
@@ -163,6 +165,16 @@ class Store:
     def steps(self) -> dict[NodeId, int]:
         """Each live worker's completed steps."""
         return dict(self.progress.steps)
+
+    def record(self, **metrics: float) -> None:
+        """Add a row to the run's trace (``Run.stats.trace``): the metrics plus the server's
+        time ``t`` (seconds), ``updates`` and ``step``. For training curves::
+
+            store.record(loss=float(loss))
+        """
+        p = self.progress
+        p.trace.append({"t": p.now(), "updates": float(p.updates), "step": float(self.step),
+                        **{k: float(v) for k, v in metrics.items()}})
 
     # ----------------------------------------------------------- what the server uses
     @property

@@ -139,9 +139,9 @@ class _Loop:
         replies = self._exchange({i: (ParamKind.JOIN, (0, t.slot))
                                   for i in range(len(self.refs))})
         while True:
-            status = next((r.status for r in replies.values() if r.status != Status.GO), None)
-            if status is not None:
-                return WorkerResult(me, t.slot, wctx.step, status, time.perf_counter() - t0)
+            end = next((r for r in replies.values() if r.status != Status.GO), None)
+            if end is not None:   # the server's count: a step refused after the stop is not one
+                return WorkerResult(me, t.slot, end.step, end.status, time.perf_counter() - t0)
             values: dict[str, Any] = {}
             for reply in replies.values():
                 values.update(reply.values or {})
