@@ -25,7 +25,7 @@ from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
 from engines.param import checkpoint
 from engines.param.errors import UpdateError
-from engines.param.kinds import Join, ParamKind
+from engines.param.kinds import Join, ParamKind, Push
 from engines.param.server import Answer, Callbacks, CheckpointDue, ServerCore, ShardConfig
 from engines.param.store import Store
 
@@ -107,7 +107,7 @@ class ShardService:
         worker = NodeId(msg.sender)
         if self._first_push_wall is None:
             self._first_push_wall = time.time()
-        push = msg.payload()
+        push = Push(*msg.payload())
         self._run(worker, msg, ctx, lambda: self.core.push(worker, push))
 
     def _leave(self, msg: Any, ctx: Any) -> None:
@@ -174,7 +174,7 @@ class ShardService:
             if isinstance(action, Answer):
                 msg = self._waiting.pop(action.worker, None)
                 if msg is not None:
-                    ctx.reply(msg, action.reply)
+                    ctx.reply(msg, action.reply.wire())
             elif isinstance(action, CheckpointDue) and self._path is not None:
                 self._save(action.snapshot)
 

@@ -111,7 +111,9 @@ class _Loop:
         self._lock = threading.Lock()
         self._outstanding: set[cf.Future] = set()
         self._driver_lost = False
-        ctx.node.on_node_lost(self._node_lost)
+        # The current core returns nothing here; a richer one returns a subscription that
+        # run() cancels when the task ends.
+        self._subscription = ctx.node.on_node_lost(self._node_lost)
 
     def _node_lost(self, node: NodeId) -> None:
         """I/O thread: if the driver is gone, fail what we wait for (notify only)."""
@@ -127,6 +129,13 @@ class _Loop:
                 pass
 
     def run(self) -> WorkerResult:
+        try:
+            return self._run()
+        finally:
+            if hasattr(self._subscription, "cancel"):
+                self._subscription.cancel()
+
+    def _run(self) -> WorkerResult:
         t = self.task
         me = NodeId(self.ctx.node_id)
         t0 = time.perf_counter()
@@ -157,7 +166,7 @@ class _Loop:
             for key, value in updates.items():   # an unknown key goes to shard 0, which says so
                 parts[t.key_map.get(key, 0)][key] = value
             replies = self._exchange({i: (ParamKind.PUSH, Push(wctx.step, part, wctx.batch_size,
-                                                                compute_s))
+                                                                compute_s).wire())
                                       for i, part in parts.items()}, step=wctx.step)
 
     def _exchange(self, requests: dict[int, tuple[int, Any]], step: int = 0) -> dict[int, Reply]:
@@ -184,7 +193,7 @@ class _Loop:
                 with self._lock:
                     self._outstanding.discard(fut)
                 try:
-                    reply = fut.result(0)
+                    reply = Reply.from_wire(fut.result(0))
                 except NodeLost as exc:
                     if self._driver_lost or exc.node_id == self.task.driver:
                         raise
