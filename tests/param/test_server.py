@@ -9,7 +9,7 @@ from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.ids import NodeId
 from engines.param.errors import CallbackError, UpdateError
 from engines.param.kinds import Join, Push, Status
-from engines.param.server import Answer, CheckpointDue
+from engines.param.server import CheckpointDue
 from tests.param.harness import Sim, go, make_core
 
 A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
