@@ -117,6 +117,7 @@ class Run:
         self._restarts = 0
         self._t0 = time.monotonic()
         self._subscription: Any = None
+        self._warned_empty = False
 
     # ----------------------------------------------------------------- public
     def start(self) -> Run:
@@ -212,6 +213,14 @@ class Run:
                     log.warning("job %s: %d worker tasks still busy after the stop; not "
                                 "waiting for them", self.job.name, len(self._running))
                     return
+            elif not self._running and self.options.workers is not None:
+                self._fail(JobFailed(f"every worker of job {self.job.name!r} was lost "
+                                     f"({', '.join(self._order)})"))
+                continue
+            elif not self._running and not self._warned_empty:
+                self._warned_empty = True
+                log.warning("job %s: no worker left; waiting for workers to join until the "
+                            "job's timeout", self.job.name)
             elif now > deadline:
                 self._fail(ActorpyTimeout(
                     f"job {self.job.name!r} did not reach its stop condition within "
