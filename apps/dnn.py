@@ -1,0 +1,235 @@
+"""``actorpy dnn``: a small torch MLP trained through the parameter server, on scikit-learn's
+bundled 8x8 digits (no download) or, with ``--data DIR``, on MNIST idx files.
+
+    actorpy dnn --workers 2 --barrier ssp --staleness 2 --steps 600 --json
+    actorpy dnn --compare bsp ssp:4 asp --plot dnn.png
+
+Every parameter tensor is a key; each worker loads its share of the training set where it
+trains and pushes gradients; the server applies SGD and records the test accuracy as it goes.
+``--json`` prints ``{"accuracy", "loss", "steps_per_worker", "updates", "seconds"}`` (with
+``--compare``: ``{"runs": [...]}``).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import os
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from actorpy import apputil
+from actorpy.errors import ConfigError
+from apps.training import add_barrier_arguments, barriers_from_args, plot_curves
+from engines import param
+
+MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+               "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def read_idx(path: str) -> np.ndarray:
+    """An idx file (MNIST's format; ``.gz`` too) as a numpy array."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ConfigError(f"{path} is not an idx file of unsigned bytes")
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(shape)):
+        raise ConfigError(f"{path} is truncated: {data.size} values for shape {shape}")
+    return data.reshape(shape)
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (1797 images), read from the file it ships (what
+    ``sklearn.datasets.load_digits`` reads, without importing scikit-learn: seconds saved
+    on every worker)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the digits data set comes with scikit-learn: pip install "
+                          "'actorpy[apps]', or pass --data DIR with MNIST idx files")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data",
+                        "digits.csv.gz")
+    table = np.loadtxt(path, delimiter=",")
+    return table[:, :-1], table[:, -1].astype(np.int64)
+
+
+def load(split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(x float32 in [0, 1], y int64)`` of the train or test split."""
+    if data_dir is None:
+        x, y = digits()
+        order = np.random.default_rng(0).permutation(len(y))
+        cut = int(0.8 * len(order))
+        idx = order[:cut] if split == "train" else order[cut:]
+        return (x[idx] / 16.0).astype(np.float32), y[idx]
+    paths = []
+    for name in MNIST_FILES[split]:
+        found = [os.path.join(data_dir, name + ext) for ext in ("", ".gz")
+                 if os.path.exists(os.path.join(data_dir, name + ext))]
+        if not found:
+            raise ConfigError(f"--data {data_dir}: {name}[.gz] is missing")
+        paths.append(found[0])
+    images, labels = read_idx(paths[0]), read_idx(paths[1])
+    return (images.reshape(len(images), -1).astype(np.float32) / 255.0,
+            labels.astype(np.int64))
+
+
+def make_model(inputs: int, hidden: int) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(inputs, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, 10))
+
+
+class Local:
+    """A worker's share of the data and its copy of the network (made on the worker)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, hidden: int) -> None:
+        import torch
+
+        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+        self.model = make_model(x.shape[1], hidden)
+
+
+class Data:
+    def __init__(self, data_dir: str | None, hidden: int) -> None:
+        self.data_dir, self.hidden = data_dir, hidden
+
+    def __call__(self, ctx: param.DataContext) -> Local:
+        import torch
+
+        torch.set_num_threads(1)   # one process per core already
+        x, y = load("train", self.data_dir)
+        part = ctx.slot % ctx.slots
+        return Local(x[part::ctx.slots], y[part::ctx.slots], self.hidden)
+
+
+def push(ctx: param.WorkerContext, values: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    local: Local = ctx.data
+    with torch.no_grad():
+        for name, p in local.model.named_parameters():
+            p.copy_(values[name])
+    i = torch.from_numpy(ctx.rng.integers(0, len(local.y), ctx.batch_size))
+    local.model.zero_grad()
+    torch.nn.functional.cross_entropy(local.model(local.x[i]), local.y[i]).backward()
+    return {name: p.grad.detach().clone() for name, p in local.model.named_parameters()}
+
+
+class Pull:
+    def __init__(self, lr: float) -> None:
+        self.lr = lr
+
+    def __call__(self, store: param.Store, updates: dict[str, Any]) -> None:
+        for name, grad in updates.items():
+            value, _ = store.get(name)
+            store.set(name, value - self.lr * grad)
+
+
+def evaluate(values: dict[str, Any], x: np.ndarray, y: np.ndarray,
+             hidden: int) -> tuple[float, float]:
+    """``(accuracy, mean cross-entropy)`` of the parameters ``values`` on ``(x, y)``."""
+    import torch
+
+    model = make_model(x.shape[1], hidden)
+    model.load_state_dict(values)
+    with torch.no_grad():
+        out = model(torch.from_numpy(x))
+        target = torch.from_numpy(y)
+        return (float((out.argmax(1) == target).float().mean()),
+                float(torch.nn.functional.cross_entropy(out, target)))
+
+
+class Monitor:
+    """Stop after ``steps`` steps (or at ``target`` accuracy); records the test accuracy
+    every ``every`` pulls."""
+
+    def __init__(self, data_dir: str | None, hidden: int, steps: int, target: float | None,
+                 every: int) -> None:
+        self.x, self.y = load("test", data_dir)
+        self.hidden, self.steps, self.target, self.every = hidden, steps, target, every
+        self._pulls = 0
+
+    def __call__(self, store: param.Store) -> bool:
+        done = store.step >= self.steps
+        if self._pulls % self.every == 0 or done or self.target is not None:
+            values = {k: store.get(k)[0] for k in store.keys()}
+            accuracy, loss = evaluate(values, self.x, self.y, self.hidden)
+            store.record(accuracy=accuracy, loss=loss)
+            done = done or (self.target is not None and accuracy >= self.target)
+        self._pulls += 1
+        return done
+
+
+def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[str, Any], list]:
+    x_test, y_test = load("test", args.data)
+    model = make_model(x_test.shape[1], args.hidden)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    job = param.Job("dnn", barrier=barrier, seed=args.seed, data=Data(args.data, args.hidden))
+    job.register_push(push)
+    job.register_pull(Pull(args.lr))
+    job.register_stop(Monitor(args.data, args.hidden, args.steps, args.target,
+                              max(1, args.steps // 50)))
+    run = job.start(cluster, init=init, batch=args.batch, balance=args.balance,
+                    timeout_s=args.timeout)
+    values = run.result()
+    accuracy, loss = evaluate(values, x_test, y_test, args.hidden)
+    stats = run.stats
+    return ({"accuracy": accuracy, "loss": loss, "steps_per_worker": stats.steps_per_worker,
+             "updates": stats.updates, "seconds": stats.seconds}, stats.trace)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="actorpy dnn", description=__doc__.splitlines()[0])
+    parser.add_argument("--data", metavar="DIR",
+                        help="MNIST idx files (train-images-idx3-ubyte[.gz] ...); default: "
+                             "scikit-learn's bundled 8x8 digits")
+    add_barrier_arguments(parser)
+    parser.add_argument("--steps", type=int, default=600, help="steps per worker (default 600)")
+    parser.add_argument("--lr", type=float, default=0.1, help="default 0.1")
+    parser.add_argument("--batch", type=int, default=32, help="default 32")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden units (default 64)")
+    parser.add_argument("--balance", action="store_true", help="LB-BSP batch sizes")
+    parser.add_argument("--target", type=float, default=None,
+                        help="stop early at this test accuracy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--plot", metavar="FILE", help="save accuracy curves (png)")
+    apputil.add_cluster_arguments(parser, default_workers=2)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if min(args.steps, args.batch, args.hidden) < 1:
+        raise ConfigError("--steps, --batch and --hidden must be >= 1")
+    load("test", args.data)   # fail on a bad --data before starting anything
+    runs = []
+    with apputil.connect_from_args(args, task_threads=2) as cluster:
+        for label, barrier in barriers_from_args(args):
+            result, trace = train(cluster, args, barrier)
+            runs.append((label, result, trace))
+            if not args.json:
+                print(f"{label:<12} test accuracy {result['accuracy']:.3f}  loss "
+                      f"{result['loss']:.3f}  updates {result['updates']}  "
+                      f"{result['seconds']:.2f} s  steps per worker "
+                      f"{result['steps_per_worker']}", file=sys.stdout)
+    if args.plot:
+        plot_curves(args.plot, [(label, trace) for label, _, trace in runs], "accuracy",
+                    "test accuracy", log_scale=False)
+    if args.json:
+        if args.compare:
+            apputil.print_json({"runs": [{"barrier": label, **res} for label, res, _ in runs]})
+        else:
+            apputil.print_json(runs[0][1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""What the parameter-server apps (sgd, dnn) share: barrier flags, ``--compare`` specs and
+training-curve plots."""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
+from actorpy.errors import ConfigError
+
+BARRIERS = ("bsp", "ssp", "asp", "pbsp", "pssp", "dssp")
+
+
+def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--barrier``, ``--staleness``, ``--sample``, ``--high``, ``--compare``."""
+    group = parser.add_argument_group("barrier")
+    group.add_argument("--barrier", choices=BARRIERS, default="bsp",
+                       help="barrier control (default bsp)")
+    group.add_argument("--staleness", type=int, default=4,
+                       help="s for ssp and pssp; the low bound for dssp (default 4)")
+    group.add_argument("--sample", type=int, default=2,
+                       help="workers sampled by pbsp and pssp (default 2)")
+    group.add_argument("--high", type=int, default=None,
+                       help="dssp's high bound (default staleness + 4)")
+    group.add_argument("--compare", nargs="+", metavar="SPEC",
+                       help="train once per barrier and plot them together: bsp asp ssp:S "
+                            "pbsp:B pssp:B:S dssp:LOW:HIGH")
+
+
+def parse_barrier(spec: str) -> Any:
+    """A barrier from a ``--compare`` spec.
+
+    >>> parse_barrier("pssp:2:4"), parse_barrier("dssp:1:5")
+    (PSP(sample=2, staleness=4), DSSP(low=1, high=5))
+    """
+    name, *nums = spec.lower().split(":")
+    try:
+        values = [int(n) for n in nums]
+    except ValueError:
+        raise ConfigError(f"barrier spec {spec!r}: numbers expected after the name") from None
+    arity = {"bsp": 0, "asp": 0, "ssp": 1, "pbsp": 1, "pssp": 2, "dssp": 2}
+    if name not in arity or len(values) != arity[name]:
+        raise ConfigError(f"barrier spec {spec!r} not understood; use bsp, asp, ssp:S, pbsp:B, "
+                          "pssp:B:S or dssp:LOW:HIGH")
+    if name == "bsp":
+        return BSP()
+    if name == "asp":
+        return ASP()
+    if name == "ssp":
+        return SSP(staleness=values[0])
+    if name == "pbsp":
+        return PSP(sample=values[0], staleness=0)
+    if name == "pssp":
+        return PSP(sample=values[0], staleness=values[1])
+    return DSSP(low=values[0], high=values[1])
+
+
+def barriers_from_args(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """``[(label, policy)]``: the ``--compare`` list, or the one ``--barrier``."""
+    if args.compare:
+        return [(spec, parse_barrier(spec)) for spec in args.compare]
+    s, b = args.staleness, args.sample
+    high = args.high if args.high is not None else s + 4
+    spec = {"bsp": "bsp", "asp": "asp", "ssp": f"ssp:{s}", "pbsp": f"pbsp:{b}",
+            "pssp": f"pssp:{b}:{s}", "dssp": f"dssp:{s}:{high}"}[args.barrier]
+    return [(spec, parse_barrier(spec))]
+
+
+def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], metric: str,
+                label: str, log_scale: bool = True) -> None:
+    """Two panels, ``metric`` against seconds and against updates, one line per run."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib (pip install 'actorpy[plot]')") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, trace in runs:
+        rows = [r for r in trace if metric in r]
+        for ax, x in zip(axes, ("t", "updates")):
+            ax.plot([r[x] for r in rows], [r[metric] for r in rows], label=name)
+    for ax, xlabel in zip(axes, ("seconds", "updates")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        if log_scale:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

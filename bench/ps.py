@@ -1,0 +1,387 @@
+"""Parameter-server benchmark: actorpy's param engine against a hand-written plain-pyzmq PS
+and single-process SGD, all in one run.
+
+Run:  .venv/bin/python bench/ps.py                         (the full size: 100 000 x 1000)
+      .venv/bin/python bench/ps.py --rows 20000 --features 200 --rate-floats 200000   (small)
+
+Job A: linear regression on ROWS x FEATURES float32 rows with known w* (x ~ N(0, I),
+y = x.w* + 0.1 noise), plain SGD (lr 0.002, minibatch 256 per worker), stopped once
+|w - w*| / |w*| < 0.05 (checked after every model update); 2 workers each generate and hold
+half the rows, 1 server. Reported: seconds from the start barrier (every worker ready) to the
+target, worker updates folded, ms per update.
+
+* actorpy: BSP, ASP, pSSP (PSP(1, 4)), DSSP(1, 5) on an embedded 2-worker cluster (the server
+  shard lives on one of the two workers, as it would on a 2-node cluster).
+* plain pyzmq PS, BSP and ASP: a ROUTER server process and two DEALER worker processes over
+  ipc; the gradient goes up as one raw frame, the fresh weights come back in the reply.
+* single-process SGD on all the rows, minibatch 256.
+
+Then the same with worker 2 made 3x slower (it sleeps twice its compute time each step),
+adding LB-BSP (balance=True). Then the pull-compute-push rate for a model of RATE_FLOATS
+float32 (1M by default) with 1 and 2 workers, ASP, against plain pyzmq moving the same bytes
+(update up, weights back, the same ``w - lr * g`` on the server). Last, start-up: from before
+``connect()`` to the first push reaching the server.
+
+Targets (printed, never asserted): ms per update <= 1.3x plain in the same mode; 1M-float
+rate >= 0.8x plain; with the straggler, pSSP, DSSP and LB-BSP lose < 25 % against their own
+no-straggler time (BSP about 70 %); start-up < 1.5 s.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Benchmark the checkout this script lives in, not whatever actorpy is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import zmq  # noqa: E402
+
+NOISE = 0.1
+
+
+# ------------------------------------------------------------------ the problem
+def w_star(seed: int, features: int) -> np.ndarray:
+    return np.random.default_rng([seed, 7]).standard_normal(features).astype(np.float32)
+
+
+def half(seed: int, slot: int, rows: int, features: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows worker ``slot`` holds (the same for actorpy and plain pyzmq)."""
+    rng = np.random.default_rng([seed, slot, 1])
+    x = rng.standard_normal((rows, features), dtype=np.float32)
+    y = x @ w_star(seed, features) + np.float32(NOISE) * rng.standard_normal(rows, dtype=np.float32)
+    return x, y
+
+
+def gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return (x.T @ (x @ w - y)) * np.float32(1.0 / len(y))
+
+
+def error(w: np.ndarray, ws: np.ndarray) -> float:
+    return float(np.linalg.norm(w - ws) / np.linalg.norm(ws))
+
+
+# ------------------------------------------------------------------ actorpy callbacks
+class Data:
+    def __init__(self, rows: int, features: int) -> None:
+        self.rows, self.features = rows, features
+
+    def __call__(self, ctx: Any) -> tuple[np.ndarray, np.ndarray]:
+        return half(ctx.seed, ctx.slot, self.rows // 2, self.features)
+
+
+class Push:
+    """Minibatch gradient; slot 1 sleeps twice its compute time when ``straggle``."""
+
+    def __init__(self, straggle: bool) -> None:
+        self.straggle = straggle
+
+    def __call__(self, ctx: Any, values: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        x, y = ctx.data
+        i = ctx.rng.integers(0, len(y), ctx.batch_size)
+        g = gradient(values["w"], x[i], y[i])
+        if self.straggle and ctx.slot == 1:
+            time.sleep(2 * (time.perf_counter() - t0))
+        return {"w": g}
+
+
+class Pull:
+    def __init__(self, lr: float) -> None:
+        self.lr = np.float32(lr)
+
+    def __call__(self, store: Any, updates: dict[str, Any]) -> None:
+        w, _ = store.get("w")
+        store.set("w", w - self.lr * updates["w"])
+
+
+class Target:
+    def __init__(self, seed: int, features: int, target: float) -> None:
+        self.ws, self.target = w_star(seed, features), target
+
+    def __call__(self, store: Any) -> bool:
+        return error(store.get("w")[0], self.ws) < self.target
+
+
+class RatePush:
+    """Returns a fixed update of the model's size (the rate test moves bytes, not math)."""
+
+    def __call__(self, ctx: Any, values: dict[str, Any]) -> dict[str, Any]:
+        return {"w": ctx.data}
+
+
+class RateData:
+    def __init__(self, floats: int) -> None:
+        self.floats = floats
+
+    def __call__(self, ctx: Any) -> np.ndarray:
+        return np.full(self.floats, 1e-6, dtype=np.float32)
+
+
+class Steps:
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def __call__(self, store: Any) -> bool:
+        return store.updates >= self.steps
+
+
+def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle: bool,
+                  balance: bool = False) -> tuple[float, int, float]:
+    from engines import param
+
+    job = param.Job("bench-a", barrier=barrier, seed=args.seed, data=Data(args.rows, args.features))
+    job.register_push(Push(straggle))
+    job.register_pull(Pull(args.lr))
+    job.register_stop(Target(args.seed, args.features, args.target))
+    run = job.start(cluster, init={"w": np.zeros(args.features, dtype=np.float32)},
+                    batch=args.batch, balance=balance, timeout_s=args.timeout)
+    w = run.result()["w"]
+    return run.stats.seconds, run.stats.updates, error(w, w_star(args.seed, args.features))
+
+
+def actorpy_rate(cluster: Any, floats: int, workers: int, steps: int) -> float:
+    from actorpy.barrier import ASP
+    from engines import param
+
+    job = param.Job("bench-rate", barrier=ASP(), seed=0, data=RateData(floats))
+    job.register_push(RatePush())
+    job.register_pull(Pull(0.001))
+    job.register_stop(Steps(steps))
+    run = job.start(cluster, init={"w": np.zeros(floats, dtype=np.float32)},
+                    workers=cluster.workers()[:workers], timeout_s=600)
+    run.result()
+    return run.stats.updates / run.stats.seconds
+
+
+def startup(repeat: int) -> list[float]:
+    import actorpy
+    from actorpy.barrier import ASP
+    from engines import param
+
+    times = []
+    for _ in range(repeat):
+        job = param.Job("bench-start", barrier=ASP(), seed=0, data=RateData(16))
+        job.register_push(RatePush())
+        job.register_pull(Pull(0.001))
+        job.register_stop(Steps(10))
+        t0 = time.time()
+        with actorpy.connect(workers=2) as cluster:
+            run = job.start(cluster, init={"w": np.zeros(16, dtype=np.float32)}, timeout_s=60)
+            run.result()
+            times.append(run.stats.first_push_wall - t0)
+    return times
+
+
+# ------------------------------------------------------------------ plain pyzmq PS
+def plain_server(address: str, mode: str, workers: int, features: int, lr: float,
+                 seed: int, target: float, max_updates: int, conn: Any) -> None:
+    """ROUTER: gradients in, fresh weights out; BSP averages a round, ASP applies each."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    sock.bind(address)
+    conn.send("bound")
+    ws = w_star(seed, features) if target > 0 else None
+    w = np.zeros(features, dtype=np.float32)
+    lr32 = np.float32(lr)
+    ready = [sock.recv_multipart()[0] for _ in range(workers)]   # the start barrier
+    t0 = time.perf_counter()
+    for ident in ready:
+        sock.send_multipart([ident, b"go", w], copy=False)
+    updates, stopped, round_ = 0, 0, []
+    done = False
+    while stopped < workers:
+        ident, frame = sock.recv_multipart(copy=False)
+        ident = ident.bytes
+        if done:
+            sock.send_multipart([ident, b"stop", w])
+            stopped += 1
+            continue
+        g = np.frombuffer(frame.buffer, dtype=np.float32)
+        if mode == "asp":
+            w = w - lr32 * g
+            updates += 1
+            done = (ws is not None and error(w, ws) < target) or updates >= max_updates
+            sock.send_multipart([ident, b"stop" if done else b"go", w], copy=False)
+            stopped += done
+            continue
+        round_.append((ident, g))
+        if len(round_) < workers:
+            continue
+        w = w - lr32 * (sum(gi for _, gi in round_) * np.float32(1.0 / workers))
+        updates += workers
+        done = (ws is not None and error(w, ws) < target) or updates >= max_updates
+        for rid, _ in round_:
+            sock.send_multipart([rid, b"stop" if done else b"go", w], copy=False)
+        stopped += workers if done else 0
+        round_ = []
+    seconds = time.perf_counter() - t0
+    conn.send((seconds, updates, error(w, ws) if ws is not None else 0.0))
+    sock.close()
+    ctx.term()
+
+
+def plain_worker(address: str, slot: int, rows: int, features: int, batch: int, seed: int,
+                 straggle: bool, rate_floats: int) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(address)
+    if rate_floats:
+        update = np.full(rate_floats, 1e-6, dtype=np.float32)
+    else:
+        x, y = half(seed, slot, rows, features)
+    rng = np.random.default_rng([seed, slot])
+    sock.send(b"ready")
+    while True:
+        kind, frame = sock.recv_multipart(copy=False)
+        if kind.bytes == b"stop":
+            break
+        w = np.frombuffer(frame.buffer, dtype=np.float32)
+        if rate_floats:
+            sock.send(update, copy=False)
+            continue
+        t0 = time.perf_counter()
+        i = rng.integers(0, len(y), batch)
+        g = gradient(w, x[i], y[i])
+        if straggle and slot == 1:
+            time.sleep(2 * (time.perf_counter() - t0))
+        sock.send(g, copy=False)
+    sock.close()
+    ctx.term()
+
+
+def plain_run(args: argparse.Namespace, mode: str, straggle: bool, workers: int = 2,
+              rate_floats: int = 0, max_updates: int = 10**9) -> tuple[float, int, float]:
+    spawn = mp.get_context("spawn")
+    tmp = tempfile.mkdtemp(prefix="bench-ps-")
+    os.chmod(tmp, 0o700)
+    address = f"ipc://{tmp}/server"
+    features = rate_floats or args.features
+    parent, child = spawn.Pipe()
+    server = spawn.Process(target=plain_server, args=(
+        address, mode, workers, features, args.lr, args.seed,
+        0.0 if rate_floats else args.target, max_updates, child))
+    server.start()
+    procs: list[Any] = []
+    try:
+        assert parent.poll(60) and parent.recv() == "bound"
+        procs += [spawn.Process(target=plain_worker, args=(
+            address, slot, args.rows // 2, features, args.batch, args.seed, straggle,
+            rate_floats)) for slot in range(workers)]
+        for p in procs:
+            p.start()
+        if not parent.poll(args.timeout):
+            raise TimeoutError(f"plain {mode} did not finish within {args.timeout} s")
+        result = parent.recv()
+        for p in procs:
+            p.join(30)
+        return result
+    finally:
+        for p in [server, *procs]:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def single_process(args: argparse.Namespace) -> tuple[float, int, float]:
+    parts = [half(args.seed, s, args.rows // 2, args.features) for s in (0, 1)]
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    del parts
+    ws, w = w_star(args.seed, args.features), np.zeros(args.features, dtype=np.float32)
+    rng, lr = np.random.default_rng([args.seed, 0]), np.float32(args.lr)
+    t0, updates = time.perf_counter(), 0
+    while error(w, ws) >= args.target:
+        i = rng.integers(0, len(y), args.batch)
+        w = w - lr * gradient(w, x[i], y[i])
+        updates += 1
+        if time.perf_counter() - t0 > args.timeout:
+            raise TimeoutError("single-process SGD did not reach the target")
+    return time.perf_counter() - t0, updates, error(w, ws)
+
+
+# ------------------------------------------------------------------ report
+def _row(name: str, result: tuple[float, int, float], extra: str = "") -> None:
+    seconds, updates, err = result
+    print(f"  {name:<28} {seconds:>8.2f} s {updates:>8d} {1000 * seconds / max(updates, 1):>9.3f}"
+          f" {err:>8.4f}  {extra}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--features", type=int, default=1000)
+    parser.add_argument("--lr", type=float, default=0.002)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--target", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--rate-floats", type=int, default=1_000_000)
+    parser.add_argument("--rate-updates", type=int, default=400)
+    parser.add_argument("--startup-repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    import actorpy
+    from actorpy.barrier import ASP, BSP, DSSP, PSP
+
+    barriers = [("BSP", BSP()), ("ASP", ASP()), ("pSSP(1,4)", PSP(sample=1, staleness=4)),
+                ("DSSP(1,5)", DSSP(low=1, high=5))]
+    print(f"Job A: {args.rows} x {args.features} float32, lr {args.lr}, batch {args.batch} per "
+          f"worker, target |w-w*|/|w*| < {args.target}; 2 workers, 1 server; "
+          f"{os.cpu_count()} cores")
+    header = f"  {'':<28} {'to target':>10} {'updates':>8} {'ms/update':>9} {'error':>8}"
+    times: dict[tuple[str, bool], float] = {}
+    plain_ms: dict[str, float] = {}
+    with actorpy.connect(workers=2, task_threads=2) as cluster:
+        for straggle in (False, True):
+            print(("\nworker 2 three times slower (sleeps 2x its compute)" if straggle
+                   else "\nno straggler"))
+            print(header)
+            runs = barriers + [("LB-BSP", BSP())]
+            for name, barrier in runs:
+                result = actorpy_job_a(cluster, args, barrier, straggle, balance=name == "LB-BSP")
+                times[(name, straggle)] = result[0]
+                extra = ""
+                if straggle:
+                    extra = f"loses {100 * (result[0] / times[(name, False)] - 1):+.0f} %"
+                _row(f"actorpy {name}", result, extra)
+                if not straggle and name in ("BSP", "ASP"):
+                    plain = plain_run(args, name.lower(), straggle)
+                    plain_ms[name] = 1000 * plain[0] / plain[1]
+                    _row(f"plain pyzmq {name}", plain,
+                         f"actorpy/plain ms per update {1000 * result[0] / result[1] / plain_ms[name]:.2f}"
+                         " (target <= 1.3)")
+            if straggle:
+                for name in ("BSP", "ASP"):
+                    _row(f"plain pyzmq {name}", plain_run(args, name.lower(), True))
+            else:
+                _row("single-process SGD", single_process(args))
+
+        print(f"\npull-compute-push rate, {args.rate_floats} float32 model "
+              f"({4 * args.rate_floats / 1e6:.1f} MB each way), ASP")
+        for workers in (1, 2):
+            ours = actorpy_rate(cluster, args.rate_floats, workers, args.rate_updates)
+            seconds, updates, _ = plain_run(args, "asp", False, workers, args.rate_floats,
+                                            max_updates=args.rate_updates)
+            plain = updates / seconds
+            print(f"  {workers} worker(s): actorpy {ours:8.1f} updates/s   plain pyzmq "
+                  f"{plain:8.1f} updates/s   ratio {ours / plain:.2f} (target >= 0.8)", flush=True)
+    starts = startup(args.startup_repeat)
+    print(f"\nstart-up, connect() + run() to the first push at the server (2 workers): median "
+          f"{statistics.median(starts):.2f} s over {len(starts)} (target < 1.5 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""Atomic checkpoints of one server shard: model values, clocks and the worker table.
+
+Format: a numpy ``.npz`` (a zip of ``.npy`` arrays, each member CRC-checked by zip) holding
+one array per key plus a ``meta`` member of UTF-8 JSON (format name, version, job, shard, and
+per key its clock, type, dtype, shape and sha256). It is read with ``allow_pickle=False``:
+loading a checkpoint never runs code. torch tensors are stored as their raw bytes and rebuilt
+from the recorded dtype and shape.
+
+Writing goes to a temporary file in the same directory, is fsynced, renamed over the old
+checkpoint and the directory fsynced, so a crash leaves either the old or the new checkpoint,
+never a mix. Loading checks everything (zip CRCs, digests, job, shard, keys, shapes, dtypes)
+before returning anything, so a corrupt or foreign file is refused whole.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from actorpy.errors import ConfigError
+from engines.param.errors import CheckpointError
+from engines.param.store import describe, family
+
+FORMAT = "actorpy-param-checkpoint"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a checkpoint holds for one shard."""
+
+    values: dict[str, Any]
+    clocks: dict[str, int]
+    steps: dict[str, int] = field(default_factory=dict)   # worker -> completed steps
+    base_step: int = 0                                     # the global step at the save
+    updates: int = 0
+    pulls: int = 0
+
+
+def path_for(directory: str, job: str, shard: int, shards: int) -> str:
+    """Where shard ``shard`` of ``shards`` of ``job`` keeps its checkpoint."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job) or "job"
+    return os.path.join(directory, f"{safe}.shard{shard}of{shards}.npz")
+
+
+def save(path: str, snapshot: Snapshot, *, job: str, shard: int, shards: int) -> int:
+    """Write ``snapshot`` atomically to ``path``; returns the bytes written.
+
+    Raises:
+        ConfigError: the directory does not exist or is not writable.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    entries = []
+    for i, key in enumerate(sorted(snapshot.values)):
+        value = snapshot.values[key]
+        raw, fam = _to_numpy(value)
+        arrays[f"v{i}"] = raw
+        entries.append({"key": key, "clock": int(snapshot.clocks[key]), "family": fam,
+                        "dtype": str(value.dtype), "shape": list(value.shape),
+                        "sha256": _digest(raw)})
+    meta = {"format": FORMAT, "version": VERSION, "job": job, "shard": shard, "shards": shards,
+            "keys": entries, "steps": {str(k): int(v) for k, v in snapshot.steps.items()},
+            "base_step": int(snapshot.base_step), "updates": int(snapshot.updates),
+            "pulls": int(snapshot.pulls)}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"checkpoint_dir {directory!r} does not exist; create it first")
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return size
+
+
+def load(path: str, *, job: str, shard: int, shards: int,
+         like: Mapping[str, Any]) -> Snapshot:
+    """Read and check the checkpoint at ``path`` against the model ``like`` (key -> a value
+    of the right type, shape and dtype, e.g. ``init``).
+
+    Raises:
+        CheckpointError: missing, unreadable, corrupt, or written by another job, shard
+            layout or model; the message says which and what to do.
+    """
+    if not os.path.exists(path):
+        others = _layouts(path)
+        hint = (f"; this job has checkpoints for servers={', '.join(others)}: resume with "
+                f"servers={others[0]}" if others else
+                "; run once without resume=True (with checkpoint_dir=) to create one")
+        raise CheckpointError(f"no checkpoint at {path}{hint}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            meta = json.loads(bytes(npz["meta"]).decode("utf-8"))
+            _check_meta(meta, path, job, shard, shards)
+            arrays = {e["key"]: npz[f"v{i}"] for i, e in enumerate(meta["keys"])}
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile,
+            UnicodeDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint ({exc}); "
+                              "delete it or resume from another directory") from None
+    entries = {e["key"]: e for e in meta["keys"]}
+    if set(entries) != set(like):
+        raise CheckpointError(f"checkpoint {path} holds keys {sorted(entries)}, but this "
+                              f"shard's model has {sorted(like)}: it belongs to another model")
+    values: dict[str, Any] = {}
+    for key, entry in entries.items():
+        raw = arrays[key]
+        if _digest(raw) != entry["sha256"]:
+            raise CheckpointError(f"checkpoint {path}: the data of key {key!r} does not match "
+                                  "its digest (the file is corrupt)")
+        value = _from_numpy(raw, entry)
+        ref = like[key]
+        if family(value) != family(ref) or tuple(value.shape) != tuple(ref.shape) \
+                or value.dtype != ref.dtype:
+            raise CheckpointError(f"checkpoint {path}: key {key!r} is {describe(value)}, but "
+                                  f"the model's is {describe(ref)}: it belongs to another model")
+        values[key] = value
+    return Snapshot(values, {k: int(e["clock"]) for k, e in entries.items()},
+                    dict(meta["steps"]), int(meta["base_step"]), int(meta["updates"]),
+                    int(meta["pulls"]))
+
+
+def _layouts(path: str) -> list[str]:
+    """Shard counts of other checkpoints of the same job beside ``path``."""
+    directory, name = os.path.split(path)
+    stem = name.split(".shard", 1)[0]
+    try:
+        found = os.listdir(directory)
+    except OSError:
+        return []
+    pattern = re.compile(re.escape(stem) + r"\.shard0of(\d+)\.npz$")
+    return sorted({m.group(1) for f in found if (m := pattern.match(f))}, key=int)
+
+
+def _check_meta(meta: Any, path: str, job: str, shard: int, shards: int) -> None:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an actorpy parameter-server checkpoint")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version {meta.get('version')}; "
+                              f"this actorpy reads version {VERSION}")
+    if meta.get("job") != job:
+        raise CheckpointError(f"checkpoint {path} belongs to job {meta.get('job')!r}, not "
+                              f"{job!r}")
+    if (meta.get("shard"), meta.get("shards")) != (shard, shards):
+        raise CheckpointError(f"checkpoint {path} is shard {meta.get('shard')} of "
+                              f"{meta.get('shards')}, not {shard} of {shards}: resume with "
+                              f"servers={meta.get('shards')}")
+
+
+def _to_numpy(value: Any) -> tuple[np.ndarray, str]:
+    fam = family(value)
+    if fam == "numpy":
+        return np.ascontiguousarray(value), fam
+    if fam == "torch":
+        import torch
+
+        flat = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        return flat.numpy(), fam
+    raise CheckpointError(f"cannot checkpoint {describe(value)}")
+
+
+def _from_numpy(raw: np.ndarray, entry: Mapping[str, Any]) -> Any:
+    if entry["family"] == "numpy":
+        return raw
+    if entry["family"] != "torch":
+        raise CheckpointError(f"unknown value type {entry['family']!r} in a checkpoint")
+    import torch
+
+    dtype = getattr(torch, str(entry["dtype"]).replace("torch.", ""), None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"unknown torch dtype {entry['dtype']!r} in a checkpoint")
+    return torch.from_numpy(raw.copy()).view(dtype).reshape(tuple(entry["shape"]))
+
+
+def _digest(raw: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(raw).reshape(-1).view(np.uint8)).hexdigest()

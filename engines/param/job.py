@@ -1,0 +1,195 @@
+"""``param.Job``: Actor's parameter-server callbacks, registered on an explicit job object.
+
+    job = param.Job("linreg", barrier=SSP(staleness=4), seed=7, data=make_shard)
+
+    @job.register_push                        # worker: values of the scheduled keys -> updates
+    def push(ctx, values):
+        x, y = ctx.data
+        i = ctx.rng.integers(0, len(y), ctx.batch_size)
+        return {"w": grad(values["w"], x[i], y[i])}
+
+    @job.register_pull                        # server: fold the (aggregated) updates in
+    def pull(store, updates):
+        w, _clock = store.get("w")
+        store.set("w", w - 0.01 * updates["w"])
+
+    job.register_stop(lambda store: store.step >= 1000)
+    model = job.run(cluster, init={"w": np.zeros(16)}, timeout_s=600)
+
+Every ``register_*`` returns its function, so each also works as a decorator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision
+from actorpy.errors import ConfigError
+from actorpy.ids import NodeId
+from engines.param.server import AGGREGATES
+from engines.param.store import Store
+from engines.param.worker import DataContext, WorkerContext
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+Schedule = Callable[[Store, list[NodeId]], Mapping[NodeId, Sequence[str]]]
+PushFn = Callable[[WorkerContext, dict[str, Any]], "dict[str, Any] | None"]
+PullFn = Callable[[Store, dict[str, Any]], None]
+StopFn = Callable[[Store], bool]
+BarrierFn = Callable[[int, Any], "bool | Decision"]
+
+
+@dataclass(frozen=True)
+class FunctionBarrier:
+    """A barrier function ``fn(me_step, view) -> bool | Decision`` as a policy; ``view``
+    is the server's table of the other workers (``steps()``, ``sample(n)``)."""
+
+    fn: BarrierFn
+
+    def decide(self, me_step: int, view: Any) -> Decision:
+        answer = self.fn(me_step, view)
+        return answer if isinstance(answer, Decision) else Decision(bool(answer))
+
+
+class Job:
+    """A parameter-server job: callbacks plus the barrier, the seed and per-worker data.
+
+    Args:
+        name: names the job in logs and checkpoints (a resumed job must keep its name).
+        barrier: ``BSP()``, ``SSP(s)``, ``ASP()``, ``PSP(sample, staleness)``,
+            ``DSSP(low, high)``, or any object with ``decide(me_step, view)``.
+        seed: seeds every worker's rng (per data slot) and the server's PSP samples.
+        data: ``data(ctx: DataContext) -> Any`` runs once on each worker; its result is
+            ``ctx.data`` in ``push`` (data is made or loaded where it is used).
+        aggregate: how a release folds the buffered updates: ``"mean"`` (one ``pull`` with
+            each key's batch-size-weighted mean: every sample counts equally; under BSP one
+            pull per round), ``"sum"``, or ``"each"`` (one ``pull`` per worker update).
+    """
+
+    def __init__(self, name: str, barrier: Any = None, seed: int = 0, *,
+                 data: Callable[[DataContext], Any] | None = None,
+                 aggregate: str = "mean") -> None:
+        if not name or not isinstance(name, str):
+            raise ConfigError("a job needs a non-empty name")
+        barrier = BSP() if barrier is None else barrier
+        if not callable(getattr(barrier, "decide", None)):
+            raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "
+                              f"or have decide(me_step, view); got {barrier!r}")
+        if aggregate not in AGGREGATES:
+            raise ConfigError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
+        self.name = name
+        self.barrier = barrier
+        self.seed = seed
+        self.data = data
+        self.aggregate = aggregate
+        self.schedule: Schedule | None = None
+        self.push: PushFn | None = None
+        self.pull: PullFn | None = None
+        self.stop: StopFn | None = None
+
+    # ----------------------------------------------------------------- registry
+    def register_schedule(self, fn: F) -> F:
+        """Server: ``fn(store, workers) -> {worker: [keys]}``, called when workers are let
+        go; each gets the values of its keys. Default: every key to every worker."""
+        self.schedule = fn
+        return fn
+
+    def register_push(self, fn: F) -> F:
+        """Worker: ``fn(ctx: WorkerContext, values) -> {key: update}`` (same type, shape
+        and dtype as the values)."""
+        self.push = fn
+        return fn
+
+    def register_pull(self, fn: F) -> F:
+        """Server: ``fn(store, updates)`` folds (aggregated) updates into the model with
+        ``store.get(key) -> (value, clock)`` and ``store.set(key, value)``; build new
+        values, never change stored ones in place (they are on their way to workers)."""
+        self.pull = fn
+        return fn
+
+    def register_barrier(self, fn: F) -> F:
+        """Server: a custom barrier ``fn(me_step, view) -> bool | Decision`` replacing the
+        job's policy (``view.steps()``: the other workers' completed steps)."""
+        self.barrier = FunctionBarrier(fn)
+        return fn
+
+    def register_stop(self, fn: F) -> F:
+        """Server: ``fn(store) -> bool``, checked after each pull; True ends the job. With
+        several shards each shard checks it, and a shard that does not hold a key the
+        function reads does not vote."""
+        self.stop = fn
+        return fn
+
+    # ----------------------------------------------------------------- running
+    def start(self, cluster: Any, init: Mapping[str, Any], *, servers: int = 1,
+              timeout_s: float = 600.0, checkpoint_dir: str | None = None,
+              checkpoint_every: int = 0, resume: bool = False, balance: bool = False,
+              batch: int = 32, straggler_factor: float | None = None,
+              straggler_patience: int = 5, workers: Sequence[NodeId] | None = None) -> Any:
+        """Start the job and return its :class:`~engines.param.driver.Run` at once (see
+        :meth:`run` for the arguments); ``Run.result(timeout_s)`` gives the model."""
+        from engines.param.driver import Run, RunOptions
+
+        if self.push is None or self.pull is None:
+            raise ConfigError(f"job {self.name!r} needs register_push and register_pull")
+        if self.stop is None:
+            raise ConfigError(f"job {self.name!r} needs a stop condition: "
+                              "job.register_stop(lambda store: store.step >= 100)")
+        if balance and (not isinstance(self.barrier, SSP) or self.barrier.staleness != 0):
+            raise ConfigError("balance=True is LB-BSP: it resizes batches at a BSP barrier and "
+                              f"needs barrier=BSP(), not {self.barrier!r}")
+        options = RunOptions(servers=servers, timeout_s=timeout_s, checkpoint_dir=checkpoint_dir,
+                             checkpoint_every=checkpoint_every, resume=resume, balance=balance,
+                             batch=batch, straggler_factor=straggler_factor,
+                             straggler_patience=straggler_patience,
+                             workers=tuple(workers) if workers is not None else None)
+        return Run(self, cluster, dict(init), options).start()
+
+    def run(self, cluster: Any, init: Mapping[str, Any], *, servers: int = 1,
+            timeout_s: float = 600.0, checkpoint_dir: str | None = None,
+            checkpoint_every: int = 0, resume: bool = False, balance: bool = False,
+            batch: int = 32, straggler_factor: float | None = None,
+            straggler_patience: int = 5,
+            workers: Sequence[NodeId] | None = None) -> dict[str, Any]:
+        """Train on ``cluster`` until the stop condition holds; returns the final model.
+
+        Args:
+            cluster: a connected ``actorpy.Cluster`` (its workers run ``push``; server
+                shards live on workers too).
+            init: key -> initial value (numpy arrays or torch tensors).
+            servers: server shards; keys are spread over them by a stable hash.
+            timeout_s: the whole job's time limit.
+            checkpoint_dir: where shards save model and clocks (atomically); a lost shard
+                is restarted from it on another worker.
+            checkpoint_every: pulls between checkpoints (0: only at start and end).
+            resume: start from the checkpoint in ``checkpoint_dir`` (refused if missing,
+                corrupt or foreign).
+            balance: LB-BSP: resize each worker's batch at every barrier from measured
+                step times (``ctx.batch_size``); updates are weighted by it.
+            batch: each worker's batch size (``ctx.batch_size``); with ``balance``, the
+                mean batch.
+            straggler_factor: release a worker whose time per sample stays above this
+                many times the others' median for ``straggler_patience`` steps.
+            workers: the workers to use (default: all, and any that join later).
+
+        Raises:
+            RemoteError: a callback raised (remote type, message, traceback, node id).
+            JobFailed, ActorpyTimeout: no stop within ``timeout_s``, all workers lost, a
+                server shard lost without a checkpoint.
+
+        Example::
+
+            model = job.run(cluster, init={"w": np.zeros(16)}, timeout_s=60)
+        """
+        run = self.start(cluster, init, servers=servers, timeout_s=timeout_s,
+                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                         resume=resume, balance=balance, batch=batch,
+                         straggler_factor=straggler_factor,
+                         straggler_patience=straggler_patience, workers=workers)
+        return run.result()
+
+    def __repr__(self) -> str:
+        return f"<param.Job {self.name!r} barrier={self.barrier!r} seed={self.seed}>"
+
+
+__all__ = ["Job", "FunctionBarrier", "ASP", "BSP", "DSSP", "PSP", "SSP"]

@@ -1,0 +1,79 @@
+"""This engine's own message kinds and the records they carry (the core routes on
+``(service, kind)`` and never lists them).
+
+One step of a worker is one PUSH request to each server shard and one reply from each: the
+reply is deferred while the barrier holds the worker and carries the fresh values when it
+lets it go, so no control message is ever added to the step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from actorpy.ids import NodeId
+
+
+class ParamKind(IntEnum):
+    """Messages to a server shard (and, for SHARDS, to the job's driver)."""
+
+    JOIN = 1      # worker -> shard: enter the barrier; reply: Reply (deferred at the start)
+    PUSH = 2      # worker -> shard: Push; reply: Reply, deferred until the barrier allows
+    LEAVE = 3     # driver -> shard (cast): a worker ended, died or was released
+    HALT = 4      # driver -> shard: stop now; every held worker is answered FINISH
+    MODEL = 5     # driver -> shard: the shard's keys -> values (halts first if asked to)
+    STATS = 6     # driver/tests -> shard: steps table and counters
+    SHARDS = 7    # worker -> driver: the shard refs, once newer than a generation
+
+
+class Status(IntEnum):
+    """What a reply tells a worker to do next."""
+
+    GO = 0        # compute the next step with these values
+    FINISH = 1    # the job reached its stop condition (or was halted): return
+    RELEASED = 2  # this worker was released as a persistent straggler: return
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A worker's step: ``step`` steps completed, updates for this shard's keys.
+
+    On the wire it is a plain tuple (``wire()`` / ``Push(*payload)``): a tuple pickles in
+    half the time of a dataclass, and this message is sent on every step.
+    """
+
+    step: int
+    updates: dict[str, Any]
+    batch: int
+    compute_s: float
+
+    def wire(self) -> tuple[int, dict[str, Any], int, float]:
+        return (self.step, self.updates, self.batch, self.compute_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A shard's answer to JOIN or PUSH."""
+
+    status: Status
+    step: int = 0
+    values: dict[str, Any] | None = None
+    batch: int | None = None      # a new batch size (LB-BSP), None to keep the current one
+
+    def wire(self) -> tuple[int, int, dict[str, Any] | None, int | None]:
+        """A plain tuple for the wire (an IntEnum would pickle as a call)."""
+        return (int(self.status), self.step, self.values, self.batch)
+
+    @classmethod
+    def from_wire(cls, raw: tuple[int, int, Any, Any]) -> Reply:
+        status, step, values, batch = raw
+        return cls(Status(status), step, values, batch)
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """A worker entering a shard's barrier with ``step`` steps already completed."""
+
+    worker: NodeId
+    step: int
+    slot: int

@@ -1,0 +1,45 @@
+"""`actorpy dnn`: a torch MLP on the bundled digits through the parameter server; MNIST idx
+reading."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from actorpy.errors import ConfigError
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+from apps import dnn  # noqa: E402
+
+
+def _idx(array: np.ndarray) -> bytes:
+    head = bytes([0, 0, 0x08, array.ndim]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    return head + array.astype(np.uint8).tobytes()
+
+
+class TestDNN:
+    def test_trains_on_digits(self, capsys):
+        assert dnn.main(["--steps", "150", "--barrier", "ssp", "--staleness", "2",
+                         "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert set(result) == {"accuracy", "loss", "steps_per_worker", "updates", "seconds"}
+        assert result["accuracy"] > 0.8 and min(result["steps_per_worker"]) >= 150
+
+    def test_reads_mnist_idx_files(self, tmp_path):
+        rng = np.random.default_rng(0)
+        images = rng.integers(0, 256, (5, 28, 28))
+        labels = rng.integers(0, 10, 5)
+        (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(_idx(images)))
+        (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(_idx(labels))
+        x, y = dnn.load("test", str(tmp_path))
+        assert x.shape == (5, 784) and x.dtype == np.float32 and x.max() <= 1.0
+        assert np.array_equal(y, labels)
+        (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(_idx(labels)[:-2])
+        with pytest.raises(ConfigError, match="truncated"):
+            dnn.load("test", str(tmp_path))
+        with pytest.raises(ConfigError, match="train-images-idx3-ubyte"):
+            dnn.load("train", str(tmp_path))

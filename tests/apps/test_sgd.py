@@ -1,0 +1,59 @@
+"""`actorpy sgd`: the CLI's JSON contract, every barrier flag, --compare with a plot."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from actorpy.errors import ConfigError
+from apps import sgd
+from apps.training import barriers_from_args, parse_barrier
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIELDS = {"loss", "weight_error", "steps_per_worker", "updates", "seconds"}
+
+
+class TestSGD:
+    def test_cli_json_is_the_only_output(self):
+        out = subprocess.run([sys.executable, "-m", "actorpy", "sgd", "--model", "linear",
+                              "--workers", "2", "--barrier", "pssp", "--sample", "1",
+                              "--staleness", "2", "--steps", "80", "--seed", "3", "--json"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": ROOT})
+        assert out.returncode == 0, out.stderr[-2000:]
+        result = json.loads(out.stdout)
+        assert set(result) == FIELDS
+        assert len(result["steps_per_worker"]) == 2 and min(result["steps_per_worker"]) >= 80
+        assert result["updates"] == sum(result["steps_per_worker"])
+        assert result["weight_error"] < 0.05 and 0 < result["seconds"] < 60
+        assert result["loss"] < 0.05   # noise floor 0.01
+
+    def test_compare_logistic_with_plot(self, tmp_path, capsys):
+        plot = tmp_path / "curves.png"
+        assert sgd.main(["--model", "logistic", "--compare", "bsp", "dssp:0:2", "--steps", "60",
+                         "--plot", str(plot), "--json"]) == 0
+        runs = json.loads(capsys.readouterr().out)["runs"]
+        assert [r["barrier"] for r in runs] == ["bsp", "dssp:0:2"]
+        for r in runs:
+            assert set(r) == FIELDS | {"barrier"} and r["weight_error"] < 0.9
+            assert r["loss"] < 0.69   # better than chance (ln 2)
+        assert plot.stat().st_size > 10_000
+
+    @pytest.mark.parametrize("flag, expected", [
+        ("bsp", "BSP(staleness=0)"), ("asp", "ASP()"), ("ssp", "SSP(staleness=3)"),
+        ("pbsp", "PSP(sample=2, staleness=0)"), ("pssp", "PSP(sample=2, staleness=3)"),
+        ("dssp", "DSSP(low=3, high=7)")])
+    def test_barrier_flags(self, flag, expected):
+        args = sgd.build_parser().parse_args(["--barrier", flag, "--staleness", "3"])
+        assert repr(barriers_from_args(args)[0][1]) == expected
+
+    def test_bad_specs(self):
+        with pytest.raises(ConfigError, match="not understood"):
+            parse_barrier("ssp")
+        with pytest.raises(ConfigError, match="numbers expected"):
+            parse_barrier("pssp:a:b")
+        with pytest.raises(ConfigError, match=">= 1"):
+            sgd.main(["--steps", "0"])

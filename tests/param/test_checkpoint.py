@@ -1,0 +1,108 @@
+"""Checkpoints: atomic writes, exact round trips, and refusal (whole) of corrupt or foreign
+files."""
+from __future__ import annotations
+
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+from engines.param import checkpoint
+from engines.param.checkpoint import Snapshot
+from engines.param.errors import CheckpointError
+
+KW = dict(job="lin", shard=0, shards=1)
+
+
+def _snap(**values):
+    values = values or {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(1)}
+    return Snapshot(values, {k: i + 1 for i, k in enumerate(sorted(values))},
+                    {"w-1": 7}, 5, 40, 9)
+
+
+class TestCheckpoint:
+    def test_round_trip_and_nothing_left_behind(self, tmp_path):
+        path = checkpoint.path_for(str(tmp_path), "lin", 0, 1)
+        snap = _snap()
+        assert checkpoint.save(path, snap, **KW) > 0
+        assert os.listdir(tmp_path) == [os.path.basename(path)]
+        back = checkpoint.load(path, like=snap.values, **KW)
+        for key, value in snap.values.items():
+            assert np.array_equal(back.values[key], value)
+            assert back.values[key].dtype == value.dtype
+        assert (back.clocks, back.steps, back.base_step, back.updates, back.pulls) == \
+            (snap.clocks, {"w-1": 7}, 5, 40, 9)
+
+    def test_torch_round_trip(self, tmp_path):
+        torch = pytest.importorskip("torch")
+        path = str(tmp_path / "t.npz")
+        values = {"w": torch.randn(3, 4, generator=torch.Generator().manual_seed(0)),
+                  "h": torch.ones(2, dtype=torch.bfloat16)}
+        checkpoint.save(path, Snapshot(values, {"w": 0, "h": 3}), **KW)
+        back = checkpoint.load(path, like=values, **KW)
+        assert torch.equal(back.values["w"], values["w"])
+        assert back.values["h"].dtype == torch.bfloat16 and back.clocks["h"] == 3
+
+    def test_rewrite_replaces_atomically(self, tmp_path):
+        path = str(tmp_path / "c.npz")
+        checkpoint.save(path, _snap(w=np.zeros(3)), **KW)
+        checkpoint.save(path, _snap(w=np.ones(3)), **KW)
+        assert np.array_equal(checkpoint.load(path, like={"w": np.zeros(3)}, **KW).values["w"],
+                              np.ones(3))
+
+    @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
+    def test_corrupt_file_is_refused(self, tmp_path, damage):
+        path = str(tmp_path / "c.npz")
+        values = {"w": np.arange(1000, dtype=np.float64)}
+        checkpoint.save(path, Snapshot(values, {"w": 1}), **KW)
+        data = bytearray(open(path, "rb").read())
+        if damage == "flip":
+            data[len(data) // 3] ^= 0xFF          # inside the array's bytes
+        elif damage == "truncate":
+            data = data[: len(data) // 2]
+        else:
+            data = bytearray(b"not a checkpoint at all")
+        open(path, "wb").write(bytes(data))
+        with pytest.raises(CheckpointError, match="corrupt|not a checkpoint|digest"):
+            checkpoint.load(path, like=values, **KW)
+
+    @pytest.mark.parametrize("like, kw, words", [
+        ({"w": np.zeros(3)}, dict(job="other", shard=0, shards=1), "belongs to job 'lin'"),
+        ({"w": np.zeros(3)}, dict(job="lin", shard=0, shards=2), "resume with servers=1"),
+        ({"v": np.zeros(3)}, KW, "another model"),
+        ({"w": np.zeros(4)}, KW, r"shape \(3,\)"),
+        ({"w": np.zeros(3, dtype=np.float32)}, KW, "float32"),
+    ])
+    def test_foreign_checkpoint_is_refused(self, tmp_path, like, kw, words):
+        path = str(tmp_path / "c.npz")
+        checkpoint.save(path, Snapshot({"w": np.zeros(3)}, {"w": 0}), **KW)
+        with pytest.raises(CheckpointError, match=words):
+            checkpoint.load(path, like=like, **kw)
+
+    def test_other_npz_and_missing_file(self, tmp_path):
+        path = str(tmp_path / "c.npz")
+        np.savez(path, a=np.zeros(2))
+        with pytest.raises(CheckpointError, match="corrupt or not a checkpoint"):
+            checkpoint.load(path, like={"a": np.zeros(2)}, **KW)
+        with pytest.raises(CheckpointError, match="no checkpoint at"):
+            checkpoint.load(str(tmp_path / "none.npz"), like={}, **KW)
+
+    def test_pickled_members_are_never_loaded(self, tmp_path):
+        path = str(tmp_path / "c.npz")
+        checkpoint.save(path, Snapshot({"w": np.zeros(2)}, {"w": 0}), **KW)
+        with zipfile.ZipFile(path) as z:        # rebuild it with v0 an object array (a pickle)
+            members = {n: z.read(n) for n in z.namelist()}
+        members["v0.npy"] = _npy_bytes(np.array([{"x": 1}], dtype=object))
+        with zipfile.ZipFile(path, "w") as z:
+            for name, data in members.items():
+                z.writestr(name, data)
+        with pytest.raises(CheckpointError, match="corrupt or not a checkpoint"):
+            checkpoint.load(path, like={"w": np.zeros(2)}, **KW)
+
+
+def _npy_bytes(array):
+    import io
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=True)
+    return buf.getvalue()

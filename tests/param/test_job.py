@@ -1,0 +1,167 @@
+"""The engine on a real local cluster: BSP equals single-process SGD, every barrier
+converges, sharding is transparent, barrier bounds hold on the server's own table, and bad
+input fails cleanly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import actorpy
+from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
+from actorpy.errors import RemoteError
+from engines import param
+from tests.param import problems as pb
+
+SEED = 11
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with actorpy.connect(workers=2) as c:
+        yield c
+
+
+def _job(barrier, **kw):
+    job = param.Job("lin", barrier=barrier, seed=SEED, data=pb.linear_data, **kw)
+    job.register_push(pb.linear_push)
+    job.register_pull(pb.SGDPull(0.1))
+    return job
+
+
+class TestTraining:
+    def test_bsp_equals_single_process_sgd(self, cluster):
+        job = _job(BSP())
+        job.register_stop(pb.StepStop(40))
+        run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=60)
+        model = run.result()
+        reference = pb.reference_sgd(SEED, slots=2, steps=40, batch=16, lr=0.1)
+        assert np.allclose(model["w"], reference, rtol=1e-12, atol=1e-14)
+        assert run.stats.steps_per_worker == [40, 40] and run.stats.updates == 80
+        assert pb.weight_error(model["w"], SEED) < 0.05
+
+    @pytest.mark.parametrize("barrier", [SSP(staleness=2), PSP(sample=1, staleness=1), ASP(),
+                                         DSSP(low=1, high=3)], ids=repr)
+    def test_every_barrier_converges(self, cluster, barrier):
+        job = _job(barrier)
+        job.register_stop(pb.ErrorStop(SEED, 0.02))
+        run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=60)
+        model = run.result()
+        assert pb.weight_error(model["w"], SEED) < 0.02
+        assert all(s > 0 for s in run.stats.steps_per_worker)
+        assert run.stats.statuses == {w: "FINISH" for w in run.stats.workers}
+
+    def test_two_servers_equal_one_under_bsp(self, cluster):
+        models = []
+        for servers in (1, 2):
+            job = param.Job("split", barrier=BSP(), seed=SEED, data=pb.linear_data)
+            job.register_push(pb.split_push)
+            job.register_pull(pb.SGDPull(0.1))
+            job.register_stop(pb.StepStop(25))
+            run = job.start(cluster, init={f"w{k}": np.zeros(2) for k in range(4)},
+                            servers=servers, batch=16, timeout_s=60)
+            models.append(run.result())
+            assert len(run.shards) == servers and len({r.node for r in run.shards}) == servers
+            assert [s["pulls"] for s in run.stats.shards] == [25] * servers
+        one, two = models
+        for key in one:
+            assert np.array_equal(one[key], two[key]), key
+        reference = pb.reference_sgd(SEED, slots=2, steps=25, batch=16, lr=0.1)
+        assert np.allclose(np.concatenate([one[f"w{k}"] for k in range(4)]), reference)
+
+    def test_ssp_bound_holds_in_the_servers_table(self, cluster):
+        """The schedule callback sees the server's table at every release: record the lead
+        of each released worker over the slowest (slot 1 is made 20x slower)."""
+        job = param.Job("ssp-table", barrier=SSP(staleness=2), seed=SEED, data=pb.linear_data)
+        job.register_push(slow_slot_push)
+        job.register_pull(pb.SGDPull(0.05))
+        job.register_schedule(record_lead)
+        job.register_stop(pb.StepStop(30))
+        run = job.start(cluster, init={"w": np.zeros(pb.D), "lead": np.zeros(1)}, batch=8,
+                        timeout_s=60)
+        model = run.result()
+        fast, slow = run.stats.steps_per_worker
+        assert model["lead"][0] == 2          # the bound was reached, never passed
+        assert slow >= 30 and fast <= slow + 3
+
+
+def slow_slot_push(ctx, values):
+    rounds = 20 if ctx.slot == 1 else 1
+    for _ in range(rounds):
+        update = pb.linear_push(ctx, values)
+    return update
+
+
+def record_lead(store, workers):
+    steps = store.steps()
+    lead = max(steps[w] for w in workers) - min(steps.values())
+    store.set("lead", np.maximum(store.get("lead")[0], float(lead)))
+    return {w: ["w"] for w in workers}
+
+
+def failing_push(ctx, values):
+    if ctx.slot == 1 and ctx.step == 3:
+        raise ZeroDivisionError("bad batch on purpose")
+    return pb.linear_push(ctx, values)
+
+
+def wrong_shape_push(ctx, values):
+    return {"w": np.zeros(pb.D + 1)}
+
+
+def failing_pull(store, updates):
+    raise KeyError("no such layer")
+
+
+class TestBadInput:
+    def _assert_clean(self, cluster, run):
+        assert run.done() and run.services_stopped == [True]
+        assert cluster.stop_service(run.shards[0]) is False   # nothing left to stop
+
+    def test_push_that_raises(self, cluster):
+        job = _job(BSP())
+        job.register_push(failing_push)
+        job.register_stop(pb.StepStop(1000))
+        run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=8, timeout_s=60)
+        with pytest.raises(RemoteError) as info:
+            run.result()
+        err = info.value
+        assert err.remote_type == "ZeroDivisionError" and err.node_id in cluster.workers()
+        assert "failing_push" in err.remote_traceback and "bad batch" in str(err)
+        assert isinstance(err.__cause__, ZeroDivisionError)
+        self._assert_clean(cluster, run)
+
+    def test_update_of_the_wrong_shape(self, cluster):
+        job = _job(BSP())
+        job.register_push(wrong_shape_push)
+        job.register_stop(pb.StepStop(10))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(RemoteError) as info:
+            run.result()
+        message = str(info.value)
+        assert info.value.remote_type == "engines.param.errors.UpdateError"
+        assert "key 'w'" in message and f"({pb.D + 1},)" in message and f"({pb.D},)" in message
+        assert info.value.node_id in cluster.workers()
+        assert np.array_equal(run.model["w"], np.ones(pb.D))   # untouched
+        self._assert_clean(cluster, run)
+
+    def test_pull_that_raises(self, cluster):
+        job = _job(ASP())
+        job.register_pull(failing_pull)
+        job.register_stop(pb.StepStop(10))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(RemoteError, match="pull raised KeyError.*no such layer.*shard 0"):
+            run.result()
+        assert np.array_equal(run.model["w"], np.ones(pb.D))
+        self._assert_clean(cluster, run)
+
+    def test_missing_callbacks_and_bad_init(self, cluster):
+        job = param.Job("x")
+        with pytest.raises(actorpy.ConfigError, match="register_push and register_pull"):
+            job.run(cluster, init={"w": np.zeros(2)})
+        job.register_push(pb.linear_push)
+        job.register_pull(pb.SGDPull(0.1))
+        with pytest.raises(actorpy.ConfigError, match="needs a stop condition"):
+            job.run(cluster, init={"w": np.zeros(2)})
+        job.register_stop(pb.StepStop(1))
+        with pytest.raises(actorpy.ConfigError, match="numpy arrays or torch tensors"):
+            job.run(cluster, init={"w": [0.0, 1.0]})

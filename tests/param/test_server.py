@@ -1,0 +1,223 @@
+"""The server core on its own (sans I/O, FakeClock): barrier properties on the real engine,
+deferred releases, joins, departures, validation, aggregation, stop, LB-BSP, stragglers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
+from actorpy.ids import NodeId
+from engines.param.errors import CallbackError, UpdateError
+from engines.param.kinds import Join, Push, Status
+from engines.param.server import CheckpointDue
+from tests.param.harness import Sim, go, make_core
+
+A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
+
+
+def _start(core, *workers):
+    out = []
+    for i, w in enumerate(workers):
+        out = core.join(Join(w, 0, i))
+    return out
+
+
+class TestBarrierOnTheRealCore:
+    @pytest.mark.parametrize("staleness", [0, 1, 3])
+    def test_ssp_nobody_more_than_s_ahead(self, staleness):
+        sim = Sim(SSP(staleness=staleness), 5, seed=staleness,
+                  means=[1.0, 1.0, 1.0, 1.0, 4.0]).run(200.0)
+        assert sim.max_lead <= staleness
+        assert sim.max_spread <= staleness + 1
+        assert min(sim.pushes.values()) > 20   # it ran, the straggler included
+
+    def test_bsp_spread_at_most_one(self):
+        sim = Sim(BSP(), 4, seed=1, means=[1.0, 2.0, 1.0, 3.0]).run(100.0)
+        assert sim.max_lead == 0 and sim.max_spread <= 1
+        assert max(sim.pushes.values()) - min(sim.pushes.values()) <= 1
+
+    def test_asp_runs_away_from_a_straggler(self):
+        sim = Sim(ASP(), 3, seed=2, means=[1.0, 1.0, 5.0]).run(200.0)
+        assert sim.max_spread > 50
+        assert sim.pushes[NodeId("w0")] > 3 * sim.pushes[NodeId("w2")]
+
+    def test_dssp_lead_within_high(self):
+        sim = Sim(DSSP(low=1, high=4), 4, seed=3, means=[1.0, 1.0, 1.0, 3.0]).run(300.0)
+        assert sim.max_lead <= 4 and sim.max_spread <= 5
+        assert sim.max_lead > 1   # the controller did grant extra staleness
+
+    def test_psp_full_sample_is_ssp_and_zero_sample_is_asp(self):
+        full = Sim(PSP(sample=4, staleness=2), 5, seed=4, means=[1, 1, 1, 1, 4]).run(150.0)
+        assert full.max_lead <= 2
+        none = Sim(PSP(sample=0, staleness=0), 5, seed=4, means=[1, 1, 1, 1, 4]).run(150.0)
+        assert none.max_spread > 20
+
+    def test_psp_small_sample_lies_between(self):
+        means = [1.0] * 7 + [5.0]
+        bsp = Sim(BSP(), 8, seed=5, means=means).run(200.0)
+        psp = Sim(PSP(sample=2, staleness=0), 8, seed=5, means=means).run(200.0)
+        asp = Sim(ASP(), 8, seed=5, means=means).run(200.0)
+        fast = NodeId("w0")
+        assert bsp.pushes[fast] < psp.pushes[fast] < asp.pushes[fast]
+
+
+class TestReleases:
+    def test_start_barrier_then_bsp_round_with_weighted_mean(self):
+        core = make_core(BSP(), [A, B])
+        assert core.join(Join(A, 0, 0)) == []          # held: b has not joined
+        assert go(core.join(Join(B, 0, 1))) == {A: 0, B: 0}
+        assert core.push(A, Push(1, {"w": np.array([1.0, 1.0])}, 1, 0.1)) == []   # held
+        out = core.push(B, Push(1, {"w": np.array([5.0, 5.0])}, 3, 0.1))
+        assert go(out) == {A: 1, B: 1}
+        # one pull with (1*1 + 3*5) / 4 = 4, lr 0.1
+        assert np.allclose(out[0].reply.values["w"], [-0.4, -0.4])
+        assert core.progress.pulls == 1 and core.progress.updates == 2
+        assert core.store.get("w")[1] == 1              # the key's clock
+
+    def test_lost_worker_releases_the_held_and_its_keys_are_reissued(self):
+        def schedule(store, workers):
+            return {w: [{"a": "x", "b": "y", "c": "z"}[w]] for w in workers}
+        init = {k: np.zeros(1) for k in "xyz"}
+        core = make_core(BSP(), [A, B, C], init=init, schedule=schedule)
+        _start(core, A, B, C)
+        core.push(A, Push(1, {"x": np.ones(1)}, 1, 0.1))
+        assert core.push(B, Push(1, {"y": np.ones(1)}, 1, 0.1)) == []
+        out = core.leave(C)                              # c dies mid-step, holding "z"
+        assert go(out) == {A: 1, B: 1}
+        keys = sorted(k for a in out for k in a.reply.values)
+        assert keys == ["x", "y", "z"]                   # "z" went to someone else
+
+    def test_joiner_starts_at_the_slowest_step(self):
+        core = make_core(BSP(), [A])
+        _start(core, A)
+        for step in range(1, 4):
+            core.push(A, Push(step, {}, 1, 0.1))
+        out = core.join(Join(B, 0, 1))
+        assert go(out) == {B: 3}
+        assert core.push(A, Push(4, {}, 1, 0.1)) == []  # now a waits for b
+        assert go(core.push(B, Push(4, {}, 1, 0.1))) == {A: 4, B: 4}
+
+    def test_expected_worker_lost_before_joining_opens_the_start(self):
+        core = make_core(SSP(staleness=1), [A, B])
+        assert core.join(Join(A, 0, 0)) == []
+        assert go(core.leave(B)) == {A: 0}
+
+
+class TestUpdates:
+    @pytest.mark.parametrize("update, words", [
+        ({"v": np.ones(2)}, ["unknown key 'v'", "['w']"]),
+        ({"w": np.ones(3)}, ["'w'", "(3,)", "(2,)"]),
+        ({"w": np.ones(2, dtype=np.float32)}, ["float32", "float64"]),
+        ({"w": [1.0, 2.0]}, ["a list", "float64 array"]),
+    ])
+    def test_bad_update_is_refused_and_changes_nothing(self, update, words):
+        core = make_core(BSP(), [A, B])
+        _start(core, A, B)
+        with pytest.raises(UpdateError) as info:
+            core.push(A, Push(1, update, 1, 0.1))
+        for word in words:
+            assert word in str(info.value)
+        assert core.progress.steps == {A: 0, B: 0}
+        core.push(A, Push(1, {"w": np.ones(2)}, 1, 0.1))
+        out = core.push(B, Push(1, {"w": np.ones(2)}, 1, 0.1))
+        assert np.allclose(out[0].reply.values["w"], [-0.1, -0.1])   # only good updates
+
+    def test_bad_torch_update(self):
+        torch = pytest.importorskip("torch")
+        core = make_core(ASP(), [A], init={"w": torch.zeros(3)})
+        _start(core, A)
+        with pytest.raises(UpdateError, match=r"float64 tensor of shape \(3,\).*float32 tensor"):
+            core.push(A, Push(1, {"w": torch.zeros(3, dtype=torch.float64)}, 1, 0.1))
+        out = core.push(A, Push(1, {"w": torch.ones(3)}, 1, 0.1))
+        assert torch.allclose(out[0].reply.values["w"], torch.full((3,), -0.1))
+
+    def test_pull_that_raises_leaves_the_model_whole(self):
+        def pull(store, updates):
+            store.set("w", store.get("w")[0] + 1)
+            raise ZeroDivisionError("boom")
+        core = make_core(ASP(), [A], pull=pull)
+        _start(core, A)
+        with pytest.raises(CallbackError, match="pull raised ZeroDivisionError: boom") as info:
+            core.push(A, Push(1, {"w": np.ones(2)}, 1, 0.1))
+        assert isinstance(info.value.__cause__, ZeroDivisionError)
+        assert np.array_equal(core.model()["w"], np.zeros(2)) and core.store.get("w")[1] == 0
+
+    def test_stored_arrays_are_read_only(self):
+        core = make_core(ASP(), [A])
+        with pytest.raises(ValueError, match="read-only"):
+            core.model()["w"][0] = 1.0
+
+    @pytest.mark.parametrize("aggregate, pulls, expected", [
+        ("sum", 1, -0.6), ("each", 2, -0.6), ("mean", 1, -0.3)])
+    def test_aggregate_modes(self, aggregate, pulls, expected):
+        core = make_core(BSP(), [A, B], aggregate=aggregate)
+        _start(core, A, B)
+        core.push(A, Push(1, {"w": np.full(2, 2.0)}, 1, 0.1))
+        out = core.push(B, Push(1, {"w": np.full(2, 4.0)}, 1, 0.1))
+        assert core.progress.pulls == pulls
+        assert np.allclose(out[0].reply.values["w"], expected)
+
+
+class TestStopAndCheckpoints:
+    def test_stop_finishes_held_and_later_workers(self):
+        core = make_core(BSP(), [A, B], stop=lambda store: store.step >= 2)
+        _start(core, A, B)
+        for step in (1, 2):
+            core.push(A, Push(step, {"w": np.ones(2)}, 1, 0.1))
+            out = core.push(B, Push(step, {"w": np.ones(2)}, 1, 0.1))
+        assert {a.worker: a.reply.status for a in out} == {A: Status.FINISH, B: Status.FINISH}
+        assert core.push(A, Push(3, {"w": np.ones(2)}, 1, 0.1))[0].reply.status == Status.FINISH
+        assert core.progress.pulls == 2
+
+    def test_stop_reading_another_shards_key_does_not_vote(self):
+        from engines.param.server import Callbacks, ServerCore, ShardConfig
+        from engines.param.store import Store
+        from actorpy.clock import FakeClock
+        from tests.param.harness import sgd_pull
+        key_map = {"w": 0, "v": 1}
+        store = Store({"w": np.zeros(2)}, key_map, 0)
+        core = ServerCore(ShardConfig(policy=ASP(), shards=2), store,
+                          Callbacks(sgd_pull(), stop=lambda s: s.get("v")[0].sum() > 1),
+                          FakeClock())
+        core.join(Join(A, 0, 0))
+        assert go(core.push(A, Push(1, {"w": np.ones(2)}, 1, 0.1))) == {A: 1}
+
+    def test_checkpoint_every_n_pulls_and_restore(self):
+        core = make_core(ASP(), [A], checkpoint_every=2)
+        _start(core, A)
+        due = [a for s in range(1, 6) for a in core.push(A, Push(s, {"w": np.ones(2)}, 1, 0.1))
+               if isinstance(a, CheckpointDue)]
+        assert [d.snapshot.pulls for d in due] == [2, 4]
+        again = make_core(ASP(), [B])
+        again.restore(due[-1].snapshot)
+        assert np.allclose(again.model()["w"], -0.4) and again.store.get("w")[1] == 4
+        assert go(again.join(Join(B, 0, 0))) == {B: 4}   # resumes at the saved step
+
+
+class TestTuning:
+    def test_lbbsp_gives_the_slow_worker_a_smaller_batch(self):
+        core = make_core(BSP(), [A, B], balance=True, batch=64)
+        _start(core, A, B)
+        batches = {}
+        for step in range(1, 5):
+            ba, bb = batches.get(A, 64), batches.get(B, 64)
+            core.push(A, Push(step, {"w": np.ones(2)}, ba, 0.001 * ba))
+            out = core.push(B, Push(step, {"w": np.ones(2)}, bb, 0.003 * bb))
+            batches = {a.worker: a.reply.batch for a in out}
+        assert sum(batches.values()) == 128
+        assert batches[A] == pytest.approx(96, abs=2) and batches[B] == pytest.approx(32, abs=2)
+
+    def test_persistent_straggler_is_released_and_not_taken_back(self):
+        core = make_core(SSP(staleness=2), [A, B, C], straggler_factor=3.0,
+                         straggler_patience=3)
+        _start(core, A, B, C)
+        released = []
+        for step in range(1, 12):
+            for w, t in ((A, 1.0), (B, 1.1), (C, 10.0)):
+                if w in core.progress.steps:
+                    for a in core.push(w, Push(step, {"w": np.ones(2)}, 10, t)):
+                        if a.reply.status == Status.RELEASED:
+                            released.append((a.worker, step))
+        assert [w for w, _ in released] == [C] and released[0][1] >= 5
+        assert core.join(Join(C, 0, 2))[0].reply.status == Status.RELEASED
+        assert core.progress.steps == {A: 11, B: 11}

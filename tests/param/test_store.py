@@ -1,0 +1,50 @@
+"""The store callbacks see: stable sharding, clocks, local keys, validated sets."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from actorpy.errors import ConfigError
+from engines.param.errors import KeyNotLocal, UpdateError
+from engines.param.store import Progress, Store, plan_shards, shard_of
+
+
+class TestStore:
+    def test_shard_of_is_stable_across_processes(self):
+        keys = [f"layer{i}/w" for i in range(20)]
+        here = [shard_of(k, 3) for k in keys]
+        code = ("from engines.param.store import shard_of;"
+                f"print([shard_of(k, 3) for k in {keys!r}])")
+        there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True, env={"PYTHONHASHSEED": "123",
+                                                "PYTHONPATH": ":".join(sys.path)}).stdout
+        assert str(here) == there.strip() and len(set(here)) == 3
+
+    def test_get_set_clock_and_locality(self):
+        key_map = plan_shards(["a", "b"], 2)
+        mine = {k for k, s in key_map.items() if s == 0}
+        store = Store({k: np.zeros(2) for k in mine}, key_map, 0, Progress({"w1": 3, "w2": 5}))
+        assert store.keys() == ["a", "b"] and store.worker_num() == 2 and store.step == 3
+        for key in mine:
+            store.set(key, np.ones(2))
+            value, clock = store.get(key)
+            assert clock == 1 and np.array_equal(value, np.ones(2))
+        for key in set(key_map) - mine:
+            with pytest.raises(KeyNotLocal, match=f"key '{key}' is held by server shard 1"):
+                store.get(key)
+        with pytest.raises(KeyError, match="no key 'zz'"):
+            store.get("zz")
+
+    def test_set_must_fit(self):
+        store = Store({"w": np.zeros((2, 2))}, {"w": 0}, 0)
+        with pytest.raises(UpdateError, match=r"pull set a value for key 'w' is a float64 array "
+                                              r"of shape \(4,\)"):
+            store.set("w", np.zeros(4))
+        assert store.get("w")[1] == 0
+
+    def test_init_must_be_arrays(self):
+        with pytest.raises(ConfigError, match="wrap scalars"):
+            Store({"b": 0.5}, {"b": 0}, 0)
