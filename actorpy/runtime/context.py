@@ -65,7 +65,7 @@ class Caller:
     def fetch(self, node: NodeId, key: str, *, timeout_s: float) -> Any:
         """A block straight from ``node``'s object store: the value ``put`` stored, or the
         items ``put_stream`` stored as one list (KeyError there -> RemoteError here)."""
-        return self.fetch_async(node, key).result(timeout_s)
+        return remote_store.fetch(self.node, node, key, timeout_s=timeout_s)
 
     def fetch_async(self, node: NodeId, key: str) -> ReplyFuture:
         """``fetch`` without waiting: the future's ``result(timeout)`` gives the value."""

@@ -14,6 +14,12 @@ from actorpy.runtime.store import HEAD, SegmentRequest, StreamHead
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 
+def fetch(node: Node, dest: NodeId, key: str, *, timeout_s: float) -> Any:
+    """The whole block under ``key`` on ``dest`` (waits at most ``timeout_s``)."""
+    return node.call(dest, CORE_SERVICE, Kind.FETCH, key, timeout_s=timeout_s,
+                     what=f"fetch of {key!r}")
+
+
 def fetch_async(node: Node, dest: NodeId, key: str) -> ReplyFuture:
     """Ask ``dest`` for the whole block under ``key``; the future gives the value (a stream's
     items as one list), unpickled in the thread that calls ``result``."""

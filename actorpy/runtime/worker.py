@@ -179,7 +179,7 @@ class Worker:
         or copied; stored blocks are snapshots, so they go out without a reply's copy)."""
         try:
             answer = self.store.serve(msg.payload())
-        except (KeyError, IndexError, TypeError) as exc:
+        except Exception as exc:  # no such key, a bad request, a spill file that cannot map
             self.node.reply_error(msg, exc)
             return
         self.node.send(NodeId(msg.sender), CORE_SERVICE, Kind.RESULT, answer,

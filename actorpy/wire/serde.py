@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 import struct
 import sys
 from typing import Any, Sequence
@@ -33,6 +34,7 @@ _ALIGN = 16
 _ATOMIC = frozenset({type(None), bool, int, float, complex, str, bytes})
 _SMALL = 1 << 20
 _VIEW_MIN_BYTES = 64 << 10
+_NEWLINE = re.compile(b"\n")
 
 
 def _rebuild_tensor(flat: np.ndarray, dtype_name: str, shape: tuple[int, ...],
@@ -290,11 +292,15 @@ class _PieceReader:
         return len(data)
 
     def readline(self) -> bytes:
-        if self._index >= len(self._pieces):
-            return b""
-        piece = self._pieces[self._index]
-        end = bytes(piece[self._offset:]).find(b"\n")
-        return self.read(piece.nbytes - self._offset if end < 0 else end + 1)
+        out: list[bytes] = []
+        while self._index < len(self._pieces):
+            rest = self._pieces[self._index][self._offset:]
+            found = _NEWLINE.search(rest)  # searches the view in place, no copy
+            if found is not None:
+                out.append(self.read(found.end()))
+                break
+            out.append(self.read(rest.nbytes))
+        return b"".join(out)
 
 
 class JoinedLists:

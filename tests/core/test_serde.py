@@ -2,6 +2,7 @@
 band; chunking; decoded arrays writable; clear errors for what cannot be pickled or decoded."""
 from __future__ import annotations
 
+import pickle
 import struct
 import threading
 
@@ -351,3 +352,13 @@ class TestSplitBody:
         joined = serde.JoinedLists(parts)
         frames, has_layout = serde.encode(joined, 512)
         assert serde.decode([bytes(memoryview(f)) for f in frames], has_layout) == list(range(400))
+
+    @pytest.mark.parametrize("protocol", [0, 2, 5])
+    @pytest.mark.parametrize("piece", [1, 7, 4096])
+    def test_any_pickle_split_anywhere_reads_back(self, protocol, piece):
+        # Protocol 0 reads by lines (readline), 2 by small reads, 5 by 64 KB frames.
+        value = {"text": "line\nbreak" * 50, "n": list(range(300)), "f": 1.5, "b": b"\n\x00"}
+        body = pickle.dumps(value, protocol=protocol)
+        pieces = [body[i:i + piece] for i in range(0, len(body), piece)]
+        frames = [struct.pack("!I", len(pieces)), *pieces]
+        assert serde.decode(frames, True) == value
