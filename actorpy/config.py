@@ -24,8 +24,9 @@ class Config:
         manager_timeout_s: silence from the manager after which a worker exits.
         start_timeout_s: how long connect() waits for the cluster to come up.
         task_threads: tasks a worker runs at once.
-        chunk_bytes: buffers larger than this travel as several frames (None: 8 MiB under
-            CURVE, 64 MiB over ipc, the faster choice for each in bench/transport.py).
+        chunk_bytes: buffers and pickled bodies larger than this travel as several frames
+            (None: 8 MiB under CURVE, 64 MiB over ipc, the faster choice for each in
+            bench/transport.py, and never more than max_frame_bytes).
         max_frame_bytes: a received frame larger than this is dropped with a WARNING naming
             the sender. The check runs after receipt: only authenticated members can send
             at all, and they can already run code on the cluster, so it guards against
@@ -39,6 +40,11 @@ class Config:
         stream_window_items, stream_window_bytes: how far a streaming task's ``emit`` may
             run ahead of the driver consuming its items (flow control: the driver holds at
             most this much, plus one item).
+        store_budget_bytes: memory each worker's object store may fill before it spills
+            blocks to files (None: a quarter of physical memory, or of the cgroup limit,
+            divided by ``workers``, else by the number of cores; at least 64 MiB).
+        store_dir: where workers make their private spill directories (None: the embedded
+            cluster's own private directory, or the system's temporary directory).
     """
 
     workers: int | None = None
@@ -55,6 +61,8 @@ class Config:
     service_inbox_bytes: int = 256 << 20
     stream_window_items: int = 64
     stream_window_bytes: int = 64 << 20
+    store_budget_bytes: int | None = None
+    store_dir: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -65,12 +73,15 @@ class Config:
             raise ConfigError("workers must be >= 0")
         if self.heartbeat_interval_s <= 0 or self.dead_after_s <= self.heartbeat_interval_s:
             raise ConfigError("need 0 < heartbeat_interval_s < dead_after_s")
-        chunk = 64 << 20 if self.chunk_bytes is None else self.chunk_bytes
+        # Unset, chunk_bytes follows the transport, never above max_frame_bytes (see Node).
+        chunk = min(64 << 20, self.max_frame_bytes) if self.chunk_bytes is None else self.chunk_bytes
         if self.task_threads < 1 or chunk < 1 or self.max_frame_bytes < chunk:
             raise ConfigError("need task_threads >= 1 and 1 <= chunk_bytes <= max_frame_bytes")
         if min(self.service_inbox_items, self.service_inbox_bytes, self.stream_window_items,
                self.stream_window_bytes) < 1:
             raise ConfigError("service_inbox_* and stream_window_* must be >= 1")
+        if self.store_budget_bytes is not None and self.store_budget_bytes < 0:
+            raise ConfigError("store_budget_bytes must be >= 0 (0: every block spills)")
         if self.local_transport not in ("auto", "ipc", "tcp"):
             raise ConfigError(f"local_transport must be auto, ipc or tcp, not {self.local_transport!r}")
 

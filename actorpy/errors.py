@@ -85,3 +85,7 @@ class RemoteError(ActorpyError):
     def __reduce__(self):  # keep the fields when a RemoteError itself travels
         return (RemoteError, (self.remote_type, self.remote_message,
                               self.remote_traceback, self.node_id))
+
+
+class StoreError(ActorpyError):
+    """A worker's object store could not keep a block (e.g. no disk left to spill to)."""

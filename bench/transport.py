@@ -32,6 +32,9 @@ never share a GIL; commands travel over a multiprocessing Pipe, data only over Z
 ``np.copyto`` between two preallocated arrays of each size is the physical limit (memcpy).
 Nothing here asserts on speed; the targets (b/a >= 0.8 in bandwidth from 1 MB up, small
 round trip of the wire <= 1.5x raw) are printed next to the table.
+
+Last, a row of Python objects (bench/transport_objects.py): ~50 MB of pickled (str, int)
+tuples process to process, time and peak RSS of both ends, Node against pickle + raw pyzmq.
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ from actorpy.runtime.node import Node  # noqa: E402
 from actorpy.wire import auth  # noqa: E402
 from actorpy.wire import message as wm  # noqa: E402
 from actorpy.wire.kinds import CORE_SERVICE, Kind  # noqa: E402
+from transport_objects import objects_row  # noqa: E402  (bench/ is this script's directory)
 
 SECRET = b"bench-transport-secret-0123456789"
 SERVER_ID, CLIENT_ID = "bench-s", "bench-c"
@@ -506,10 +510,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="raw/wire/node alternations (default 2, quick 1)")
     parser.add_argument("--mech", default="ipc,curve",
                         help="comma-separated mechanisms to run: ipc, curve")
+    parser.add_argument("--objects-mb", type=int, default=None,
+                        help="pickled size of the Python-objects row (default 50, quick 10)")
+    parser.add_argument("--objects-only", action="store_true",
+                        help="run only the Python-objects row")
     args = parser.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 2
     mechs = [m for m in args.mech.split(",") if m]
+    objects_mb = args.objects_mb or (10 if args.quick else 50)
+    if args.objects_only:
+        objects_row(mechs, objects_mb, reps=1 if args.quick else 3)
+        return 0
     results: dict = {}
     t0 = time.perf_counter()
     for mech in mechs:
@@ -519,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.perf_counter() - t0:.0f} s)\n")
     print_table(results, mechs, args.quick)
     cpu_per_message(args.quick)
+    objects_row(mechs, objects_mb, reps=1 if args.quick else 3)
     return 0
 
 

@@ -14,7 +14,11 @@ Files:
     service.py      Service base class with @handles, Envelope (the engines' API)
     service_context.py  ServiceContext: request(on_reply=), schedule, subscribe, Reply
     names.py        service names, kept by the manager
-    context.py      WorkerContext / Caller / ServiceRef / object store given to tasks
+    context.py      WorkerContext / Caller / ServiceRef given to tasks (put, fetch, fetch_iter)
+    store.py        ObjectStore: a worker's blocks within a byte budget, streams in segments
+    spill.py        spill files for what exceeds the budget (private dir, mmap reads)
+    keyindex.py     keys as a '/' tree: delete by prefix in O(keys removed)
+    fetch.py        reading another worker's store: whole blocks or segment by segment
     remote.py       RemoteFailure capture and RemoteError rebuild
     local.py        the embedded local cluster: lifeline, 0700 ipc dir (last one out removes it)
     cluster.py      connect() and the driver's Cluster handle

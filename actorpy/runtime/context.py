@@ -2,17 +2,18 @@
 workers and services, and the cluster's membership. Passed explicitly (no global context)."""
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, ServiceNotFound
 from actorpy.ids import NodeId
+from actorpy.runtime import fetch as remote_store
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import Node, Subscription
 from actorpy.runtime.reply import ReplyFuture
+from actorpy.runtime.store import DEFAULT_SEGMENT_BYTES, ObjectStore
 from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
@@ -46,37 +47,6 @@ class CallTask:
 
     def run(self, ctx: WorkerContext) -> Any:
         return self.fn(*self.args, **(self.kwargs or {}))
-
-
-class ObjectStore:
-    """Values a worker keeps for others to fetch (shuffle blocks, broadcast values).
-    Kept serialized, so a fetch sends the stored frames without pickling again."""
-
-    def __init__(self, chunk_bytes: int) -> None:
-        self._items: dict[str, wm.Encoded] = {}
-        self._lock = threading.Lock()
-        self._chunk_bytes = chunk_bytes
-
-    def put(self, key: str, value: Any) -> int:
-        enc = wm.Encoded.of(value, self._chunk_bytes)
-        with self._lock:
-            self._items[key] = enc
-        return enc.nbytes
-
-    def get_encoded(self, key: str) -> wm.Encoded | None:
-        with self._lock:
-            return self._items.get(key)
-
-    def delete(self, prefix: str) -> int:
-        """Remove every key starting with ``prefix``; returns how many."""
-        with self._lock:
-            doomed = [k for k in self._items if k.startswith(prefix)]
-            for k in doomed:
-                del self._items[k]
-        return len(doomed)
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 class Caller:
@@ -195,12 +165,26 @@ class Caller:
         return workers[self._picks % len(workers)]
 
     def fetch(self, node: NodeId, key: str, *, timeout_s: float) -> Any:
-        """Fetch a value straight from ``node``'s object store (KeyError there -> RemoteError)."""
-        return self.node.call(node, CORE_SERVICE, Kind.FETCH, key, timeout_s=timeout_s,
-                              what=f"fetch of {key!r}")
+        """A block straight from ``node``'s object store: the value ``put`` stored, or the
+        items ``put_stream`` stored as one list (KeyError there -> RemoteError here)."""
+        return remote_store.fetch(self.node, node, key, timeout_s=timeout_s)
 
     def fetch_async(self, node: NodeId, key: str) -> ReplyFuture:
-        return self.node.request(node, CORE_SERVICE, Kind.FETCH, key, what=f"fetch of {key!r}")
+        """``fetch`` without waiting: the future's ``result(timeout)`` gives the value."""
+        return remote_store.fetch_async(self.node, node, key)
+
+    def fetch_iter(self, node: NodeId, key: str, *, timeout_s: float) -> Iterator[Any]:
+        """The items of a block on ``node``, one segment at a time (the next one already on
+        its way), so a reader can merge a block many times its memory. ``timeout_s`` bounds
+        the wait for each segment. See ``actorpy.runtime.fetch.fetch_iter``.
+
+        Example (a reducer merging its shuffle blocks)::
+
+            for owner in ctx.workers():
+                for word, count in ctx.fetch_iter(owner, f"{job}/shuffle/{part}", timeout_s=60):
+                    totals[word] += count
+        """
+        return remote_store.fetch_iter(self.node, node, key, timeout_s=timeout_s)
 
     def workers(self) -> list[NodeId]:
         """Live workers, in a stable order."""
@@ -219,17 +203,31 @@ class WorkerContext(Caller):
         return self.node.node_id
 
     def put(self, key: str, value: Any) -> int:
-        """Keep ``value`` here for other workers to ``fetch``; returns its size in bytes."""
+        """Keep a snapshot of ``value`` here for other workers to ``fetch``; returns its size
+        in bytes. Beyond the store's budget (Config.store_budget_bytes) it goes to disk.
+        Use ``/`` to build keys by level (``"job/stage/part"``) so ``delete`` is cheap."""
         return self.store.put(key, value)
 
+    def put_stream(self, key: str, items: Iterable[Any], *,
+                   segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> int:
+        """Keep the items of ``items`` as a stream, pickled in segments of about
+        ``segment_bytes`` (each kept or spilled at once, so ``items`` may be a generator far
+        larger than memory); readers use ``fetch_iter`` (or ``fetch`` for one list).
+        Returns the block's size in bytes."""
+        return self.store.put_stream(key, items, segment_bytes=segment_bytes)
+
     def get(self, key: str) -> Any:
-        """A value from this worker's own store (KeyError if absent)."""
-        enc = self.store.get_encoded(key)
-        if enc is None:
-            raise KeyError(key)
-        return enc.decode()
+        """A block from this worker's own store (KeyError if absent); arrays come back
+        read-only, sharing the store's memory."""
+        return self.store.get(key)
+
+    def get_iter(self, key: str) -> Iterator[Any]:
+        """The items of a block in this worker's own store, one segment at a time."""
+        return self.store.iterate(key)
 
     def delete(self, prefix: str) -> int:
+        """Remove every key starting with ``prefix`` (and its spill files); returns how many.
+        Costs O(keys removed)."""
         return self.store.delete(prefix)
 
     def reply(self, msg: wm.Message, value: Any = None) -> None:

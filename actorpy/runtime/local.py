@@ -78,6 +78,8 @@ class LocalCluster:
         for field, value in vars(config).items():
             if value is not None:
                 env[f"ACTORPY_{field.upper()}"] = str(value)
+        if config.store_dir is None:  # spill files live and die with the cluster's directory
+            env["ACTORPY_STORE_DIR"] = self.dir
         if self.secret is not None:
             env["ACTORPY_SECRET"] = self.secret.decode()
         if log_level:

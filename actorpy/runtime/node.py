@@ -100,7 +100,8 @@ class Node:
         self.node_id = node_id
         self._sender = hdr.sender_bytes(node_id)
         self.security = security
-        self.chunk_bytes = security.chunk_bytes if chunk_bytes is None else chunk_bytes
+        chunk = security.chunk_bytes if chunk_bytes is None else chunk_bytes
+        self.chunk_bytes = max(1, min(chunk, max_frame_bytes))  # no frame over the limit
         self.max_frame_bytes = max_frame_bytes
         self.linger_ms = linger_ms
         self._ctx = zmq.Context()
@@ -300,16 +301,23 @@ class Node:
 
     # ----------------------------------------------------------------- sending
     def send(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
-             request_id: int = 0, step: int = 0, from_service: int = 0) -> None:
+             request_id: int = 0, step: int = 0, from_service: int = 0,
+             snapshot: bool = False) -> None:
         """Send one message (thread-safe; serializes in the calling thread).
 
         numpy/torch buffers in ``payload`` are sent without copying: do not modify them
-        until the request they belong to has been answered. ``from_service`` names the
+        until the request they belong to has been answered (or pass ``snapshot=True``:
+        they are copied first, see ``wire.message.assemble``). ``from_service`` names the
         sending service on this node (0: the node itself); receivers see it as
         ``msg.from_service``.
+
+        Raises:
+            SerializationError: the payload cannot be pickled or cannot fit max_frame_bytes.
         """
         frames = wm.assemble(service, kind, self._sender, payload, request_id=request_id,
-                             step=step, chunk_bytes=self.chunk_bytes, from_service=from_service)
+                             step=step, chunk_bytes=self.chunk_bytes,
+                             max_frame_bytes=self.max_frame_bytes, snapshot=snapshot,
+                             from_service=from_service)
         self._send_frames(dest, frames)
 
     def request(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
@@ -355,9 +363,10 @@ class Node:
                     del self._pending[rid]
 
     def reply(self, msg: wm.Message, value: Any = None, *, from_service: int = 0) -> None:
-        """Answer a request with a value."""
+        """Answer a request with a value (its arrays are copied first, so the replier may
+        change them at once: nothing tells it when the reply has left)."""
         self.send(NodeId(msg.sender), CORE_SERVICE, Kind.RESULT, value,
-                  request_id=msg.header.request_id, from_service=from_service)
+                  request_id=msg.header.request_id, from_service=from_service, snapshot=True)
 
     def reply_error(self, msg: wm.Message, exc: BaseException, *, from_service: int = 0) -> None:
         """Answer a request with an exception (it surfaces as RemoteError at the caller)."""

@@ -8,10 +8,11 @@ import threading
 
 from actorpy.config import Config
 from actorpy.ids import NodeId
-from actorpy.runtime.context import ObjectStore
 from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.membership import Membership
 from actorpy.runtime.node import Node
+from actorpy.runtime.spill import default_budget_bytes
+from actorpy.runtime.store import ObjectStore
 from actorpy.runtime.tasks import TaskRunner
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
@@ -38,7 +39,10 @@ class Worker:
                  config: Config) -> None:
         self.config = config
         self.node = Node.from_config(node_id, bind, security, config)
-        self.store = ObjectStore(self.node.chunk_bytes)
+        budget = (config.store_budget_bytes if config.store_budget_bytes is not None
+                  else default_budget_bytes(config.workers))
+        self.store = ObjectStore(budget_bytes=budget, chunk_bytes=self.node.chunk_bytes,
+                                 store_dir=config.store_dir, name=node_id)
         self.stopped = threading.Event()
         self.stop_reason = ""
         self.services = ServiceHost(self.node, config, self.store)
@@ -71,12 +75,15 @@ class Worker:
         self.services.close()
         self.tasks.close()
         self.node.close(linger_ms=0 if orphaned else None)
+        self.store.close()
 
     def _fetch(self, msg: wm.Message) -> None:
-        key = msg.payload()
-        enc = self.store.get_encoded(key) if isinstance(key, str) else None
-        if enc is None:
-            self.node.reply_error(msg, KeyError(f"{key!r} is not stored on {self.node.node_id}"))
-        else:
-            self.node.send(NodeId(msg.sender), CORE_SERVICE, Kind.RESULT, enc,
-                           request_id=msg.header.request_id)
+        """Answer a fetch from the store (on the I/O thread: a look-up, nothing unpickled
+        or copied; stored blocks are snapshots, so they go out without a reply's copy)."""
+        try:
+            answer = self.store.serve(msg.payload())
+        except Exception as exc:  # no such key, a bad request, a spill file that cannot map
+            self.node.reply_error(msg, exc)
+            return
+        self.node.send(NodeId(msg.sender), CORE_SERVICE, Kind.RESULT, answer,
+                       request_id=msg.header.request_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-PROTOCOL_VERSION = 2  # 2: the header carries from_service
+PROTOCOL_VERSION = 2  # 2: the header carries from_service; pickled bodies split like buffers
 
 #: Service id of the core runtime. Services hosted on a node get ids >= 1.
 CORE_SERVICE = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actorpy.errors import ProtocolError
+from actorpy.errors import ProtocolError, SerializationError
 from actorpy.wire import header as hdr
 from actorpy.wire import serde
 
@@ -20,7 +20,11 @@ ZERO_COPY_MIN_BYTES = 64 << 10
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """A payload already serialized: reusable across sends (e.g. a stored shuffle block)."""
+    """A payload already serialized: reusable across sends (e.g. a stored shuffle block).
+
+    ``Encoded.of`` keeps views of the value's arrays (no copy); ``snapshot()`` gives an
+    Encoded that owns its bytes, unaffected by later changes to those arrays.
+    ``has_buffers`` says the frames start with a layout frame (see serde.encode)."""
 
     frames: tuple[Any, ...]
     has_buffers: bool
@@ -34,30 +38,77 @@ class Encoded:
     def nbytes(self) -> int:
         return sum(memoryview(f).nbytes for f in self.frames)
 
+    def snapshot(self) -> Encoded:
+        """The same frames in memory of their own: each frame that views memory someone else
+        may change (an array, a bytearray) is copied once; views of immutable bytes are kept."""
+        return Encoded(tuple(_owned(f) for f in self.frames), self.has_buffers)
+
     def decode(self) -> Any:
         return serde.decode(self.frames, self.has_buffers)
 
 
+def _owned(frame: Any) -> Any:
+    if isinstance(frame, bytes):
+        return frame
+    view = memoryview(frame)
+    if isinstance(view.obj, bytes):
+        return frame
+    data = view.tobytes()
+    return memoryview(data) if len(data) >= ZERO_COPY_MIN_BYTES else data
+
+
 def assemble(service: int, kind: int, sender: str | bytes, payload: Any = NO_PAYLOAD, *,
              request_id: int = 0, step: int = 0,
-             chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES, from_service: int = 0) -> list[Any]:
+             chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES,
+             max_frame_bytes: int | None = None, snapshot: bool = False,
+             from_service: int = 0) -> list[Any]:
     """All frames of one message: header first, then the payload's frames.
 
     ``sender`` may be pre-checked bytes from ``header.sender_bytes`` (nodes cache theirs);
-    ``from_service`` is the sending service's id on its node (0: the node itself)."""
+    ``from_service`` is the sending service's id on its node (0: the node itself).
+    With ``max_frame_bytes`` no frame is made larger (bodies and buffers are split to fit).
+    With ``snapshot`` the payload's arrays are copied (see ``Encoded.snapshot``), so the
+    caller may change them as soon as this returns (replies use it: nothing tells a replier
+    when its reply has left).
+
+    Raises:
+        SerializationError: the payload cannot be pickled, or a frame cannot be made to fit
+            ``max_frame_bytes`` (an Encoded built with bigger chunks, or a limit below the
+            header's size).
+    """
     sender_raw = sender if isinstance(sender, bytes) else hdr.sender_bytes(sender)
+    limit = max_frame_bytes if max_frame_bytes is not None else 1 << 62
     if payload is NO_PAYLOAD:
-        return [hdr.encode(service, kind, sender_raw, request_id, step, 0, 0,
-                           from_service=from_service)]
-    enc = payload if isinstance(payload, Encoded) else Encoded.of(payload, chunk_bytes)
-    body = enc.frames
-    if not enc.has_buffers and len(body[0]) <= INLINE_MAX_BYTES:
-        return [hdr.encode(service, kind, sender_raw, request_id, step, 0, hdr.FLAG_INLINE,
-                           from_service=from_service) + body[0]]
-    flags = hdr.FLAG_BUFFERS if enc.has_buffers else 0
-    head = hdr.encode(service, kind, sender_raw, request_id, step, len(body), flags,
-                      from_service=from_service)
-    return [head, *body]
+        frames = [hdr.encode(service, kind, sender_raw, request_id, step, 0, 0,
+                             from_service=from_service)]
+    else:
+        if isinstance(payload, Encoded):
+            enc = payload
+        else:
+            enc = Encoded.of(payload, max(1, min(chunk_bytes, limit)))
+            if snapshot:
+                enc = enc.snapshot()
+        body = enc.frames
+        if (not enc.has_buffers and len(body[0]) <= INLINE_MAX_BYTES
+                and hdr.HEADER_BYTES + len(body[0]) <= limit):
+            return [hdr.encode(service, kind, sender_raw, request_id, step, 0, hdr.FLAG_INLINE,
+                               from_service=from_service) + body[0]]
+        flags = hdr.FLAG_BUFFERS if enc.has_buffers else 0
+        frames = [hdr.encode(service, kind, sender_raw, request_id, step, len(body), flags,
+                             from_service=from_service), *body]
+    if max_frame_bytes is not None:
+        _check_sizes(frames, max_frame_bytes)
+    return frames
+
+
+def _check_sizes(frames: list[Any], max_frame_bytes: int) -> None:
+    for frame in frames:
+        size = memoryview(frame).nbytes
+        if size > max_frame_bytes:
+            raise SerializationError(
+                f"cannot send a message with a {size}-byte frame: max_frame_bytes is "
+                f"{max_frame_bytes} and the frame cannot be split further; raise "
+                "max_frame_bytes (ACTORPY_MAX_FRAME_BYTES) on every node of the cluster")
 
 
 @dataclass(slots=True)

@@ -3,7 +3,8 @@
 numpy arrays and CPU torch tensors never travel inside the pickle stream: their memory is
 handed to ZeroMQ as separate frames (no copy on send) and rebuilt on receive straight from the
 received frames (no copy, or one copy when a buffer was split into several frames). Everything
-else — functions and closures included — goes through cloudpickle.
+else — functions and closures included — goes through cloudpickle; a large pickled body is
+split into frames like a buffer, sent without a copy and unpickled straight from the frames.
 
 This is the only module that calls ``loads``. Callers must have authenticated the sender first
 (see actorpy.wire.auth): unpickling is code execution.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 import struct
 import sys
 from typing import Any, Sequence
@@ -21,8 +23,9 @@ import numpy as np
 
 from actorpy.errors import ProtocolError, SerializationError
 
-#: Buffers larger than this are split into frames of this size (the receiver joins them with
-#: one copy). Over ipc big frames are best: a frame arrives as one allocation, used in place.
+#: Buffers and pickled bodies larger than this are split into frames of this size (the
+#: receiver joins a split buffer with one copy and unpickles a split body piece by piece).
+#: Over ipc big frames are best: a frame arrives as one allocation, used in place.
 DEFAULT_CHUNK_BYTES = 64 << 20
 #: Under CURVE every frame is encrypted as one box; measured here, few-MB frames move 2-3x
 #: faster than 64 MB ones, which outweighs the receiver's join copy.
@@ -30,6 +33,8 @@ ENCRYPTED_CHUNK_BYTES = 8 << 20
 _ALIGN = 16
 _ATOMIC = frozenset({type(None), bool, int, float, complex, str, bytes})
 _SMALL = 1 << 20
+_VIEW_MIN_BYTES = 64 << 10
+_NEWLINE = re.compile(b"\n")
 
 
 def _rebuild_tensor(flat: np.ndarray, dtype_name: str, shape: tuple[int, ...],
@@ -156,41 +161,46 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
             f"The piece that fails: {find_culprit(obj)}. "
             "Everything a task uses must be picklable (no open files, sockets, locks or "
             "generators); create such things inside the task instead.") from exc
-    return out.getbuffer().tobytes(), buffers
+    # getvalue() hands over BytesIO's own buffer (CPython trims it in place): no copy.
+    return out.getvalue(), buffers
 
 
 def encode(obj: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[list[Any], bool]:
-    """Payload frames for ``obj`` and whether they carry buffers.
+    """Payload frames for ``obj`` and whether they start with a layout frame.
 
-    Without buffers the frames are ``[body]``; with them ``[body, layout, chunk...]`` where
-    ``layout`` holds, per buffer, the number of chunk frames it was split into (u32 each).
+    A small value without buffers is one frame, ``[body]``. Otherwise the frames are
+    ``[layout, body..., chunk...]``: ``layout`` holds u32 frame counts, first for the pickled
+    body, then per out-of-band buffer; every body or buffer larger than ``chunk_bytes`` is
+    split into pieces of that size. No frame is a copy: pieces are views of the pickle and of
+    the buffers themselves (so ``obj``'s arrays must not change until the frames are sent).
     """
     if type(obj) in _ATOMIC:  # nothing to find out of band, nothing cloudpickle adds
-        return [pickle.dumps(obj, protocol=5)], False
+        return _framed(pickle.dumps(obj, protocol=5), [], chunk_bytes)
     if type(obj) is np.ndarray and not obj.dtype.hasobject:
         # A bare array needs none of cloudpickle's machinery: the C pickler is 3x faster.
         if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
             obj = np.ascontiguousarray(obj)
         raw: list[memoryview] = []
         body = pickle.dumps(obj, protocol=5, buffer_callback=lambda b: raw.append(b.raw()))
-        return _with_buffers(body, raw, chunk_bytes)
+        return _framed(body, raw, chunk_bytes)
     body, buffers = dumps(obj)
-    if not buffers:
-        return [body], False
-    return _with_buffers(body, buffers, chunk_bytes)
+    return _framed(body, buffers, chunk_bytes)
 
 
-def _with_buffers(body: bytes, buffers: list[memoryview], chunk_bytes: int) -> tuple[list[Any], bool]:
+def _framed(body: bytes, buffers: list[memoryview], chunk_bytes: int) -> tuple[list[Any], bool]:
+    if not buffers and len(body) <= chunk_bytes:
+        # A big body travels as a view: the node hands views to ZeroMQ without copying.
+        return [memoryview(body) if len(body) >= _VIEW_MIN_BYTES else body], False
     counts: list[int] = []
-    chunks: list[Any] = []
-    for buf in buffers:
+    pieces: list[Any] = []
+    for buf in (memoryview(body), *buffers):
         n = max(1, -(-buf.nbytes // chunk_bytes))
         counts.append(n)
         if n == 1:
-            chunks.append(buf)
+            pieces.append(buf)
         else:
-            chunks.extend(buf[i:i + chunk_bytes] for i in range(0, buf.nbytes, chunk_bytes))
-    return [body, struct.pack(f"!{len(counts)}I", *counts), *chunks], True
+            pieces.extend(buf[i:i + chunk_bytes] for i in range(0, buf.nbytes, chunk_bytes))
+    return [struct.pack(f"!{len(counts)}I", *counts), *pieces], True
 
 
 def _buffer(frame: Any) -> memoryview:
@@ -208,43 +218,119 @@ def _aligned(view: memoryview) -> memoryview:
     return view
 
 
-def decode(frames: Sequence[Any], has_buffers: bool) -> Any:
+def decode(frames: Sequence[Any], has_layout: bool) -> Any:
     """Rebuild an object from payload frames produced by ``encode``.
+
+    A body split over several frames is unpickled straight from them (no joined copy); a
+    buffer split over several frames is joined with one copy.
 
     Raises:
         ProtocolError: the frame layout does not add up.
     """
     if not frames:
         raise ProtocolError("payload has no body frame")
-    body = _buffer(frames[0])
+    if not has_layout:
+        if len(frames) != 1:
+            raise ProtocolError(f"{len(frames)} payload frames but no buffer layout")
+        return loads(_buffer(frames[0]))
+    if len(frames) < 2:
+        raise ProtocolError("payload has a layout frame but no body frame")
+    layout = _buffer(frames[0])
+    if layout.nbytes % 4 or not layout.nbytes:
+        raise ProtocolError("buffer layout frame is empty or has a partial entry")
+    counts = struct.unpack(f"!{layout.nbytes // 4}I", layout)
+    if any(c < 1 for c in counts) or sum(counts) != len(frames) - 1:
+        raise ProtocolError(f"buffer layout {counts} does not match {len(frames) - 1} frames")
+    body_frames = [_buffer(f) for f in frames[1:1 + counts[0]]]
     buffers: list[memoryview] = []
-    if has_buffers:
-        if len(frames) < 2:
-            raise ProtocolError("buffer layout frame missing")
-        layout = _buffer(frames[1])
-        if layout.nbytes % 4:
-            raise ProtocolError("buffer layout frame has a partial entry")
-        counts = struct.unpack(f"!{layout.nbytes // 4}I", layout)
-        if any(c < 1 for c in counts) or sum(counts) != len(frames) - 2:
-            raise ProtocolError(f"buffer layout {counts} does not match {len(frames) - 2} frames")
-        i = 2
-        for count in counts:
-            if count == 1:
-                buffers.append(_aligned(_buffer(frames[i])))
-            else:
-                parts = [np.frombuffer(_buffer(f), dtype=np.uint8) for f in frames[i:i + count]]
-                joined = np.empty(sum(p.nbytes for p in parts), dtype=np.uint8)
-                offset = 0
-                for part in parts:  # the one copy on receive: numpy's memcpy, no temporaries
-                    joined[offset:offset + part.nbytes] = part
-                    offset += part.nbytes
-                buffers.append(memoryview(joined))
-            i += count
-    elif len(frames) != 1:
-        raise ProtocolError(f"{len(frames)} payload frames but no buffer layout")
-    return loads(body, buffers)
+    i = 1 + counts[0]
+    for count in counts[1:]:
+        if count == 1:
+            buffers.append(_aligned(_buffer(frames[i])))
+        else:
+            parts = [np.frombuffer(_buffer(f), dtype=np.uint8) for f in frames[i:i + count]]
+            joined = np.empty(sum(p.nbytes for p in parts), dtype=np.uint8)
+            offset = 0
+            for part in parts:  # the one copy on receive: numpy's memcpy, no temporaries
+                joined[offset:offset + part.nbytes] = part
+                offset += part.nbytes
+            buffers.append(memoryview(joined))
+        i += count
+    if len(body_frames) == 1:
+        return loads(body_frames[0], buffers)
+    return pickle.Unpickler(_PieceReader(body_frames), buffers=buffers).load()
+
+
+class _PieceReader:
+    """A read-only file over a pickle split into pieces, for ``pickle.Unpickler``.
+
+    Pickle protocol 5 writes 64 KB frames, which the unpickler reads one ``read`` call at a
+    time, so the split body is never joined into one big copy."""
+
+    def __init__(self, pieces: list[memoryview]) -> None:
+        self._pieces = pieces
+        self._index = 0
+        self._offset = 0
+
+    def read(self, size: int = -1) -> bytes:
+        out: list[memoryview] = []
+        want = size if size >= 0 else sum(p.nbytes for p in self._pieces)
+        while want > 0 and self._index < len(self._pieces):
+            piece = self._pieces[self._index]
+            take = piece[self._offset:self._offset + want]
+            out.append(take)
+            want -= take.nbytes
+            self._offset += take.nbytes
+            if self._offset >= piece.nbytes:
+                self._index += 1
+                self._offset = 0
+        return out[0].tobytes() if len(out) == 1 else b"".join(out)
+
+    def readinto(self, target: Any) -> int:
+        data = self.read(memoryview(target).nbytes)
+        memoryview(target).cast("B")[:len(data)] = data
+        return len(data)
+
+    def readline(self) -> bytes:
+        out: list[bytes] = []
+        while self._index < len(self._pieces):
+            rest = self._pieces[self._index][self._offset:]
+            found = _NEWLINE.search(rest)  # searches the view in place, no copy
+            if found is not None:
+                out.append(self.read(found.end()))
+                break
+            out.append(self.read(rest.nbytes))
+        return b"".join(out)
+
+
+class JoinedLists:
+    """A list sent as pieces already encoded by ``encode`` (each one a list): the receiver
+    unpickles one list, the concatenation. A store sends a block kept in segments this way
+    without unpickling or copying them: the pieces' frames travel as out-of-band buffers.
+
+    Args:
+        parts: ``(frames, has_layout)`` per piece, as ``encode`` returned them.
+    """
+
+    def __init__(self, parts: Sequence[tuple[Sequence[Any], bool]]) -> None:
+        self.parts = parts
+
+    def __reduce__(self) -> Any:
+        return (_join_lists, (tuple((has_layout, tuple(pickle.PickleBuffer(f) for f in frames))
+                                    for frames, has_layout in self.parts),))
+
+
+def _join_lists(parts: Sequence[tuple[bool, Sequence[Any]]]) -> list[Any]:
+    joined: list[Any] = []
+    for has_layout, frames in parts:
+        piece = decode(list(frames), bool(has_layout))
+        if not isinstance(piece, list):
+            raise ProtocolError(f"a joined list holds a {type(piece).__name__}, not a list")
+        joined.extend(piece)
+    return joined
 
 
 def loads(body: Any, buffers: Sequence[memoryview] = ()) -> Any:
-    """The one place actorpy unpickles. Only call with data from an authenticated peer."""
+    """The one place actorpy unpickles (with ``decode``, which calls the same unpickler on a
+    split body). Only call with data from an authenticated peer."""
     return pickle.loads(body, buffers=buffers)

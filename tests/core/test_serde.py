@@ -2,6 +2,7 @@
 band; chunking; decoded arrays writable; clear errors for what cannot be pickled or decoded."""
 from __future__ import annotations
 
+import pickle
 import struct
 import threading
 
@@ -188,7 +189,7 @@ class TestContainersAndFunctions:
         }
         frames, has_buffers = serde.encode(value)
         assert has_buffers
-        assert struct.unpack(f"!{len(memoryview(frames[1])) // 4}I", frames[1]) == (1,) * 4
+        assert struct.unpack(f"!{len(memoryview(frames[0])) // 4}I", frames[0]) == (1,) * 5
         got = local_roundtrip(value)
         assert_same_array(got["weights"][0], value["weights"][0])
         assert_same_tensor(got["weights"][1], value["weights"][1])
@@ -219,8 +220,8 @@ class TestOutOfBand:
         a = np.arange(1 << 18, dtype=np.float32)  # 1 MB
         frames, has_buffers = serde.encode(a)
         assert has_buffers and len(frames) == 3
-        assert len(frames[0]) < 1024, "array bytes leaked into the pickle body"
-        assert struct.unpack("!I", frames[1]) == (1,)
+        assert len(frames[1]) < 1024, "array bytes leaked into the pickle body"
+        assert struct.unpack("!2I", frames[0]) == (1, 1)
         chunk = np.frombuffer(frames[2], dtype=np.uint8)
         assert chunk.nbytes == a.nbytes and chunk.ctypes.data == a.ctypes.data  # no copy
 
@@ -231,7 +232,7 @@ class TestOutOfBand:
                           dtype=np.uint8)
         frames, _ = serde.encode(a, chunk_bytes=chunk)
         expected_chunks = -(-a.nbytes // chunk)
-        assert struct.unpack("!I", frames[1]) == (expected_chunks,)
+        assert struct.unpack("!2I", frames[0]) == (1, expected_chunks)
         assert len(frames) == 2 + expected_chunks
         assert [memoryview(f).nbytes for f in frames[2:]] == (
             [chunk] * (a.nbytes // chunk) + ([extra] if extra else []))
@@ -244,8 +245,8 @@ class TestOutOfBand:
         value = [np.arange(100, dtype=np.int64), np.arange(50_000, dtype=np.float64),
                  torch.arange(3)]
         frames, _ = serde.encode(value, chunk_bytes=64 << 10)
-        counts = struct.unpack("!3I", frames[1])
-        assert counts == (1, 7, 1)  # 400 KB in 64 KB pieces -> 7
+        counts = struct.unpack("!4I", frames[0])
+        assert counts == (1, 1, 7, 1)  # body, then 400 KB in 64 KB pieces -> 7
         got = local_roundtrip(value, chunk_bytes=64 << 10)
         assert_same_array(got[0], value[0])
         assert_same_array(got[1], value[1])
@@ -295,15 +296,16 @@ class TestErrors:
     @pytest.mark.parametrize("mutate, has_buffers, reason", [
         (lambda f: [], True, "no body"),
         (lambda f: [], False, "no body"),
-        (lambda f: f[:1], True, "layout frame missing"),
-        (lambda f: [f[0], b"\0\0\0\x01\0", *f[2:]], True, "partial entry"),
-        (lambda f: [f[0], struct.pack("!2I", 1, 0), *f[2:]], True, "does not match"),
-        (lambda f: [f[0], struct.pack("!2I", 1, 2), *f[2:]], True, "does not match"),
-        (lambda f: [f[0], struct.pack("!1I", 1), *f[2:]], True, "does not match"),
+        (lambda f: f[:1], True, "layout frame but no body"),
+        (lambda f: [b"\0\0\0\x01\0", *f[1:]], True, "partial entry"),
+        (lambda f: [b"", *f[1:]], True, "empty"),
+        (lambda f: [struct.pack("!3I", 1, 0, 1), *f[1:]], True, "does not match"),
+        (lambda f: [struct.pack("!3I", 1, 1, 2), *f[1:]], True, "does not match"),
+        (lambda f: [struct.pack("!2I", 1, 1), *f[1:]], True, "does not match"),
         (lambda f: f[:-1], True, "does not match"),
         (lambda f: [*f, b"extra"], True, "does not match"),
         (lambda f: f, False, "no buffer layout"),
-    ], ids=["empty-with-buffers", "empty", "no-layout", "partial-entry", "zero-count",
+    ], ids=["empty-with-buffers", "empty", "no-body", "partial-entry", "empty-layout", "zero-count",
             "count-too-big", "too-few-counts", "frame-missing", "frame-extra", "flag-clear"])
     def test_bad_layout_raises_protocol_error(self, mutate, has_buffers, reason):
         frames, flag = self._good()
@@ -316,3 +318,47 @@ class TestErrors:
     def test_unknown_torch_dtype_is_a_protocol_error(self, name):
         with pytest.raises(ProtocolError, match="unknown torch dtype"):
             serde._rebuild_tensor(np.zeros(4, np.uint8), name, (1,), False, False)
+
+
+class TestSplitBody:
+    def test_a_big_pickled_body_is_split_into_views_of_one_pickle(self, pipe):
+        rows = [(f"w{i}", i) for i in range(60_000)]
+        frames, has_layout = serde.encode(rows, chunk_bytes=64 << 10)
+        counts = struct.unpack(f"!{len(frames[0]) // 4}I", frames[0])
+        assert has_layout and len(counts) == 1 and counts[0] == len(frames) - 1 > 3
+        # No copy on send: every piece is a view of the same pickled bytes.
+        assert len({id(memoryview(f).obj) for f in frames[1:]}) == 1
+        assert all(memoryview(f).nbytes <= 64 << 10 for f in frames)
+        assert pipe(rows, chunk_bytes=64 << 10) == rows
+
+    def test_a_split_body_with_arrays(self, pipe):
+        value = {"rows": [(f"w{i}", i) for i in range(30_000)],
+                 "a": np.arange(100_000, dtype=np.float32)}
+        frames, _ = serde.encode(value, chunk_bytes=32 << 10)
+        counts = struct.unpack(f"!{len(frames[0]) // 4}I", frames[0])
+        assert len(counts) == 2 and counts[0] > 1 and counts[1] == -(-400_000 // (32 << 10))
+        got = pipe(value, chunk_bytes=32 << 10)
+        assert got["rows"] == value["rows"]
+        assert_same_array(got["a"], value["a"])
+
+    def test_a_big_body_under_the_chunk_size_is_one_view(self):
+        blob = bytes(range(256)) * 1024  # 256 KB
+        frames, has_layout = serde.encode(blob)
+        assert not has_layout and len(frames) == 1 and isinstance(frames[0], memoryview)
+        assert local_roundtrip(blob) == blob
+
+    def test_joined_lists_unpickle_as_one_list(self):
+        parts = [serde.encode(list(range(i * 100, (i + 1) * 100)), 256) for i in range(4)]
+        joined = serde.JoinedLists(parts)
+        frames, has_layout = serde.encode(joined, 512)
+        assert serde.decode([bytes(memoryview(f)) for f in frames], has_layout) == list(range(400))
+
+    @pytest.mark.parametrize("protocol", [0, 2, 5])
+    @pytest.mark.parametrize("piece", [1, 7, 4096])
+    def test_any_pickle_split_anywhere_reads_back(self, protocol, piece):
+        # Protocol 0 reads by lines (readline), 2 by small reads, 5 by 64 KB frames.
+        value = {"text": "line\nbreak" * 50, "n": list(range(300)), "f": 1.5, "b": b"\n\x00"}
+        body = pickle.dumps(value, protocol=protocol)
+        pieces = [body[i:i + piece] for i in range(0, len(body), piece)]
+        frames = [struct.pack("!I", len(pieces)), *pieces]
+        assert serde.decode(frames, True) == value

@@ -12,7 +12,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actorpy.errors import ProtocolError
+from actorpy.errors import ProtocolError, SerializationError
 from actorpy.runtime.node import Node
 from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
@@ -311,3 +311,56 @@ class TestLiveNode:
         wait_until(lambda: any("callback failed" in r.getMessage() for r in caplog.records),
                    5, "the handler failure to be logged")
         assert client.call("srv", SERVICE, ECHO, [1], timeout_s=10) == [1, 1]
+
+
+# --------------------------------------------------------------------------- frame limits
+LIMIT = 2 << 20
+
+
+@pytest.fixture(scope="module")
+def limited():
+    """Two Nodes over ipc that both refuse frames over 2 MB; the server echoes, or answers
+    with a live array it changes right after replying."""
+    where = private_dir()
+    security = Security.ipc()
+    server = Node("lsrv", f"ipc://{where}/lsrv", security, max_frame_bytes=LIMIT).start()
+    client = Node("lcli", f"ipc://{where}/lcli", security, max_frame_bytes=LIMIT).start()
+    live = np.zeros(1 << 20)  # 8 MB
+    server.on(SERVICE, ECHO, lambda msg: server.reply(msg, msg.payload()))
+
+    def answer_then_change(msg):
+        server.reply(msg, live)
+        live[:] += 1  # the replier moves on at once, as a PS shard applying the next push
+
+    server.on(SERVICE, 2, answer_then_change)
+    client.add_peer("lsrv", server.address, "worker")
+    server.add_peer("lcli", client.address, "driver")
+    yield server, client
+    client.close()
+    server.close()
+
+
+class TestFrameLimits:
+    def test_a_3mb_pickled_body_is_split_and_arrives(self, limited):
+        server, client = limited
+        blob = random.Random(3).randbytes(3 << 20)
+        frames = wm.assemble(SERVICE, ECHO, "lcli", blob, max_frame_bytes=LIMIT)
+        assert len(frames) == 4 and max(memoryview(f).nbytes for f in frames) <= LIMIT
+        assert client.call("lsrv", SERVICE, ECHO, blob, timeout_s=30) == blob
+        rows = [(f"key{i}", i) for i in range(250_000)]  # ~3.5 MB of pickle
+        assert client.call("lsrv", SERVICE, ECHO, rows, timeout_s=30) == rows
+
+    def test_a_frame_that_cannot_fit_fails_on_the_sender(self, limited):
+        server, client = limited
+        big = wm.Encoded.of(np.arange(1 << 20, dtype=np.float64), chunk_bytes=8 << 20)
+        with pytest.raises(SerializationError, match="max_frame_bytes"):
+            client.request("lsrv", SERVICE, ECHO, big)
+        with pytest.raises(SerializationError, match="max_frame_bytes is 40"):
+            wm.assemble(SERVICE, ECHO, "lcli", 1, max_frame_bytes=40)  # below the header
+        assert client.call("lsrv", SERVICE, ECHO, 5, timeout_s=10) == 5  # nothing broke
+
+    def test_a_reply_of_a_live_array_never_goes_out_half_updated(self, limited):
+        server, client = limited
+        seen = [client.call("lsrv", SERVICE, 2, timeout_s=30) for _ in range(6)]
+        assert [float(a[0]) for a in seen] == [float(i) for i in range(6)]
+        assert all(float(a.min()) == float(a.max()) for a in seen), "a torn reply"
