@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--top must be >= 0")
     t0 = time.perf_counter()
     try:
+        mapre.list_inputs(args.paths)  # a missing input fails before a cluster starts
         with apputil.connect_from_args(args) as cluster:
             counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s)
     except ActorpyError as exc:

@@ -240,7 +240,7 @@ def lineage(node: Node) -> str:
     current: Node | None = node
     while current is not None:
         parts.append(current.label())
-        if isinstance(current, Shuffle):
+        if isinstance(current, Shuffle) and current is not node:
             break
         kids = current.children()
         current = kids[0] if kids else None

@@ -36,10 +36,12 @@ class Progress:
         action: e.g. "collect".
         enabled: from ``wanted``.
         stages: how many stages the action is expected to run (grows on recomputation).
+        delay_s: a stage shorter than this draws nothing (no flicker for quick actions).
     """
 
-    def __init__(self, action: str, enabled: bool, stages: int) -> None:
+    def __init__(self, action: str, enabled: bool, stages: int, delay_s: float = 0.5) -> None:
         self.action = action
+        self.delay_s = delay_s
         self.enabled = enabled
         self.stages = stages
         self.index = 0
@@ -60,7 +62,7 @@ class Progress:
             self._bar.close()
         self._t0 = time.monotonic()
         self._rows = self._bytes = 0
-        self._bar = tqdm(total=tasks, file=sys.stderr, unit="part", leave=False, delay=0.5,
+        self._bar = tqdm(total=tasks, file=sys.stderr, unit="part", leave=False, delay=self.delay_s,
                          desc=f"{self.action} stage {self.index}/{self.stages} {name}"[:60])
 
     def advance(self, rows: int, nbytes: int) -> None:

@@ -103,8 +103,10 @@ class Job:
 
     def __exit__(self, *exc: object) -> None:
         self.progress.close()
-        if self.stored_on:
-            self.engine.delete(self.stored_on, (self.prefix + "/",), wait_s=5.0)
+        if self.stored_on:  # wait for it, but never beyond the action's own time limit
+            left = min(5.0, self.deadline - time.monotonic())
+            self.engine.delete(self.stored_on, (self.prefix + "/",),
+                               wait_s=left if left > 0 else None)
 
     # ---------------------------------------------------------------- entry points
     def run(self, node: P.Node, name: str, sink_for: Callable[[int], Any],
@@ -274,24 +276,37 @@ class Job:
         inflight: dict[Any, tuple[Key, NodeId, list[Any]]] = {}
         load: Counter[NodeId] = Counter()
         broken = False
-        while inflight or (pending and not broken):
-            self._absorb_losses()
-            if pending and not broken:
-                broken = self._dispatch(stage, pending, inflight, load, build)
-            if not inflight:
+        try:
+            while inflight or (pending and not broken):
+                self._absorb_losses()
                 if pending and not broken:
-                    raise JobFailed(f"{self.action}: no live workers left to run stage "
-                                    f"'{stage.name}'; start workers or reconnect")
-                break
-            done, _ = wait(list(inflight), timeout=min(0.25, self.left_s()),
-                           return_when=FIRST_COMPLETED)
-            for fut in done:
-                key, worker, reads = inflight.pop(fut)
-                load[worker] -= 1
-                status = self._settle(stage, key, worker, reads, fut)
-                if status is not _DONE:
-                    pending.append(key)
-                    broken = broken or status is _INPUT_LOST
+                    broken = self._dispatch(stage, pending, inflight, load, build)
+                if not inflight:
+                    if pending and not broken:
+                        raise JobFailed(f"{self.action}: no live workers left to run stage "
+                                        f"'{stage.name}'; start workers or reconnect")
+                    break
+                done, _ = wait(list(inflight), timeout=min(0.25, self.left_s()),
+                               return_when=FIRST_COMPLETED)
+                for fut in done:
+                    key, worker, reads = inflight.pop(fut)
+                    load[worker] -= 1
+                    status = self._settle(stage, key, worker, reads, fut)
+                    if status is not _DONE:
+                        pending.append(key)
+                        broken = broken or status is _INPUT_LOST
+        except BaseException as exc:
+            self._abandon(inflight, wait_s=0.0 if isinstance(exc, TimeoutError) else 10.0)
+            raise
+
+    def _abandon(self, inflight: dict[Any, Any], wait_s: float) -> None:
+        """The job fails: let running tasks finish (up to ``wait_s``) so that the blocks they
+        store are deleted with the job's (a timed-out job does not wait, and what its tasks
+        store after it gave up stays until the cluster ends)."""
+        for _, worker, _ in inflight.values():
+            self.stored_on.add(worker)
+        if inflight and wait_s > 0:
+            wait(list(inflight), timeout=min(wait_s, max(0.0, self.deadline - time.monotonic())))
 
     def _dispatch(self, stage: Stage, pending: deque[Key], inflight: dict[Any, Any],
                   load: Counter[NodeId], build: Build) -> bool:
@@ -350,7 +365,7 @@ class Job:
 
     def _user_error(self, stage: Stage, key: Key, exc: RemoteError) -> RemoteError:
         side = f" of input {key[0] + 1}" if len(stage.inputs) > 1 else ""
-        where = f"stage {stage.id} '{stage.name}' [{P.lineage(stage.inputs[key[0]])}], " \
+        where = f"stage '{stage.name}' [{P.lineage(stage.inputs[key[0]])}], " \
                 f"partition {key[1]}{side}"
         err = RemoteError(exc.remote_type, f"{exc.remote_message} (in {where})",
                           exc.remote_traceback, exc.node_id)
