@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 from actorpy.errors import NodeLost, RemoteError
 from engines.mapre import io
 from engines.mapre import plan as P
+from engines.mapre.codec import unpack
 from engines.mapre.engine import Engine
 from engines.mapre.errors import EmptyDatasetError, JobFailed
 from engines.mapre.scheduler import MAX_ATTEMPTS, Job, Stage
@@ -55,7 +56,7 @@ def _stream(job: Job, stage: Stage, part: int, sink_for: Callable[[int], Any]) -
         try:
             fut = cluster.fetch_async(worker, f"{key}/{done}") if done < payload else None
             while fut is not None:
-                data = fut.result(job.left_s())
+                data = unpack(fut.result(job.left_s()))
                 done += 1
                 fut = cluster.fetch_async(worker, f"{key}/{done}") if done < payload else None
                 yield from data

@@ -16,6 +16,7 @@ from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, RemoteError
+from engines.mapre.codec import pack, unpack
 from engines.mapre.errors import FetchFailed
 from engines.mapre.partition import (bucket_by_ids, bucket_keys, bucket_pairs, key_sampler,
                                      range_ids)
@@ -27,6 +28,7 @@ BLOCK_ITEMS = 100_000
 FETCH_WINDOW = 4
 
 _MISSING: Any = object()
+_DICT_ITEMS = type(iter({}.items()))
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ def bucket(spec: ShuffleSpec, items: Iterator[Any], map_part: int) -> list[list[
     ``spec.partitions`` buckets (order within a bucket follows the input)."""
     n, kind = spec.partitions, spec.kind
     if kind is ShuffleKind.REDUCE_BY_KEY:
+        if type(items) is _DICT_ITEMS:  # a dict's items (e.g. a Counter's): keys already distinct
+            return bucket_pairs(list(items), n)
         return bucket_pairs(list(combine(items, spec.fn).items()), n)  # type: ignore[arg-type]
     if kind is ShuffleKind.GROUP_BY_KEY:
         groups: dict[Any, list[Any]] = {}
@@ -96,11 +100,11 @@ def bucket(spec: ShuffleSpec, items: Iterator[Any], map_part: int) -> list[list[
     return bucket_pairs(items if isinstance(items, list) else list(items), n)
 
 
-def chunked(items: Sequence[Any], size: int = BLOCK_ITEMS) -> list[Sequence[Any]]:
-    """``items`` cut into lists of at most ``size`` (at least one, possibly empty)."""
+def chunked(items: Sequence[Any], size: int = BLOCK_ITEMS) -> list[Any]:
+    """``items`` cut into stored blocks of at most ``size`` items (at least one block)."""
     if len(items) <= size:
-        return [items]
-    return [items[i:i + size] for i in range(0, len(items), size)]
+        return [pack(items)]
+    return [pack(items[i:i + size]) for i in range(0, len(items), size)]
 
 
 def merge(spec: ShuffleSpec, sides: Sequence[Iterator[list[Any]]]) -> Iterator[Any]:
@@ -205,9 +209,7 @@ def fetch_blocks(ctx: Any, blocks: Sequence[Block], timeout_s: float) -> Iterato
 def _fetch_block(ctx: Any, node: str, key: str, fut: Any, timeout_s: float) -> list[Any]:
     """One stored chunk (the seam for a streaming ``ctx.fetch_iter``)."""
     try:
-        if fut is None:
-            return ctx.get(key)
-        return fut.result(timeout_s)
+        return unpack(ctx.get(key) if fut is None else fut.result(timeout_s))
     except KeyError:
         raise FetchFailed(node, key, "not in this worker's store") from None
     except (NodeLost, ActorpyTimeout, RemoteError) as exc:
