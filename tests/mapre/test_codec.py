@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from engines.mapre.codec import pack, unpack
 
-TEXT = st.text(alphabet=st.sampled_from(["a", "\x00", "é", " ", "日", ""]), max_size=4)
+TEXT = st.text(alphabet=st.sampled_from(["a", "\x00", "é", " ", "日"]), max_size=4)
 ITEMS = st.one_of(
     st.lists(TEXT),
     st.lists(st.tuples(TEXT, st.one_of(st.integers(), st.none(), st.lists(st.integers())))),
