@@ -1,6 +1,7 @@
 """Datasets from files, saving, caching, broadcasts, errors and clean-up, on a shared cluster."""
 from __future__ import annotations
 
+import gc
 import operator
 import os
 import threading
@@ -12,6 +13,7 @@ import pytest
 from actorpy.errors import ActorpyTimeout, RemoteError
 from engines import mapre
 from engines.mapre.progress import Progress
+from tests.conftest import wait_until
 from tests.mapre.conftest import stored_keys
 
 
@@ -99,6 +101,15 @@ class TestCache:
         assert stored_keys(cluster, "mapre/cache/") == 0
         assert d.count(timeout_s=60) == 100 and not d.is_cached
         assert len(os.listdir(tmp_path)) == 8
+
+    def test_a_forgotten_cache_is_freed(self, cluster):
+        d = mapre.from_items(cluster, range(1000), 3).map(lambda x: -x).cache()
+        assert d.count(timeout_s=60) == 1000
+        prefix = d._node.key_prefix + "/"
+        assert stored_keys(cluster, prefix) == 3
+        del d
+        gc.collect()
+        wait_until(lambda: stored_keys(cluster, prefix) == 0, 10, "the cache to be freed")
 
     def test_blocks_are_deleted_when_jobs_end(self, cluster):
         d = mapre.from_items(cluster, range(20_000), 4).map(lambda x: (x % 5000, x))
