@@ -137,11 +137,21 @@ class Dataset(Generic[T]):
         return self.map(lambda kv: (kv[0], fn(kv[1])))
 
     def keys(self: Dataset[tuple[K, V]]) -> Dataset[K]:
-        """The first element of every pair."""
+        """The first element of every pair.
+
+        Example::
+
+            counts.keys()                    # ("a", 3) -> "a"
+        """
         return self.map(_first)
 
     def values(self: Dataset[tuple[K, V]]) -> Dataset[V]:
-        """The second element of every pair."""
+        """The second element of every pair.
+
+        Example::
+
+            counts.values().fold(0, operator.add)                     # total count
+        """
         return self.map(_second)
 
     def union(self, *others: Dataset[T]) -> Dataset[T]:

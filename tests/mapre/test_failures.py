@@ -141,3 +141,17 @@ class TestWorkerKilled:
             assert cached.map(lambda x: x % 7).distinct().count(timeout_s=60) == \
                 len({x * x % 7 for x in range(3000)})
             assert _marks(marks, "C") == 6 + held
+
+    def test_collect_resumes_when_a_holder_of_unread_results_dies(self, tmp_path):
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
+            d = (mapre.from_items(cluster, range(30_000), partitions=6)
+                 .map_partitions(_mark_and_gate(marks, "S", free=10**6)).map(lambda x: x + 1))
+            stream = d.iterate(timeout_s=90)
+            got = [next(stream)]  # every partition is computed and stored; reading has begun
+            assert _marks(marks, "S") == 6
+            os.kill(_pid_of(cluster, cluster.workers()[0]), signal.SIGKILL)
+            got.extend(stream)
+        assert got == [x + 1 for x in range(30_000)]
+        assert _marks(marks, "S") > 6  # unread partitions of the dead worker were recomputed
