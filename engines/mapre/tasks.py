@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from itertools import chain, islice
@@ -167,10 +168,12 @@ class Collect:
 
     key: str
     inline_items: int
+    inline_bytes: int = 1 << 20
 
     def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
         data = list(items)
-        if len(data) <= self.inline_items:
+        # sizes are shallow (sys.getsizeof), enough to keep big items out of the reply
+        if len(data) <= self.inline_items and sum(map(sys.getsizeof, data)) <= self.inline_bytes:
             return ("inline", data), len(data)
         pieces = chunked(data)
         for c, piece in enumerate(pieces):

@@ -42,11 +42,11 @@ def _marks(folder: Path, prefix: str = "", pid: int | None = None) -> int:
 
 
 def _mark_and_gate(folder: Path, prefix: str, free: int):
-    """A partition function: leave a marker; past the first ``free`` partitions, wait for
-    the test's ``go`` file (at most 60 s) before reading the partition."""
+    """A partition function: leave a marker; past the first ``free`` partitions of this
+    worker, wait for the test's ``go`` file (at most 60 s) before reading the partition."""
     def run(items):
         (folder / f"{prefix}-{os.getpid()}-{uuid.uuid4().hex}").touch()
-        if _marks(folder, prefix) > free:
+        if _marks(folder, prefix, os.getpid()) > free:
             gate = threading.Event()
             for _ in range(6000):
                 if (folder / "go").exists():
@@ -90,7 +90,7 @@ class TestWorkerKilled:
             victim = cluster.workers()[0]
             pid = _pid_of(cluster, victim)
             counts = (mapre.load(cluster, str(corpus), split_bytes=64 << 10)
-                      .map_partitions(_mark_and_gate(marks, "M", free=2))
+                      .map_partitions(_mark_and_gate(marks, "M", free=1))
                       .flat_map(str.split).map(str.lower).filter(lambda w: w not in STOP)
                       .map(lambda w: (w, 1)).reduce_by_key(operator.add))
             partitions = counts.partitions
