@@ -60,6 +60,7 @@ def connect_from_args(args: argparse.Namespace, **settings: Any) -> Any:
 def print_json(value: Any, out: TextIO | None = None) -> None:
     """Write ``value`` as one JSON document on stdout (the only thing there with --json)."""
     out = sys.stdout if out is None else out
-    json.dump(value, out, ensure_ascii=False)
+    # dumps, not dump: dump writes each small piece separately (seconds for a big object)
+    out.write(json.dumps(value, ensure_ascii=False))
     out.write("\n")
     out.flush()

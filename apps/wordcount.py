@@ -1,0 +1,124 @@
+"""``actorpy wordcount``: count words in text files on a cluster (Actor's classic example).
+
+Lines are split on whitespace (``str.split()``), lower-cased, Actor's stop words are dropped,
+and the rest are counted. Each partition is counted with a C-level ``Counter`` and the counts
+are combined by ``reduce_by_key`` (map-side first, then one shuffle).
+
+    actorpy wordcount --workers 2 --top 10 books/*.txt
+    actorpy wordcount --json corpus/ > counts.json
+    actorpy wordcount --manager tcp://10.0.0.5:7400 --secret-file ~/.actorpy/secret data/
+"""
+from __future__ import annotations
+
+import argparse
+import operator
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from itertools import chain
+from typing import Any, Iterable, Iterator, Sequence
+
+from actorpy import apputil
+from actorpy.errors import ActorpyError
+from engines import mapre
+
+#: Actor's stop words (owlbarn/actor's wordcount example).
+STOP_WORDS = frozenset("a are is in it that this and to of so will can which for on an "
+                       "with the -".split())
+
+
+def count_partition(lines: Iterator[str]) -> Iterable[tuple[str, int]]:
+    """Word counts of one partition, stop words dropped (one Counter, filled in C).
+
+    Lower-casing a whole line before splitting it gives the same words as splitting first:
+    no character changes between whitespace and non-whitespace when lower-cased.
+    """
+    counts = Counter(chain.from_iterable(map(str.split, map(str.lower, lines))))
+    for word in STOP_WORDS:
+        counts.pop(word, None)
+    return counts.items()
+
+
+def word_counts(cluster: Any, paths: Sequence[str], *, timeout_s: float = 3600.0,
+                progress: bool | None = None) -> dict[str, int]:
+    """``{word: count}`` over every line of ``paths`` (files, directories or globs)."""
+    counts = (mapre.load(cluster, list(paths))
+              .map_partitions(count_partition)
+              .reduce_by_key(operator.add)
+              .collect(timeout_s=timeout_s, progress=progress))
+    return dict(counts)
+
+
+def format_top(counts: dict[str, int], k: int) -> list[str]:
+    """The ``k`` most frequent words as table lines (ties broken alphabetically)."""
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+    width = max([len(w) for w, _ in top] + [4])
+    lines = [f"{'rank':>4}  {'word':<{width}}  {'count':>10}"]
+    lines += [f"{i:>4}  {w:<{width}}  {n:>10,}" for i, (w, n) in enumerate(top, 1)]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="actorpy wordcount",
+                                     description="Count words in text files on a cluster.")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="text files, directories or globs (UTF-8, one line per record)")
+    parser.add_argument("--top", type=int, default=20, metavar="K",
+                        help="how many of the most frequent words to print (default 20)")
+    parser.add_argument("--timeout-s", type=float, default=3600.0,
+                        help="give up after this many seconds (default 3600)")
+    apputil.add_cluster_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.top < 0:
+        parser.error("--top must be >= 0")
+    t0 = time.perf_counter()
+    try:
+        mapre.list_inputs(args.paths)  # a missing input fails before a cluster starts
+        with apputil.connect_from_args(args) as cluster:
+            counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s)
+    except ActorpyError as exc:
+        print(f"actorpy wordcount: {exc}", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - t0
+    if args.json:
+        apputil.print_json(counts)
+        return 0
+    for line in format_top(counts, args.top):
+        print(line)
+    print(f"{sum(counts.values()):,} words, {len(counts):,} distinct, in {seconds:.2f} s")
+    return 0
+
+
+DEMO_TEXT = """It was the best of times, it was the worst of times, it was the age of wisdom,
+it was the age of foolishness, it was the epoch of belief, it was the epoch of incredulity,
+it was the season of Light, it was the season of Darkness, it was the spring of hope,
+it was the winter of despair, we had everything before us, we had nothing before us,
+we were all going direct to Heaven, we were all going direct the other way
+"""
+
+
+def demo() -> None:
+    """`actorpy demo` section: wordcount over a small generated corpus on 2 workers."""
+    import actorpy
+
+    print("\nwordcount (map-reduce engine): 2 workers, 200 copies of a Dickens opening "
+          "in 4 files")
+    with tempfile.TemporaryDirectory(prefix="actorpy-demo-") as tmp:
+        for i in range(4):
+            with open(os.path.join(tmp, f"part-{i}.txt"), "w", encoding="utf-8") as f:
+                f.write(DEMO_TEXT * 50)
+        t0 = time.perf_counter()
+        with actorpy.connect(workers=2) as cluster:
+            counts = word_counts(cluster, [tmp], timeout_s=120, progress=False)
+        expected = Counter(w.lower() for w in DEMO_TEXT.split() if w.lower() not in STOP_WORDS)
+        assert counts == {w: n * 200 for w, n in expected.items()}
+        print(f"  {sum(counts.values()):,} words counted in {time.perf_counter() - t0:.2f} s "
+              "(cluster start included); the top five:")
+        for line in format_top(counts, 5):
+            print("  " + line)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

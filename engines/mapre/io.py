@@ -1,0 +1,182 @@
+"""Text input and output: listing and splitting inputs (driver), reading one split and
+writing one part file (workers), and the output directory's commit protocol.
+
+A split owns the lines that *start* inside its byte range: a reader seeks to ``start - 1``,
+skips to the end of that line, and reads on until the line that covers byte ``end - 1`` is
+complete, so every line is read exactly once however the file is cut (Hadoop's rule). Input
+is read in blocks of a few MB cut at the last newline, so memory stays at one block (plus the
+longest line) whatever the file size.
+
+Output follows Hadoop/Spark: ``part-00000`` ... one per partition, each written under a
+hidden temporary name and renamed when complete, then an empty ``_SUCCESS`` marker.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import uuid
+from typing import Any, Iterable, Iterator, Sequence
+
+from engines.mapre.errors import InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.plan import Split
+
+#: Bytes read per block; each block is decoded and split into lines in C.
+READ_BLOCK_BYTES = 4 << 20
+#: Default size of one input split (one partition).
+DEFAULT_SPLIT_BYTES = 32 << 20
+SUCCESS = "_SUCCESS"
+_GLOB_CHARS = frozenset("*?[")
+
+
+def _data_files(directory: str) -> list[str]:
+    """Files in ``directory`` that hold data: names starting with ``_`` or ``.`` are
+    markers and temporaries (``_SUCCESS``, ``.part-00000.x.tmp``), as in Hadoop."""
+    names = sorted(n for n in os.listdir(directory) if not n.startswith(("_", ".")))
+    return [os.path.join(directory, n) for n in names if os.path.isfile(os.path.join(directory, n))]
+
+
+def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The files named by a path, a directory, a glob, or a list of those (sorted per entry).
+
+    Raises:
+        InputNotFound: an entry names no file (missing path, empty glob, empty directory).
+    """
+    entries = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not entries:
+        raise InputNotFound("mapre.load() was given an empty list of paths")
+    files: list[str] = []
+    for entry in entries:
+        path = os.fspath(entry)
+        if os.path.isdir(path):
+            found = _data_files(path)
+            if not found and not os.path.exists(os.path.join(path, SUCCESS)):
+                raise InputNotFound(f"directory {path!r} holds no data files")
+        elif os.path.isfile(path):
+            found = [path]
+        elif _GLOB_CHARS & set(path):
+            found = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+            if not found:
+                raise InputNotFound(f"the pattern {path!r} matches no file")
+        else:
+            raise InputNotFound(f"input path {path!r} does not exist")
+        files.extend(found)
+    return files
+
+
+def make_splits(files: Iterable[str], split_bytes: int) -> list[Split]:
+    """Cut each non-empty file into byte ranges of at most ``split_bytes``."""
+    if split_bytes < 1:
+        raise ValueError(f"split_bytes must be >= 1, got {split_bytes}")
+    splits = []
+    for path in files:
+        size = os.path.getsize(path)
+        for start in range(0, size, split_bytes):
+            splits.append(Split(path, start, min(start + split_bytes, size)))
+    return splits
+
+
+def read_split(split: Split, errors: str = "strict",
+               block_bytes: int = READ_BLOCK_BYTES) -> Iterator[list[str]]:
+    """The lines of ``split`` as lists of str, one list per block read (``\\n`` and
+    ``\\r\\n`` stripped).
+
+    Raises:
+        InputDecodeError: a byte is not valid UTF-8 and ``errors`` is "strict".
+    """
+    with open(split.path, "rb") as f:
+        pos = split.start  # file offset of the first byte not yet returned
+        if pos > 0:
+            f.seek(pos - 1)
+            pos += len(f.readline()) - 1  # the line covering start - 1 belongs to the split before
+        carry: list[bytes] = []
+        while pos < split.end:
+            block = f.read(block_bytes)
+            if not block:  # end of file: the last line has no newline
+                if carry:
+                    yield [_decode(b"".join(carry), split.path, pos, errors)]
+                return
+            cut = block.rfind(b"\n")
+            if cut < 0:
+                carry.append(block)
+                continue
+            body = b"".join([*carry, block[:cut + 1]]) if carry else block[:cut + 1]
+            rest = block[cut + 1:]
+            done = pos + len(body) > split.end
+            if done:  # keep the lines that start before end
+                body = body[:body.find(b"\n", max(split.end - 1 - pos, 0)) + 1]
+            text = _decode(body, split.path, pos, errors)
+            if "\r" in text:
+                text = text.replace("\r\n", "\n")
+            lines = text.split("\n")
+            lines.pop()  # body ends with a newline: the last piece is empty
+            yield lines
+            if done:
+                return
+            pos += len(body)
+            carry = [rest] if rest else []
+
+
+def _decode(data: bytes, path: str, offset: int, errors: str) -> str:
+    try:
+        return data.decode("utf-8", errors)
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start:exc.start + 4].hex(" ")
+        raise InputDecodeError(path, offset + exc.start, f"{exc.reason}, bytes {bad}") from None
+
+
+def prepare_output(directory: str, overwrite: bool) -> None:
+    """Make ``directory`` ready for ``save``, before any work starts.
+
+    Raises:
+        OutputExists: it already holds files and ``overwrite`` is False.
+    """
+    if os.path.isdir(directory) and os.listdir(directory):
+        if not overwrite:
+            raise OutputExists(f"output directory {directory!r} is not empty; choose a new "
+                               "directory or pass overwrite=True")
+        for name in os.listdir(directory):
+            if name.startswith(("part-", ".part-")) or name == SUCCESS:
+                os.remove(os.path.join(directory, name))
+    os.makedirs(directory, exist_ok=True)
+
+
+def part_name(part: int) -> str:
+    return f"part-{part:05d}"
+
+
+def write_part(items: Iterable[Any], directory: str, part: int) -> tuple[int, int]:
+    """Write one partition as ``part-NNNNN`` (one line per item, ``str()`` of non-str items);
+    readers never see a partial file. Returns (lines, bytes)."""
+    final = os.path.join(directory, part_name(part))
+    tmp = os.path.join(directory, f".{part_name(part)}.{uuid.uuid4().hex}.tmp")
+    rows = 0
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            batch: list[str] = []
+            for item in items:
+                batch.append(item if type(item) is str else str(item))
+                if len(batch) >= 8192:
+                    rows += len(batch)
+                    f.write("\n".join(batch) + "\n")
+                    batch = []
+            if batch:
+                rows += len(batch)
+                f.write("\n".join(batch) + "\n")
+            size = f.tell()
+        os.replace(tmp, final)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return rows, size
+
+
+def finish_output(directory: str, parts: int) -> None:
+    """Remove leftovers of failed attempts and parts beyond ``parts``, then mark success."""
+    for name in os.listdir(directory):
+        stale_tmp = name.startswith(".part-") and name.endswith(".tmp")
+        extra = name.startswith("part-") and name[5:].isdigit() and int(name[5:]) >= parts
+        if stale_tmp or extra:
+            os.remove(os.path.join(directory, name))
+    with open(os.path.join(directory, SUCCESS), "w"):
+        pass

@@ -1,0 +1,67 @@
+"""Where datasets come from: text files (``load``) and the driver's own items (``from_items``)."""
+from __future__ import annotations
+
+import codecs
+import os
+from typing import Any, Iterable, Sequence, TypeVar
+
+from actorpy.errors import ConfigError
+from engines.mapre import io
+from engines.mapre import plan as P
+from engines.mapre.dataset import Dataset
+from engines.mapre.engine import engine_for
+
+T = TypeVar("T")
+
+
+def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+         split_bytes: int = io.DEFAULT_SPLIT_BYTES, errors: str = "strict") -> Dataset[str]:
+    """Lines of text files: one item per line, ``\\n`` / ``\\r\\n`` stripped, UTF-8.
+
+    Each file is cut into byte ranges of ``split_bytes`` on line boundaries, one partition
+    each; every worker reads its own ranges, so no process ever holds a whole file. Paths
+    must be readable at the same path on every worker.
+
+    Args:
+        cluster: from ``actorpy.connect()``.
+        path: a file, a directory (its files, skipping ``_*`` and ``.*``), a glob, or a list.
+        split_bytes: bytes per partition (default 32 MiB).
+        errors: "strict" (an undecodable byte fails naming file and offset), "replace", ...
+
+    Raises:
+        InputNotFound: a path is missing or a glob matches nothing (before any work runs).
+
+    Example::
+
+        lines = mapre.load(cluster, "logs/*.txt", split_bytes=64 << 20)
+    """
+    try:
+        codecs.lookup_error(errors)
+    except LookupError:
+        raise ConfigError(f"errors={errors!r} is not a codec error handler; use 'strict' or "
+                          "'replace'") from None
+    if not isinstance(split_bytes, int) or split_bytes < 1:
+        raise ConfigError(f"split_bytes must be an integer >= 1, got {split_bytes!r}")
+    files = io.list_inputs(path)
+    where = os.fspath(path) if isinstance(path, (str, os.PathLike)) else f"{len(files)} files"
+    node = P.TextSource(tuple(io.make_splits(files, split_bytes)), errors, where)
+    return Dataset(engine_for(cluster), node)
+
+
+def from_items(cluster: Any, items: Iterable[T], partitions: int | None = None) -> Dataset[T]:
+    """A dataset of the driver's items, cut into ``partitions`` contiguous pieces
+    (default: one per worker). The items travel with the tasks that read them.
+
+    Example::
+
+        squares = mapre.from_items(cluster, range(1000), partitions=4).map(lambda x: x * x)
+    """
+    data = list(items)
+    engine = engine_for(cluster)
+    if partitions is None:
+        partitions = max(1, len(engine.workers()))
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise ConfigError(f"from_items: partitions must be an integer >= 1, got {partitions!r}")
+    n = len(data)
+    chunks = tuple(data[i * n // partitions:(i + 1) * n // partitions] for i in range(partitions))
+    return Dataset(engine, P.ItemsSource(chunks))

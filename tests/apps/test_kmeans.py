@@ -1,0 +1,23 @@
+"""`actorpy kmeans`: converges to the generating centres (iterations over a cached dataset)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from apps import kmeans
+
+
+def test_kmeans_finds_the_generating_centres(capsys):
+    assert kmeans.main(["--k", "4", "--points", "20000", "--dim", "3", "--partitions", "5",
+                        "--seed", "3", "--workers", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    centres = np.array(report["centres"])
+    points, true = kmeans.make_points(k=4, points=20_000, dim=3, seed=3)
+    assert np.allclose(report["true_centres"], true)
+    assert kmeans.centre_error(centres, true) < 0.05
+    assert 1 <= report["iterations"] <= 50
+    # the answer is a fixed point of Lloyd's step over all the points
+    sums, counts, inertia = kmeans.partial_sums(points, centres)
+    assert np.allclose(sums / counts[:, None], centres, atol=1e-6)
+    assert np.isclose(inertia, report["inertia"], rtol=1e-6)

@@ -1,0 +1,54 @@
+"""`actorpy wordcount`: the app end to end, as a user runs it, against collections.Counter."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+
+from apps import wordcount
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEXT = ("The cat and THE hat\r\nnaïve Café e\u0301te\u0301 日本 - of\n"
+        "a b\u00a0c it IS so  \t  will\nZebra zebra ZEBRA\n")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "actorpy", "wordcount", *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def test_json_output_equals_counter(tmp_path):
+    for i in range(3):
+        (tmp_path / f"t{i}.txt").write_text(TEXT * (i + 1), encoding="utf-8")
+    out = _run("--workers", "2", "--json", str(tmp_path / "t0.txt"), str(tmp_path / "t[12].txt"))
+    assert out.returncode == 0, out.stderr
+    expected = collections.Counter(w for w in TEXT.lower().split()
+                                   if w not in wordcount.STOP_WORDS)
+    assert json.loads(out.stdout) == {w: n * 6 for w, n in expected.items()}
+    assert "the" not in json.loads(out.stdout) and json.loads(out.stdout)["zebra"] == 18
+
+
+def test_table_and_missing_input(tmp_path):
+    (tmp_path / "t.txt").write_text(TEXT, encoding="utf-8")
+    out = _run("--workers", "1", "--top", "2", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].split() == ["1", "zebra", "3"] and len(lines) == 4
+    missing = _run("--workers", "1", str(tmp_path / "nope*.txt"))
+    assert missing.returncode == 1 and "nope*.txt" in missing.stderr
+
+
+def test_partition_counter_matches_split_then_lower():
+    lines = ["İstanbul ǅemal ŉ ΣΑΣ", "a\u2028b", "x\u00a0y"]
+    got = dict(wordcount.count_partition(iter(lines)))
+    expected = collections.Counter(w.lower() for line in lines for w in line.split()
+                                   if w.lower() not in wordcount.STOP_WORDS)
+    assert got == expected
+
+
+def test_demo_section_prints_the_top_words(capsys):
+    wordcount.demo()
+    out = capsys.readouterr().out
+    assert "wordcount (map-reduce engine)" in out and "was" in out and "1" in out

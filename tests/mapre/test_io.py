@@ -1,0 +1,103 @@
+"""Reading splits on line boundaries, decoding errors, inputs and outputs (no cluster)."""
+from __future__ import annotations
+
+import os
+import unicodedata
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engines.mapre import io
+from engines.mapre.errors import InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.plan import Split
+
+LINE = st.lists(st.sampled_from(["a", "é", "e\u0301", "\u00a0", " ", "\r", "日", "\t",
+                                 "\U0001f600", "z"]), max_size=12).map("".join)
+
+
+def reference_lines(data: bytes) -> list[str]:
+    """What one-item-per-line means: split on \\n, strip one \\r before it, no empty tail."""
+    pieces = data.decode("utf-8").split("\n")
+    last = pieces.pop()  # after the final newline: a last line without one, or nothing
+    return [p[:-1] if p.endswith("\r") else p for p in pieces] + ([last] if last else [])
+
+
+def read_all(path: str, size: int, split_bytes: int, block_bytes: int) -> list[str]:
+    splits = [Split(path, s, min(s + split_bytes, size)) for s in range(0, size, split_bytes)]
+    out: list[str] = []
+    for split in splits:
+        for lines in io.read_split(split, "strict", block_bytes):
+            out.extend(lines)
+    return out
+
+
+class TestReadSplit:
+    @given(st.lists(LINE, max_size=30), st.sampled_from(["\n", "\r\n"]), st.booleans(),
+           st.integers(1, 40), st.integers(1, 16))
+    @settings(max_examples=120, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    def test_every_line_once_whatever_the_cuts(self, tmp_path, lines, newline, trailing,
+                                               split_bytes, block_bytes):
+        data = newline.join(lines).encode() + (newline.encode() if trailing and lines else b"")
+        path = tmp_path / "f.txt"
+        path.write_bytes(data)
+        assert read_all(str(path), len(data), split_bytes, block_bytes) == reference_lines(data)
+
+    def test_crlf_and_unicode_are_kept_apart(self, tmp_path):
+        nfc, nfd = "café", unicodedata.normalize("NFD", "café")
+        data = f"{nfc}\r\n{nfd}\u00a0x\r\nlast\r".encode()
+        path = tmp_path / "u.txt"
+        path.write_bytes(data)
+        got = read_all(str(path), len(data), 5, 3)
+        assert got == [nfc, nfd + "\u00a0x", "last\r"]  # a lone \r at EOF is data
+
+    def test_undecodable_byte_names_file_and_offset(self, tmp_path):
+        path = tmp_path / "bad.txt"
+        path.write_bytes(b"good line\nsecond \xff line\n")
+        with pytest.raises(InputDecodeError) as info:
+            read_all(str(path), 27, 100, 4)
+        assert info.value.offset == 17 and info.value.path == str(path)
+        assert "bad.txt: byte offset 17" in str(info.value) and "errors='replace'" in str(info.value)
+        lines = [x for part in io.read_split(Split(str(path), 0, 27), "replace") for x in part]
+        assert lines == ["good line", "second \ufffd line"]
+
+
+class TestInputs:
+    def test_missing_path_glob_and_empty_dir_are_named(self, tmp_path):
+        with pytest.raises(InputNotFound, match="nope.txt"):
+            io.list_inputs(str(tmp_path / "nope.txt"))
+        with pytest.raises(InputNotFound, match=r"\*.log"):
+            io.list_inputs(str(tmp_path / "*.log"))
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(InputNotFound, match="no data files"):
+            io.list_inputs(str(tmp_path / "empty"))
+
+    def test_directory_skips_markers_and_temporaries(self, tmp_path):
+        for name in ("b.txt", "a.txt", "_SUCCESS", ".part-00000.x.tmp"):
+            (tmp_path / name).write_text("x\n")
+        assert io.list_inputs(str(tmp_path)) == [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+        assert io.list_inputs([str(tmp_path / "b.txt"), str(tmp_path / "a*")]) == \
+            [str(tmp_path / "b.txt"), str(tmp_path / "a.txt")]
+
+    def test_splits_cover_each_file(self, tmp_path):
+        (tmp_path / "a").write_bytes(b"x" * 10)
+        (tmp_path / "b").write_bytes(b"")
+        splits = io.make_splits([str(tmp_path / "a"), str(tmp_path / "b")], 4)
+        assert [(s.start, s.end) for s in splits] == [(0, 4), (4, 8), (8, 10)]
+
+
+class TestOutput:
+    def test_parts_are_renamed_into_place_and_marked(self, tmp_path):
+        out = str(tmp_path / "out")
+        io.prepare_output(out, overwrite=False)
+        assert io.write_part(["a", 1, "ü"], out, 0) == (3, len("a\n1\nü\n".encode()))
+        io.write_part([], out, 1)
+        with open(os.path.join(out, ".part-00002.dead.tmp"), "w"):
+            pass  # left by a worker that died mid-write
+        io.finish_output(out, 2)
+        assert sorted(os.listdir(out)) == ["_SUCCESS", "part-00000", "part-00001"]
+        with pytest.raises(OutputExists, match="overwrite=True"):
+            io.prepare_output(out, overwrite=False)
+        io.prepare_output(out, overwrite=True)
+        assert os.listdir(out) == []

@@ -1,0 +1,169 @@
+"""Datasets from files, saving, caching, broadcasts, errors and clean-up, on a shared cluster."""
+from __future__ import annotations
+
+import gc
+import operator
+import os
+import threading
+import unicodedata
+import uuid
+
+import pytest
+
+from actorpy.errors import ActorpyTimeout, RemoteError
+from engines import mapre
+from engines.mapre.progress import Progress
+from tests.conftest import wait_until
+from tests.mapre.conftest import stored_keys
+
+
+def job_keys(cluster) -> int:
+    return stored_keys(cluster, f"mapre/{cluster.node_id}-j")
+
+
+class TestLoad:
+    def test_unicode_crlf_and_nbsp_across_splits(self, cluster, tmp_path):
+        nfc = "café crème"
+        nfd = unicodedata.normalize("NFD", nfc)
+        lines = [nfc, nfd, "a\u00a0b c", "", "日本語 テキスト", "tab\there"] * 50
+        (tmp_path / "one.txt").write_bytes("\r\n".join(lines).encode() + b"\r\n")
+        (tmp_path / "two.txt").write_bytes("\n".join(lines).encode())
+        d = mapre.load(cluster, str(tmp_path / "*.txt"), split_bytes=97)
+        assert d.partitions > 10
+        assert d.collect(timeout_s=60) == lines + lines
+        words = d.flat_map(str.split).map(lambda w: (w, 1)).reduce_by_key(operator.add)
+        expected: dict = {}
+        for w in (w for line in lines + lines for w in line.split()):
+            expected[w] = expected.get(w, 0) + 1
+        assert dict(words.collect(timeout_s=60)) == expected
+        assert expected[nfc.split()[0]] == expected[nfd.split()[0]] == 100  # NFC != NFD
+
+    def test_a_single_50_mb_line(self, cluster, tmp_path):
+        big = ("0123456789abcdef" * (50_000_000 // 16 + 1))[:50_000_000]
+        path = tmp_path / "big.txt"
+        with open(path, "w") as f:
+            f.write("head\n" + big + "\ntail\n")
+        d = mapre.load(cluster, str(path), split_bytes=8 << 20)
+        assert d.map(len).collect(timeout_s=120) == [4, 50_000_000, 4]
+        got = d.filter(lambda line: len(line) > 10).collect(timeout_s=120)
+        assert len(got) == 1 and got[0] == big
+
+    def test_missing_input_fails_before_any_work(self, cluster, tmp_path):
+        with pytest.raises(mapre.InputNotFound, match="nothing-here"):
+            mapre.load(cluster, str(tmp_path / "nothing-here" / "*.txt"))
+        with pytest.raises(FileNotFoundError, match="missing.txt"):
+            mapre.load(cluster, [str(tmp_path / "missing.txt")])
+
+    def test_undecodable_input_names_file_and_offset(self, cluster, tmp_path):
+        path = tmp_path / "latin1.txt"
+        path.write_bytes(b"fine\n" * 1000 + b"caf\xe9\n")
+        with pytest.raises(RemoteError) as info:
+            mapre.load(cluster, str(path), split_bytes=1000).count(timeout_s=60)
+        assert f"{path}: byte offset 5003 is not valid UTF-8" in str(info.value)
+        assert isinstance(info.value.__cause__, mapre.InputDecodeError)
+        assert info.value.__cause__.offset == 5003
+        replaced = mapre.load(cluster, str(path), errors="replace").collect(timeout_s=60)
+        assert replaced[-1] == "caf\ufffd" and len(replaced) == 1001
+
+
+class TestSave:
+    def test_round_trip_keeps_order_and_marks_success(self, cluster, tmp_path):
+        data = [f"line {i} ü" for i in range(100)]
+        out = tmp_path / "out"
+        d = mapre.from_items(cluster, data, partitions=5)
+        assert d.save(str(out), timeout_s=60) == str(out)
+        assert sorted(os.listdir(out)) == ["_SUCCESS"] + [f"part-{i:05d}" for i in range(5)]
+        assert mapre.load(cluster, str(out)).collect(timeout_s=60) == data
+        with pytest.raises(mapre.OutputExists):
+            d.save(str(out))
+        d.map(str.upper).save(str(out), overwrite=True, timeout_s=60)
+        assert mapre.load(cluster, str(out)).collect(timeout_s=60) == [s.upper() for s in data]
+
+    def test_empty_dataset_saves_and_loads(self, cluster, tmp_path):
+        out = str(tmp_path / "empty")
+        mapre.from_items(cluster, [], partitions=2).save(out, timeout_s=60)
+        assert mapre.load(cluster, out).collect(timeout_s=60) == []
+
+
+class TestCache:
+    def test_second_action_reads_the_cache(self, cluster, tmp_path):
+        def mark(it):
+            (tmp_path / uuid.uuid4().hex).touch()
+            return [x * 2 for x in it]
+        d = mapre.from_items(cluster, range(100), partitions=4).map_partitions(mark).cache()
+        assert not d.is_cached
+        assert d.count(timeout_s=60) == 100 and d.is_cached
+        assert d.collect(timeout_s=60) == [x * 2 for x in range(100)]
+        assert d.map(lambda x: (x % 3, x)).reduce_by_key(operator.add).count(timeout_s=60) == 3
+        assert len(os.listdir(tmp_path)) == 4  # computed once per partition
+        assert stored_keys(cluster, "mapre/cache/") >= 4
+        d.unpersist()
+        assert stored_keys(cluster, "mapre/cache/") == 0
+        assert d.count(timeout_s=60) == 100 and not d.is_cached
+        assert len(os.listdir(tmp_path)) == 8
+
+    def test_a_forgotten_cache_is_freed(self, cluster):
+        d = mapre.from_items(cluster, range(1000), 3).map(lambda x: -x).cache()
+        assert d.count(timeout_s=60) == 1000
+        prefix = d._node.key_prefix + "/"
+        assert stored_keys(cluster, prefix) == 3
+        del d
+        gc.collect()
+        wait_until(lambda: stored_keys(cluster, prefix) == 0, 10, "the cache to be freed")
+
+    def test_blocks_are_deleted_when_jobs_end(self, cluster):
+        d = mapre.from_items(cluster, range(20_000), 4).map(lambda x: (x % 5000, x))
+        assert len(d.group_by_key(3).sort_by(lambda kv: kv[0]).collect(timeout_s=60)) == 5000
+        assert job_keys(cluster) == 0
+        it = d.reduce_by_key(operator.add, 3).iterate(timeout_s=60)
+        next(it)
+        it.close()  # abandoned half way
+        assert job_keys(cluster) == 0
+
+    def test_broadcast_is_read_in_tasks(self, cluster):
+        table = mapre.broadcast(cluster, {i: i * i for i in range(1000)})
+        d = mapre.from_items(cluster, range(1000), 3)
+        assert d.map(lambda i: table.value[i]).collect(timeout_s=60) == [i * i for i in range(1000)]
+        assert table.value[9] == 81 and stored_keys(cluster, table.key) == len(cluster.workers())
+        table.unpersist()
+        assert stored_keys(cluster, table.key) == 0
+
+
+class TestErrors:
+    def test_user_error_names_stage_partition_and_node(self, cluster):
+        def risky(x):
+            return 10 // (x - 7)
+        d = mapre.from_items(cluster, range(10), partitions=3).map(risky)
+        with pytest.raises(RemoteError) as info:
+            d.map(lambda x: (x, 1)).reduce_by_key(operator.add).collect(timeout_s=60)
+        err = info.value
+        assert err.remote_type == "ZeroDivisionError"
+        assert "stage 'reduce_by_key (map side)'" in str(err) and "partition 2" in str(err)
+        assert "from_items -> map(" in str(err) and err.node_id in cluster.workers()
+        assert "in risky" in err.remote_traceback
+        assert isinstance(err.__cause__, ZeroDivisionError)
+        assert job_keys(cluster) == 0  # a failed job cleans up too
+
+    def test_timeout_is_a_timeout_error(self, cluster):
+        slow = mapre.from_items(cluster, [1.0], 1).map(lambda s: threading.Event().wait(s))
+        with pytest.raises(TimeoutError, match="did not finish within 0.2 s"):
+            slow.collect(timeout_s=0.2)
+        with pytest.raises(ActorpyTimeout):
+            slow.count(timeout_s=0.1)
+
+
+class TestProgress:
+    def test_bar_shows_stage_and_partitions(self, capsys):
+        progress = Progress("collect", True, 2, delay_s=0)
+        progress.stage("reduce_by_key (map side)", 3)
+        for _ in range(3):
+            progress.advance(rows=1000, nbytes=1 << 20)
+        line = str(progress._bar)
+        progress.close()
+        assert "collect stage 1/2 reduce_by_key" in capsys.readouterr().err
+        assert "3/3" in line and "rows/s" in line and "MB/s" in line
+
+    def test_silent_when_disabled(self, cluster, capsys, monkeypatch):
+        monkeypatch.setenv("ACTORPY_PROGRESS", "0")
+        assert mapre.from_items(cluster, range(10), 2).count(timeout_s=60, progress=None) == 10
+        assert capsys.readouterr().err == ""
