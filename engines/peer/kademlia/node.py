@@ -29,8 +29,8 @@ from .events import Done, Effects, KademliaConfig, OpKind, Send, SetTimer, Timer
 from .ids import KadId, random_id, random_id_in_range, shared_prefix_len, short
 from .lookup import Lookup
 from .routing import Contact, RoutingTable
-from .rpc import (REPLY_KINDS, REQUEST_KINDS, FindNode, FindValue, Kind, Message, Nodes, Ping,
-                  Pong, Store, Stored, Value, decode)
+from .rpc import (MESSAGE_TYPES, REPLY_KINDS, REQUEST_KINDS, FindNode, FindValue, Kind, Message,
+                  Nodes, Ping, Pong, Store, Stored, Value, decode)
 from .services import picks_from_subtree, sample_depth, table_size_estimate
 from .storage import MemoryStorage, Storage
 
@@ -166,15 +166,15 @@ class KademliaNode:
         return table_size_estimate(self.routing)
 
     # ------------------------------------------------------------ shell calls
-    def receive(self, sender_address: str, message: Message | tuple | list,
-                now: float) -> Effects:
+    def receive(self, sender_address: str, message: object, now: float) -> Effects:
         """Handle one message from ``sender_address`` (a decoded ``Message`` or its wire form).
 
         Raises:
             ProtocolError: malformed, unsolicited, or claiming an id it does not own; nothing
                 was changed. The shell logs it and keeps serving.
         """
-        if isinstance(message, (tuple, list)):
+        if type(message) not in MESSAGE_TYPES:
+            # anything but our own message objects is wire data from a peer: validate it all
             message = decode(message, max_contacts=self.config.ksize,
                              max_value_bytes=self.config.max_value_bytes)
         sender = Contact(message.sender_id, sender_address)

@@ -13,7 +13,6 @@ True
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable, ClassVar, Union
@@ -28,6 +27,7 @@ MAX_CONTACTS = 64            # a NODES reply holds at most this many (nodes also
 MAX_VALUE_BYTES = 1 << 20    # big tensors travel on the core's data frames, not in STORE
 MAX_ADDRESS_CHARS = 256
 MAX_RPC_ID = (1 << 64) - 1
+MAX_TTL_S = 1e9              # ~31 years; nodes cap it at their own ttl_s anyway
 
 
 class Kind(IntEnum):
@@ -125,6 +125,8 @@ class Value:
 
 Message = Union[Ping, Pong, Store, Stored, FindNode, Nodes, FindValue, Value]
 Request = Union[Ping, Store, FindNode, FindValue]
+#: The message classes (what ``receive`` accepts besides wire tuples).
+MESSAGE_TYPES = frozenset({Ping, Pong, Store, Stored, FindNode, Nodes, FindValue, Value})
 REQUEST_KINDS = frozenset({Kind.PING, Kind.STORE, Kind.FIND_NODE, Kind.FIND_VALUE})
 #: Which reply kinds answer which request kind.
 REPLY_KINDS: dict[Kind, frozenset[Kind]] = {
@@ -153,14 +155,36 @@ def encode(msg: Message) -> WireMessage:
     return head
 
 
+def brief(value: object, limit: int = 40) -> str:
+    """A short description of a received value for error messages; never raises.
+
+    A hostile peer chooses what we describe: ``repr`` of an int of more than 4 300 digits
+    raises ``ValueError``, of a deeply nested list ``RecursionError``, and of a huge list it
+    costs time, so only plain scalars are shown and containers by type and length.
+
+    >>> brief(10 ** 5000), brief([[[]]]), brief(b"x" * 100, 8)
+    ('an int of 16610 bits', 'list of length 1', "b'xxxxxxx")
+    """
+    kind = type(value)
+    if kind is int and value.bit_length() > 64:  # type: ignore[attr-defined]
+        return f"an int of {value.bit_length()} bits"  # type: ignore[attr-defined]
+    if kind in (int, float, bool, type(None)):
+        return repr(value)[:limit]
+    if kind in (bytes, str):
+        return repr(value[:limit])[:limit]  # type: ignore[index]
+    if kind in (list, tuple, dict, set, frozenset, bytearray):
+        return f"{kind.__name__} of length {len(value)}"  # type: ignore[arg-type]
+    return f"a {kind.__name__}"
+
+
 def _int(value: object, what: str, lo: int, hi: int) -> int:
     if type(value) is not int or not lo <= value <= hi:
-        raise ProtocolError(f"{what} must be an int in [{lo}, {hi}], got {value!r:.40}")
+        raise ProtocolError(f"{what} must be an int in [{lo}, {hi}], got {brief(value)}")
     return value
 
 
 def _bytes(value: object, what: str, max_len: int) -> bytes:
-    if not isinstance(value, bytes):
+    if type(value) is not bytes:
         raise ProtocolError(f"{what} must be bytes, got {type(value).__name__}")
     if len(value) > max_len:
         raise ProtocolError(f"{what} is {len(value)} bytes, over the limit of {max_len}")
@@ -168,27 +192,27 @@ def _bytes(value: object, what: str, max_len: int) -> bytes:
 
 
 def _address(value: object) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ADDRESS_CHARS:
+    if type(value) is not str or not 0 < len(value) <= MAX_ADDRESS_CHARS:
         raise ProtocolError(f"address must be a non-empty str of <= {MAX_ADDRESS_CHARS} chars")
     return value
 
 
 def _ttl(value: object) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) \
-            or not math.isfinite(value) or value <= 0:
-        raise ProtocolError(f"ttl_s must be a positive finite number, got {value!r:.40}")
-    return float(value)
+    # Compare before converting: float() and math.isfinite overflow on ints past 1e308.
+    if type(value) not in (int, float) or not 0 < value <= MAX_TTL_S:  # type: ignore[operator]
+        raise ProtocolError(f"ttl_s must be a number in (0, {MAX_TTL_S:g}], got {brief(value)}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def _contacts(value: object, max_contacts: int) -> tuple[Contact, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ProtocolError(f"contacts must be a list, got {type(value).__name__}")
+    if type(value) not in (list, tuple):
+        raise ProtocolError(f"contacts must be a list, got {brief(value)}")
     if len(value) > max_contacts:
         raise ProtocolError(f"{len(value)} contacts, over the limit of {max_contacts}")
     out: list[Contact] = []
     seen: set[int] = set()
     for item in value:
-        if not isinstance(item, (list, tuple)) or len(item) != 2:
+        if type(item) not in (list, tuple) or len(item) != 2:
             raise ProtocolError("each contact must be an (id, address) pair")
         node_id = id_from_bytes(item[0])
         if node_id in seen:
@@ -219,12 +243,14 @@ def decode(wire: object, *, max_contacts: int = MAX_CONTACTS,
     ...
     actorpy.errors.ProtocolError: unknown message kind 99
     """
-    if not isinstance(wire, (tuple, list)) or len(wire) < 4:
-        raise ProtocolError("message must be a tuple (version, kind, rpc_id, sender_id, ...)")
-    if wire[0] != PROTOCOL_VERSION or type(wire[0]) is not int:
-        raise ProtocolError(f"unsupported protocol version {wire[0]!r:.20}")
+    if type(wire) not in (tuple, list) or len(wire) < 4:  # type: ignore[arg-type]
+        raise ProtocolError("message must be a tuple (version, kind, rpc_id, sender_id, ...), "
+                            f"got {brief(wire)}")
+    assert isinstance(wire, (tuple, list))
+    if type(wire[0]) is not int or wire[0] != PROTOCOL_VERSION:
+        raise ProtocolError(f"unsupported protocol version {brief(wire[0])}")
     if type(wire[1]) is not int or wire[1] not in _ARITY:
-        raise ProtocolError(f"unknown message kind {wire[1]!r:.20}")
+        raise ProtocolError(f"unknown message kind {brief(wire[1])}")
     kind = Kind(wire[1])
     if len(wire) != 4 + _ARITY[kind]:
         raise ProtocolError(f"{kind.name} takes {_ARITY[kind]} fields, got {len(wire) - 4}")

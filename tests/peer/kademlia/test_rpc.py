@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from actorpy.errors import ProtocolError
 from engines.peer.kademlia.events import KademliaConfig
@@ -12,7 +14,7 @@ from engines.peer.kademlia.ids import KadId, id_to_bytes
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.routing import Contact
 from engines.peer.kademlia.rpc import (PROTOCOL_VERSION, FindNode, FindValue, Kind, Nodes, Ping,
-                                       Pong, Store, Stored, Value, decode, encode)
+                                       Pong, Store, Stored, Value, brief, decode, encode)
 
 A, B = KadId(0xA << 150), KadId(0xB << 150)
 MESSAGES = [
@@ -138,3 +140,83 @@ class TestNodeRejectsImpostorReplies:
         with pytest.raises(ProtocolError, match="another id"):
             node.receive("a", encode(Nodes(query.message.rpc_id, KadId(12345), ())), now=1.1)
         assert node.routing.contacts() == [Contact(A, "a")]
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# Anything a peer could put in a message: scalars (ints far past 4 300 digits and floats past
+# 1e308 included), containers nested a few levels, and types the codec never produces.
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=10 ** 4400, max_value=10 ** 4500),
+    st.floats(allow_nan=True, allow_infinity=True), st.binary(max_size=40),
+    st.text(max_size=20), st.just(bytes(20)), st.just(id_to_bytes(A)))
+ANY = st.recursive(SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=5), st.lists(inner, max_size=5).map(tuple),
+    st.dictionaries(st.text(max_size=3), inner, max_size=3)), max_leaves=12)
+VALID_WIRES = [encode(m) for m in MESSAGES]
+HOSTILE = [
+    b"\x01\x05", None, 7, 10 ** 5000, {"kind": 1}, 1.5, "PING", [], (), _nested(100_000),
+    (10 ** 5000, 1, 0, bytes(20)), (1, 10 ** 5000, 0, bytes(20)), (1, 1, 10 ** 5000, bytes(20)),
+    (1, 3, 0, bytes(20), bytes(20), b"v", 10 ** 400), (1, 3, 0, bytes(20), bytes(20), b"v", 1e300),
+    (_nested(100_000), 1, 0, bytes(20)), (1, _nested(100_000), 0, bytes(20)),
+    (1, 6, 0, bytes(20), _nested(100_000)), (1, 6, 0, bytes(20), [_nested(100_000)]),
+    (1, 6, 0, bytes(20), [(bytes(20), _nested(100_000))]),
+]
+
+
+class TestHostileInput:
+    """Every malformed input ends as a ProtocolError with the routing table untouched: a shell
+    that catches only ProtocolError must never be stopped by one packet."""
+
+    def _node(self) -> KademliaNode:
+        node = KademliaNode(KadId(1), "me", KademliaConfig(ksize=4), rng=random.Random(0))
+        node.receive("a", encode(Ping(9, A)), now=0.0)
+        return node
+
+    def _check(self, node: KademliaNode, wire: object) -> bool:
+        before = TestNodeRejects._snapshot(TestNodeRejects(), node)
+        try:
+            node.receive("evil", wire, now=1.0)
+        except ProtocolError:
+            assert TestNodeRejects._snapshot(TestNodeRejects(), node) == before
+            return False
+        return True
+
+    @pytest.mark.parametrize("wire", HOSTILE, ids=lambda w: brief(w, 20))
+    def test_each_reported_defect_is_a_protocol_error(self, wire: object) -> None:
+        with pytest.raises(ProtocolError):
+            decode(wire)
+        assert not self._check(self._node(), wire)
+
+    def test_brief_never_raises(self) -> None:
+        assert brief(10 ** 5000) == "an int of 16610 bits"
+        assert brief(_nested(100_000)) == "list of length 1"
+        assert brief(object()).startswith("a ")
+
+    def _codec_accepts(self, wire: object) -> bool:
+        try:
+            decode(wire, max_contacts=4)
+        except ProtocolError:
+            return False
+        return True
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(wire=ANY)
+    def test_arbitrary_values(self, wire: object) -> None:
+        codec_ok = self._codec_accepts(wire)
+        accepted = self._check(self._node(), wire)   # raises if anything but ProtocolError
+        assert codec_ok or not accepted               # what the codec refuses, the node refuses
+
+    @settings(max_examples=400, deadline=None)
+    @given(base=st.sampled_from(VALID_WIRES), data=st.data())
+    def test_valid_messages_with_one_field_replaced(self, base: tuple, data: st.DataObject) -> None:
+        position = data.draw(st.integers(0, len(base) - 1))
+        wire = base[:position] + (data.draw(ANY),) + base[position + 1:]
+        codec_ok = self._codec_accepts(wire)
+        accepted = self._check(self._node(), wire)
+        assert codec_ok or not accepted
