@@ -163,7 +163,7 @@ def brief(value: object, limit: int = 40) -> str:
     costs time, so only plain scalars are shown and containers by type and length.
 
     >>> brief(10 ** 5000), brief([[[]]]), brief(b"x" * 100, 8)
-    ('an int of 16610 bits', 'list of length 1', "b'xxxxxxx")
+    ('an int of 16610 bits', 'list of length 1', "b'xxxxxx")
     """
     kind = type(value)
     if kind is int and value.bit_length() > 64:  # type: ignore[attr-defined]
