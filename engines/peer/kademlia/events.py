@@ -24,27 +24,30 @@ class KademliaConfig:
         replication: how many of the closest nodes store a value (default: ``ksize``).
         rpc_timeout_s: how long to wait for a reply before the contact counts as failed.
         max_failures: consecutive unanswered RPCs after which a contact is dropped from the
-            table and skipped for ``dead_for_s`` (one failed PING always suffices); a single
-            loss only takes it out of the lookup in progress.
+            table and skipped for ``dead_for_s``. After a miss short of that, the contact is
+            PINGed and not handed out until it answers, so one lost message costs nothing.
         dead_for_s: how long a dropped contact is skipped when other nodes return it.
         refresh_interval_s: a bucket with no lookup in this long gets a random-id lookup.
         republish_interval_s: how often stored keys are re-sent to the current k closest.
         ttl_s: lifetime of a value unless its origin republishes it.
         refresh_on_join: after the self-lookup, refresh buckets beyond the closest neighbour.
         max_value_bytes: the largest value accepted in STORE / VALUE.
+        sample_cache_s: how long a subtree's membership found for peer sampling is reused
+            (0: never); dead peers leave it at once, live newcomers join it when heard from.
     """
 
     ksize: int = 20
     alpha: int = 3
     replication: int | None = None
     rpc_timeout_s: float = 2.0
-    max_failures: int = 1
+    max_failures: int = 2
     dead_for_s: float = 300.0
     refresh_interval_s: float = 3600.0
     republish_interval_s: float = 3600.0
     ttl_s: float = 86400.0
     refresh_on_join: bool = True
     max_value_bytes: int = MAX_VALUE_BYTES
+    sample_cache_s: float = 60.0
 
     @property
     def copies(self) -> int:
@@ -61,16 +64,17 @@ class TimerKind(IntEnum):
 
 
 class OpKind(IntEnum):
-    """Operations a node runs; the first five are started by its user."""
+    """Operations a node runs; the first six are started by its user."""
 
     FIND_NODE = 1
     FIND_VALUE = 2
     STORE = 3
     JOIN = 4
     SAMPLE = 5
-    REFRESH = 6
-    REPUBLISH = 7
-    SAMPLE_TRY = 8
+    MEMBERS = 6
+    REFRESH = 7
+    REPUBLISH = 8
+    SUBTREE = 9
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,10 @@ class Done:
 
     Attributes:
         op_id: what the starting call returned.
-        kind: FIND_NODE, FIND_VALUE, STORE, JOIN or SAMPLE.
+        kind: FIND_NODE, FIND_VALUE, STORE, JOIN, SAMPLE or MEMBERS.
         target: the id looked up (the key for FIND_VALUE / STORE).
-        contacts: the closest contacts that answered (SAMPLE: the sampled peers).
+        contacts: the closest contacts that answered (SAMPLE: the sampled peers; MEMBERS:
+            every peer found).
         value: FIND_VALUE's value, or None when not found.
         stored_on: STORE: the contacts that acknowledged (plus this node if it stores a copy).
         rounds: lookup rounds (hops); rpcs: requests sent; elapsed_s: time on the node's clock.

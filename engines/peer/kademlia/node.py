@@ -18,7 +18,6 @@ the clock. It calls ``receive(sender_address, message, now)`` for each arriving 
 from __future__ import annotations
 
 import logging
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -26,19 +25,18 @@ from typing import Callable, Iterable
 from actorpy.errors import ProtocolError
 
 from .events import Done, Effects, KademliaConfig, OpKind, Send, SetTimer, TimerKind
-from .ids import KadId, random_id, random_id_in_range, shared_prefix_len, short
+from .ids import KadId, random_id_in_range, shared_prefix_len, short
 from .lookup import Lookup
 from .routing import Contact, RoutingTable
 from .rpc import (MESSAGE_TYPES, REPLY_KINDS, REQUEST_KINDS, FindNode, FindValue, Kind, Message,
                   Nodes, Ping, Pong, Store, Stored, Value, decode)
-from .services import picks_from_subtree, sample_depth, table_size_estimate
+from .sampling import SampleOp, Sampler, SubtreeCache
+from .services import sample_depth, table_size_estimate
 from .storage import MemoryStorage, Storage
 
 log = logging.getLogger(__name__)
 
-SAMPLE_SPREAD = 4   # see services.picks_from_subtree
-_PUBLIC = frozenset({OpKind.FIND_NODE, OpKind.FIND_VALUE, OpKind.STORE, OpKind.JOIN,
-                     OpKind.SAMPLE})
+_PUBLIC = frozenset({OpKind.FIND_NODE, OpKind.FIND_VALUE, OpKind.STORE, OpKind.JOIN})
 
 
 @dataclass
@@ -46,6 +44,7 @@ class _Pending:
     contact: Contact
     kind: Kind
     op_id: int | None
+    make: Callable[[int], Message]
     key: int = 0
 
 
@@ -62,14 +61,8 @@ class _Op:
     stored_on: list[Contact] = field(default_factory=list)
     in_flight: int = 0
     rpcs: int = 0
-    parent: int | None = None
-    # SAMPLE only
-    beta: int = 0
-    depth: int = 0
-    rng: random.Random | None = None
-    chosen: dict[int, Contact] = field(default_factory=dict)
-    tries: int = 0
-    children: int = 0
+    # internal operations end by calling this instead of producing a Done
+    then: Callable[[_Op, float, Effects], None] | None = None
 
 
 @dataclass
@@ -109,8 +102,12 @@ class KademliaNode:
         self._ops: dict[int, _Op] = {}
         self._dead: dict[int, float] = {}
         self._failures: dict[int, int] = {}
-        self._pinging: set[int] = set()
+        self._probing: set[int] = set()      # table contacts with a PING in flight
+        self._suspects: set[int] = set()     # table contacts that missed a reply: not handed out
         self._next_op = 1
+        self.subtrees = SubtreeCache()
+        self._sampler = Sampler(node_id, self.config.ksize, self.subtrees,
+                                self.config.sample_cache_s, self._subtree_lookup)
 
     # ------------------------------------------------------------ user calls
     def start(self, now: float) -> Effects:
@@ -148,17 +145,27 @@ class KademliaNode:
         return self._begin(OpKind.STORE, key, now, value=value, ttl_s=ttl)
 
     def sample_peers(self, beta: int, rng: random.Random, now: float) -> tuple[int, Effects]:
-        """Start drawing ``beta`` distinct live peers, close to uniformly at random (see
-        ``services``); the ``Done`` lists them (fewer if the overlay is smaller)."""
+        """Start drawing ``beta`` distinct other peers uniformly at random without replacement
+        (see ``sampling``); the ``Done`` lists them (all of them if the overlay is smaller).
+        Once the subtrees are cached (``sample_cache_s``) a sample sends nothing."""
         op_id = self._new_op_id()
         depth = sample_depth(self.size_estimate(), self.config.ksize)
-        op = _Op(op_id, OpKind.SAMPLE, self.node_id, now, beta=beta, depth=depth, rng=rng)
-        self._ops[op_id] = op
         eff = Effects()
-        if beta <= 0:
-            self._finish(op, now, eff)
-        else:
-            self._sample_more(op, now, eff)
+        self._sampler.sample(SampleOp(op_id, beta, depth, rng, now, self._sample_done), now, eff)
+        return op_id, eff
+
+    def members(self, rng: random.Random, now: float) -> tuple[int, Effects]:
+        """Start enumerating every live peer of the overlay (``Done.contacts``), subtree by
+        subtree through the same cache as ``sample_peers`` (BSP/SSP need every peer).
+
+        Raises:
+            ValueError: the overlay is too large to enumerate (see ``sampling``).
+        """
+        op_id = self._new_op_id()
+        depth = sample_depth(self.size_estimate(), self.config.ksize)
+        eff = Effects()
+        self._sampler.enumerate(SampleOp(op_id, None, depth, rng, now, self._sample_done),
+                                now, eff)
         return op_id, eff
 
     def size_estimate(self) -> float:
@@ -201,8 +208,8 @@ class KademliaNode:
         if isinstance(message, Value) and message.key != pending.key:
             raise ProtocolError("VALUE for a key that was not asked for")
         del self._pending[message.rpc_id]
-        self._dead.pop(sender.node_id, None)
-        self._pinging.discard(sender.node_id)
+        if pending.kind == Kind.PING:
+            self._probing.discard(sender.node_id)
         self._note_alive(sender, now, eff)
         op = self._ops.get(pending.op_id) if pending.op_id is not None else None
         if op is not None:
@@ -237,13 +244,34 @@ class KademliaNode:
         return until is not None and now < until
 
     def _note_alive(self, contact: Contact, now: float, eff: Effects) -> None:
-        self._dead.pop(contact.node_id, None)
-        self._failures.pop(contact.node_id, None)
+        node_id = contact.node_id
+        self._dead.pop(node_id, None)
+        self._failures.pop(node_id, None)
+        self._suspects.discard(node_id)
+        if node_id not in self.routing:
+            self.subtrees.admit(contact)
         oldest = self.routing.observe(contact, now)
-        if oldest is not None and oldest.node_id not in self._pinging:
-            # Full bucket: keep the old contact unless it fails a PING (paper 2.2).
-            self._pinging.add(oldest.node_id)
-            self._request(oldest, lambda rpc: Ping(rpc, self.node_id), None, now, eff)
+        if oldest is not None:
+            # Full bucket: keep the old contact unless it fails its PINGs (paper 2.2).
+            self._probe(oldest, now, eff)
+
+    def _probe(self, contact: Contact, now: float, eff: Effects) -> None:
+        if contact.node_id not in self._probing:
+            self._probing.add(contact.node_id)
+            self._request(contact, lambda rpc: Ping(rpc, self.node_id), None, now, eff)
+
+    def _evict(self, node_id: int, now: float) -> None:
+        self._dead[node_id] = now + self.config.dead_for_s
+        self._failures.pop(node_id, None)
+        self._suspects.discard(node_id)
+        self.routing.remove(node_id)
+        self.subtrees.forget(node_id)
+
+    def _closest(self, target: int, exclude: int | None = None) -> list[Contact]:
+        """Our k closest contacts, leaving out suspects (so a contact that missed one reply is
+        neither handed to others nor used as a lookup seed until it answers again)."""
+        skip = self._suspects if exclude is None else self._suspects | {exclude}
+        return self.routing.closest(target, self.config.ksize, exclude=frozenset(skip))
 
     def _answer(self, message: Message, now: float) -> Message:
         k, me = self.config.ksize, self.node_id
@@ -260,8 +288,7 @@ class KademliaNode:
         else:
             assert isinstance(message, FindNode)
             target = message.target
-        closest = self.routing.closest(target, k, exclude=frozenset({message.sender_id}))
-        return Nodes(message.rpc_id, me, tuple(closest))
+        return Nodes(message.rpc_id, me, tuple(self._closest(target, message.sender_id)))
 
     def _request(self, contact: Contact, make: Callable[[int], Message], op: _Op | None,
                  now: float, eff: Effects, key: int = 0) -> None:
@@ -269,7 +296,8 @@ class KademliaNode:
         while rpc_id in self._pending:
             rpc_id = self._rng.getrandbits(63)
         message = make(rpc_id)
-        self._pending[rpc_id] = _Pending(contact, message.KIND, op.op_id if op else None, key)
+        self._pending[rpc_id] = _Pending(contact, message.KIND, op.op_id if op else None, make,
+                                         key)
         self.stats.rpcs_sent += 1
         if op is not None:
             op.rpcs += 1
@@ -283,7 +311,7 @@ class KademliaNode:
                **fields: object) -> tuple[int, Effects]:
         eff = eff if eff is not None else Effects()
         op = _Op(self._new_op_id(), kind, target, now, **fields)  # type: ignore[arg-type]
-        seeds = self.routing.closest(target, self.config.ksize)
+        seeds = self._closest(target)
         op.lookup = Lookup(target, seeds, ksize=self.config.ksize, alpha=self.config.alpha,
                            own_id=self.node_id)
         self.stats.lookups += 1
@@ -331,18 +359,28 @@ class KademliaNode:
         self.stats.timeouts += 1
         failures = self._failures.get(node_id, 0) + 1
         self._failures[node_id] = failures
-        self._pinging.discard(node_id)
-        if pending.kind == Kind.PING or failures >= self.config.max_failures:
-            # an LRS contact that failed its PING leaves here, as does a repeat offender
-            self._dead[node_id] = now + self.config.dead_for_s
-            self._failures.pop(node_id, None)
-            self.routing.remove(node_id)
-        log.debug("%s: %s timed out (%s)", short(self.node_id), pending.contact.address,
-                  pending.kind.name)
+        if pending.kind == Kind.PING:
+            self._probing.discard(node_id)
+        log.debug("%s: %s timed out (%s, miss %d)", short(self.node_id),
+                  pending.contact.address, pending.kind.name, failures)
         op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+        if op is not None:
+            op.in_flight -= 1
+        if failures < self.config.max_failures:
+            # One miss may be one lost message: ask again before giving up on the contact
+            # (the paper's LRS PING rule, made tolerant of loss); meanwhile it is not handed
+            # out. A running operation keeps waiting for the retry, so loss costs it time, not
+            # exactness.
+            if node_id in self.routing:
+                self._suspects.add(node_id)
+            if op is not None:
+                self._request(pending.contact, pending.make, op, now, eff, key=pending.key)
+            elif node_id in self.routing:
+                self._probe(pending.contact, now, eff)
+            return
+        self._evict(node_id, now)           # consecutive misses: dead (or gone)
         if op is None:
             return
-        op.in_flight -= 1
         if pending.kind == Kind.STORE:
             op.awaiting -= 1
             if op.awaiting == 0:
@@ -378,52 +416,29 @@ class KademliaNode:
     def _finish(self, op: _Op, now: float, eff: Effects) -> None:
         if self._ops.pop(op.op_id, None) is None:
             return
-        lookup = op.lookup
-        if op.kind == OpKind.SAMPLE_TRY:
-            parent = self._ops.get(op.parent) if op.parent is not None else None
-            if parent is not None and lookup is not None:
-                self._sample_result(parent, op, lookup.result(), now, eff)
+        if op.then is not None:
+            op.then(op, now, eff)
             return
         if op.kind not in _PUBLIC:
             return
-        if op.kind == OpKind.SAMPLE:
-            contacts = tuple(op.chosen.values())
-        else:
-            contacts = tuple(lookup.result()) if lookup is not None else ()
+        lookup = op.lookup
         eff.done.append(Done(
-            op.op_id, op.kind, op.target, contacts,
+            op.op_id, op.kind, op.target, tuple(lookup.result()) if lookup is not None else (),
             value=lookup.value if lookup is not None else None,
             stored_on=tuple(op.stored_on), rounds=lookup.rounds if lookup is not None else 0,
             rpcs=op.rpcs, elapsed_s=now - op.started_s))
 
-    def _sample_try(self, op: _Op, now: float, eff: Effects) -> None:
-        assert op.rng is not None
-        op.children += 1
-        self._begin(OpKind.SAMPLE_TRY, random_id(op.rng), now, eff=eff, parent=op.op_id)
+    def _subtree_lookup(self, target: KadId, now: float, eff: Effects,
+                        on_result: Callable[[list[Contact], int, float, Effects], None]) -> None:
+        def then(op: _Op, when: float, eff: Effects) -> None:
+            assert op.lookup is not None
+            on_result(op.lookup.result(), op.rpcs, when, eff)
+        self._begin(OpKind.SUBTREE, target, now, eff=eff, then=then)
 
-    def _sample_result(self, op: _Op, child: _Op, found: list[Contact], now: float,
-                       eff: Effects) -> None:
-        assert op.rng is not None
-        op.children -= 1
-        op.tries += 1
-        op.rpcs += child.rpcs
-        picks = picks_from_subtree(child.target, op.depth, found, self.config.ksize,
-                                   op.rng, SAMPLE_SPREAD)
-        op.rng.shuffle(picks)
-        for pick in picks:
-            if len(op.chosen) < op.beta:
-                op.chosen.setdefault(pick.node_id, pick)
-        if len(op.chosen) >= op.beta or op.tries >= 40 * op.beta + 40:
-            self._finish(op, now, eff)
-        else:
-            self._sample_more(op, now, eff)
-
-    def _sample_more(self, op: _Op, now: float, eff: Effects) -> None:
-        # One try yields about 0.6 * ksize / SPREAD peers: run just enough tries at once.
-        per_try = max(1.0, 0.6 * self.config.ksize / SAMPLE_SPREAD)
-        wanted = min(8, max(1, math.ceil((op.beta - len(op.chosen)) / per_try)))
-        while op.children < wanted:
-            self._sample_try(op, now, eff)
+    def _sample_done(self, op: SampleOp, now: float, eff: Effects) -> None:
+        kind = OpKind.SAMPLE if op.beta is not None else OpKind.MEMBERS
+        eff.done.append(Done(op.op_id, kind, self.node_id, tuple(op.chosen.values()),
+                             rpcs=op.rpcs, elapsed_s=now - op.started_s))
 
     def _republish(self, now: float, eff: Effects) -> None:
         self.storage.expire(now)
