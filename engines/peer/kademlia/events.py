@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from .ids import KadId
+from .messages import Message, Reply
 from .routing import Contact
-from .rpc import MAX_VALUE_BYTES, Message
+from .values import Blob
+
+MAX_VALUE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,14 @@ class KademliaConfig:
         republish_interval_s: how often stored keys are re-sent to the current k closest.
         ttl_s: lifetime of a value unless its origin republishes it.
         refresh_on_join: after the self-lookup, refresh buckets beyond the closest neighbour.
-        max_value_bytes: the largest value accepted in STORE / VALUE.
+        max_value_bytes: the largest value accepted in STORE / VALUE / CALL / REPLY.
         sample_cache_s: how long a subtree's membership found for peer sampling is reused
             (0: never); dead peers leave it at once, live newcomers join it when heard from.
+        holders_cache_s: how long ``set`` reuses the holders its last lookup found for a key
+            (an owner writing the same key at every step skips the lookup; 0: always look up).
+        replica_check_s: how often a holder PINGs the other holders of its keys, so a dead
+            one is noticed and its keys re-replicated without waiting for the next republish
+            (0: only when some request to it fails).
     """
 
     ksize: int = 20
@@ -48,6 +57,8 @@ class KademliaConfig:
     refresh_on_join: bool = True
     max_value_bytes: int = MAX_VALUE_BYTES
     sample_cache_s: float = 60.0
+    holders_cache_s: float = 0.0
+    replica_check_s: float = 0.0
 
     @property
     def copies(self) -> int:
@@ -61,10 +72,11 @@ class TimerKind(IntEnum):
     RPC_TIMEOUT = 1   # token: the rpc id
     REFRESH = 2       # periodic bucket refresh
     REPUBLISH = 3     # periodic expiry sweep + republish
+    REPLICA_CHECK = 4  # periodic PING of the other holders of our keys
 
 
 class OpKind(IntEnum):
-    """Operations a node runs; the first six are started by its user."""
+    """Operations a node runs; the first nine are started by its user (and end in a Done)."""
 
     FIND_NODE = 1
     FIND_VALUE = 2
@@ -72,14 +84,23 @@ class OpKind(IntEnum):
     JOIN = 4
     SAMPLE = 5
     MEMBERS = 6
-    REFRESH = 7
-    REPUBLISH = 8
-    SUBTREE = 9
+    PING = 7
+    CALL = 8
+    LEAVE = 9
+    REFRESH = 10
+    REPUBLISH = 11
+    SUBTREE = 12
+    REPLICATE = 13
+    HANDOFF = 14
+
+
+PUBLIC_OPS = frozenset(OpKind(i) for i in range(1, 10))
 
 
 @dataclass(frozen=True)
 class Send:
-    """Send ``message`` to ``address`` (``rpc.encode`` gives its wire form)."""
+    """Send ``message`` to ``address``: ``rpc.encode(message)`` is its frame, followed by the
+    frames of ``rpc.value_frames(message)`` (a value's bytes, out of band)."""
 
     address: str
     message: Message
@@ -100,12 +121,15 @@ class Done:
 
     Attributes:
         op_id: what the starting call returned.
-        kind: FIND_NODE, FIND_VALUE, STORE, JOIN, SAMPLE or MEMBERS.
-        target: the id looked up (the key for FIND_VALUE / STORE).
-        contacts: the closest contacts that answered (SAMPLE: the sampled peers; MEMBERS:
-            every peer found).
-        value: FIND_VALUE's value, or None when not found.
-        stored_on: STORE: the contacts that acknowledged (plus this node if it stores a copy).
+        kind: which operation (``OpKind``, one of the public ones).
+        target: the id looked up (the key for FIND_VALUE / STORE / CALL).
+        contacts: FIND_NODE / JOIN: the closest contacts that answered; SAMPLE: the sampled
+            peers; MEMBERS: every peer found; PING / CALL: the peer if it answered, else ().
+        blob: FIND_VALUE's value (``value`` rebuilds it), or None when not found.
+        clock: the version clock of the value found (FIND_VALUE) or written (STORE).
+        stored_on: STORE / LEAVE: the contacts that acknowledged (STORE: plus this node if
+            it keeps a copy).
+        reply: CALL's reply, or None if the peer never answered.
         rounds: lookup rounds (hops); rpcs: requests sent; elapsed_s: time on the node's clock.
     """
 
@@ -113,11 +137,18 @@ class Done:
     kind: OpKind
     target: KadId
     contacts: tuple[Contact, ...] = ()
-    value: bytes | None = None
+    blob: Blob | None = None
+    clock: int = 0
     stored_on: tuple[Contact, ...] = ()
+    reply: Reply | None = None
     rounds: int = 0
     rpcs: int = 0
     elapsed_s: float = 0.0
+
+    @property
+    def value(self) -> Any:
+        """FIND_VALUE's value rebuilt (bytes, numpy array or tensor), or None."""
+        return None if self.blob is None else self.blob.to_value()
 
 
 @dataclass

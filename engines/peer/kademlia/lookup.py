@@ -21,7 +21,7 @@ knows no time: the node sends the queries it hands out, and reports answers and 
 from __future__ import annotations
 
 import bisect
-from typing import Iterable
+from typing import Any, Iterable
 
 from .ids import KadId
 from .routing import Contact
@@ -54,7 +54,7 @@ class Lookup:
         self.max_in_flight = 0
         self.queries = 0
         self.rounds = 0
-        self.value: bytes | None = None
+        self.value: Any = None               # what on_value was given (the node: a Value)
         self.value_from: Contact | None = None
         self.seeded_empty = True
         self._top_cache: list[int] | None = None
@@ -121,7 +121,7 @@ class Lookup:
             for contact in contacts:
                 self._add(contact, next_round)
 
-    def on_value(self, from_id: KadId, value: bytes) -> None:
+    def on_value(self, from_id: KadId, value: Any) -> None:
         """``from_id`` answered a FIND_VALUE with the value: the lookup is over."""
         if self._settle(from_id, ANSWERED):
             self.value = value

@@ -1,0 +1,67 @@
+"""The last step each peer reported, read off the messages it sent anyway.
+
+Every overlay message carries its sender's completed steps (``step``, -1 outside a job). A
+node notes them here with the time it heard them, so a barrier can decide from what it
+already knows and ask (PING) only the peers whose last known step would block it. Steps only
+grow, so an old entry is a lower bound: if it already lets us pass, it still does.
+
+>>> table = StepTable()
+>>> table.observe(KadId(7), "a", step=3, now=1.0), table.observe(KadId(7), "a", 2, now=2.0)
+(True, False)
+>>> table.get(KadId(7))
+StepSeen(step=3, seen_at=2.0, address='a')
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ids import KadId
+
+
+@dataclass(frozen=True)
+class StepSeen:
+    """What we know of a peer's progress.
+
+    Attributes:
+        step: the highest step it reported (messages may arrive out of order).
+        seen_at: when we last heard from it (any message), on the node's clock.
+        address: where it was heard from.
+    """
+
+    step: int
+    seen_at: float
+    address: str
+
+
+class StepTable:
+    """Peer id -> ``StepSeen``, fed by ``observe`` for every accepted message."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, StepSeen] = {}
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._seen
+
+    def observe(self, node_id: KadId, address: str, step: int, now: float) -> bool:
+        """Note a message from ``node_id`` reporting ``step``; True if its step went up."""
+        old = self._seen.get(node_id)
+        if old is None or step > old.step:
+            self._seen[node_id] = StepSeen(step, now, address)
+            return True
+        self._seen[node_id] = StepSeen(old.step, max(now, old.seen_at), address)
+        return False
+
+    def get(self, node_id: int) -> StepSeen | None:
+        """What we know of ``node_id``, if anything."""
+        return self._seen.get(node_id)
+
+    def forget(self, node_id: int) -> None:
+        """The peer died or left."""
+        self._seen.pop(node_id, None)
+
+    def items(self) -> list[tuple[int, StepSeen]]:
+        """Every peer heard from, with its entry."""
+        return list(self._seen.items())
