@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from .ids import ID_BITS, shared_prefix_len
+from .ids import ID_BITS
 from .routing import Contact, RoutingTable
 
 
