@@ -117,15 +117,20 @@ class KademliaNode(NodeOps):
         """Start a lookup of the k nodes closest to ``target``; ends in a ``Done``."""
         return self._begin(OpKind.FIND_NODE, target, now)
 
-    def get(self, key: KadId, now: float) -> tuple[int, Effects]:
-        """Start a FIND_VALUE lookup (answered at once when held here); ``Done.value`` and
-        ``Done.clock`` give what was found."""
+    def get(self, key: KadId, now: float, newest: bool = False) -> tuple[int, Effects]:
+        """Start a FIND_VALUE lookup; ``Done.value`` and ``Done.clock`` give what was found.
+
+        Args:
+            newest: False (the paper's FIND_VALUE): a copy held here answers at once, else the
+                first copy found ends the lookup. True: ask the k closest all the same and
+                return the highest version among their copies and ours (a replica may lag).
+        """
         record = self.storage.get(key, now)
-        if record is not None:
+        if record is not None and not newest:
             op_id = self._new_op_id()
             return op_id, Effects(done=[Done(op_id, OpKind.FIND_VALUE, key, blob=record.value,
                                              clock=record.clock)])
-        return self._begin(OpKind.FIND_VALUE, key, now)
+        return self._begin(OpKind.FIND_VALUE, key, now, newest=newest)
 
     def set(self, key: KadId, value: Any, now: float, ttl_s: float | None = None,
             clock: int | None = None) -> tuple[int, Effects]:

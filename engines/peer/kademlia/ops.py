@@ -48,6 +48,7 @@ class _Op:
     clock: int = 0
     writer: KadId = KadId(0)
     exclude_self: bool = False          # HANDOFF: keep no copy here
+    newest: bool = False                # FIND_VALUE: the highest version of the k closest
     awaiting: int = 0
     stored_on: list[Contact] = field(default_factory=list)
     reply: Reply | None = None
@@ -168,7 +169,7 @@ class NodeOps:
         op = _Op(self._new_op_id(), kind, target, now, **fields)  # type: ignore[arg-type]
         seeds = self._closest(target)
         op.lookup = Lookup(target, seeds, ksize=self.config.ksize, alpha=self.config.alpha,
-                           own_id=self.node_id)
+                           own_id=self.node_id, stop_at_value=not op.newest)
         self.stats.lookups += 1
         if op.lookup.seeded_empty and len(self.routing):
             self.stats.empty_starts += 1
@@ -299,6 +300,8 @@ class NodeOps:
             return
         lookup = op.lookup
         found: Value | None = lookup.value if lookup is not None else None
+        if op.newest and lookup is not None:
+            found = self._newest(op.target, lookup.values, now)
         if op.kind in (OpKind.PING, OpKind.CALL):
             contacts = tuple(op.stored_on)
         else:
@@ -322,3 +325,11 @@ class NodeOps:
         kind = OpKind.SAMPLE if op.beta is not None else OpKind.MEMBERS
         eff.done.append(Done(op.op_id, kind, self.node_id, tuple(op.chosen.values()),
                              rpcs=op.rpcs, elapsed_s=now - op.started_s))
+
+    def _newest(self, key: KadId, values: list[Value], now: float) -> Value | None:
+        """The highest version among the copies a lookup found and our own."""
+        best = max(values, key=lambda v: (v.clock, v.writer), default=None)
+        record = self.storage.get(key, now)
+        if record is not None and (best is None or record.version > (best.clock, best.writer)):
+            best = Value(0, self.node_id, key, record.value, record.clock, record.writer)
+        return best

@@ -70,12 +70,18 @@ def encode(msg: Message) -> WireMessage:
     if isinstance(msg, Nodes):
         return head + ([(id_to_bytes(c.node_id), c.address) for c in msg.contacts],)
     if isinstance(msg, Call):
-        return head + (msg.method, id_to_bytes(msg.key), list(msg.args),
+        return head + (int(msg.method), id_to_bytes(msg.key), _plain_args(msg.args),
                        None if msg.value is None else msg.value.descriptor())
     if isinstance(msg, Reply):
-        return head + (msg.status, list(msg.args),
+        return head + (int(msg.status), _plain_args(msg.args),
                        None if msg.value is None else msg.value.descriptor())
     return head
+
+
+def _plain_args(args: tuple[Any, ...]) -> list[Any]:
+    """Args as the decoder accepts them: int subclasses (enums) become plain ints."""
+    return [int(a) if isinstance(a, int) and type(a) is not int and type(a) is not bool
+            else a for a in args]
 
 
 def value_frames(msg: Message) -> tuple[memoryview, ...]:

@@ -173,9 +173,9 @@ class SimNetwork:
         """FIND_NODE lookup of ``target`` from ``address``."""
         return self.run_op(address, lambda node, now: node.find_node(target, now))
 
-    def get(self, address: str, key: KadId) -> Done:
+    def get(self, address: str, key: KadId, newest: bool = False) -> Done:
         """FIND_VALUE of ``key`` from ``address`` (``Done.value`` is None when not found)."""
-        return self.run_op(address, lambda node, now: node.get(key, now))
+        return self.run_op(address, lambda node, now: node.get(key, now, newest))
 
     def set(self, address: str, key: KadId, value: Any, ttl_s: float | None = None,
             clock: int | None = None) -> Done:

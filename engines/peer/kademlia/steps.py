@@ -38,6 +38,7 @@ class StepTable:
 
     def __init__(self) -> None:
         self._seen: dict[int, StepSeen] = {}
+        self._ids: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -48,6 +49,7 @@ class StepTable:
     def observe(self, node_id: KadId, address: str, step: int, now: float) -> bool:
         """Note a message from ``node_id`` reporting ``step``; True if its step went up."""
         old = self._seen.get(node_id)
+        self._ids[address] = node_id
         if old is None or step > old.step:
             self._seen[node_id] = StepSeen(step, now, address)
             return True
@@ -58,9 +60,16 @@ class StepTable:
         """What we know of ``node_id``, if anything."""
         return self._seen.get(node_id)
 
+    def at(self, address: str) -> StepSeen | None:
+        """What we know of the peer heard from at ``address``."""
+        node_id = self._ids.get(address)
+        return None if node_id is None else self._seen.get(node_id)
+
     def forget(self, node_id: int) -> None:
         """The peer died or left."""
-        self._seen.pop(node_id, None)
+        seen = self._seen.pop(node_id, None)
+        if seen is not None and self._ids.get(seen.address) == node_id:
+            del self._ids[seen.address]
 
     def items(self) -> list[tuple[int, StepSeen]]:
         """Every peer heard from, with its entry."""
