@@ -8,8 +8,9 @@ Files:
     barrier.py  OverlayBarrier: draw peers, learn their steps (piggy-backed, PING if they
                 would block), let the shared policy decide
     context.py  PeerContext, OwnerStore (what callbacks see) and JobSpec
-    runner.py   PeerRunner: one peer's loop (schedule, fetch, push to owners, pull on owners,
-                replicate, barrier), sans-I/O
+    runner.py   PeerRunner: one peer's loop (schedule, fetch, push to owners, barrier)
+    owner.py    KeyOwner: serves GET / PUSH for the keys a peer is closest to (pull, versioned
+                writes, coalesced replication, adopting keys it should hold)
     peer.py     Peer: node + runner as the one object a shell drives
     job.py      Job: the PS engine's vocabulary (register_schedule/push/pull/barrier/stop)
     simrun.py   SimRun: a job on N in-process peers (SimNetwork, virtual time, kills, joins)

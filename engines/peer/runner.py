@@ -5,15 +5,7 @@ carries the key's new value) -> ``push`` computes updates -> each update goes to
 *owner*, the peer closest to the key (a CALL; the owner runs ``pull`` and answers with the new
 value and clock) -> the step is done -> ``stop``? -> the barrier decides whether to go on.
 
-The owner writes the new value locally with the next clock and stores it on the key's
-``replication`` closest peers, at most one replication in flight per key (later writes are
-folded into the next one). A peer asked for a key it should own but does not hold yet (it
-joined closer to the key) fetches it from the overlay and asks the pusher to retry.
-
-Owner changes are not serialised: while peers disagree on who is closest (a join or a death
-not yet noticed by all), two peers may each accept updates, and replicas keep the highest
-version (clock, writer), so the other branch's updates are lost. SGD tolerates this, as
-Hippo's elastic PS does (papers.md).
+The owner side (serving GET / PUSH, running ``pull``, replicating) is ``owner.py``.
 """
 from __future__ import annotations
 
@@ -28,31 +20,14 @@ import numpy as np
 from actorpy.barrier import Decision
 
 from .barrier import OverlayBarrier
-from .context import JobSpec, OwnerStore, PeerContext
+from .context import JobSpec, PeerContext
 from .kademlia.events import Done, Effects, SetTimer
-from .kademlia.ids import KadId, key_id
-from .kademlia.messages import Call
+from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
-from .kademlia.values import Blob
+from .owner import KeyOwner, Method, Status
 
 log = logging.getLogger(__name__)
-
-
-class Method(IntEnum):
-    """The P2P engine's CALL methods (this engine's own enum)."""
-
-    GET = 1      # args (key,) -> OK (clock,) + value
-    PUSH = 2     # args (key, step) + update -> OK (clock,) + the new value
-
-
-class Status(IntEnum):
-    """How an owner answers."""
-
-    OK = 1
-    NOT_OWNER = 2     # someone is closer to the key: look the owner up again
-    MISSING = 3       # the owner does not hold the key (yet): retry after ``retry_s``
-    ERROR = 4         # pull raised: args (type, message)
 
 
 class Timer(IntEnum):
@@ -99,7 +74,6 @@ class PeerRunner:
         self.step = 0
         self.values: dict[str, tuple[Any, int]] = {}
         self.owners: dict[str, Contact | None] = {}   # None: this peer owns the key
-        self.applied: dict[str, int] = {}              # updates folded in here, per key
         self.pushed = 0
         self.waits = 0
         self.error: tuple[str, str, str] | None = None  # (type, message, traceback)
@@ -110,11 +84,9 @@ class PeerRunner:
         self._keys: list[str] = []
         self._updates: dict[str, Any] = {}
         self._outstanding: set[str] = set()
-        self._replicating: dict[int, int] = {}
-        self._dirty: set[int] = set()
-        self._adopting: set[int] = set()
         self._next_token = 0
-        node.on_call = self._on_call
+        self.owner = KeyOwner(spec, node, self._start_op)
+        node.on_call = self.owner.on_call
 
     # ------------------------------------------------------------------ shell-facing
     def owns(self, op_id: int) -> bool:
@@ -309,7 +281,8 @@ class PeerRunner:
         owner = self.owners[name]
         if owner is None:
             me = Contact(self.node.node_id, self.node.address)
-            status, args, value = self._serve(me, name, kid, method, self.step, update, now, eff)
+            status, args, value = self.owner.serve(me, name, kid, method, self.step, update,
+                                                   now, eff)
             if status != Status.OK:
                 self.owners.pop(name, None)
             if status == Status.ERROR:
@@ -335,88 +308,3 @@ class PeerRunner:
         args = (name,) if method == Method.GET else (name, self.step)
         self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
                        replied, eff)
-
-    # ------------------------------------------------------------------ owner side
-    def _on_call(self, sender: Contact, call: Call, now: float,
-                 eff: Effects) -> tuple[int, tuple[Any, ...], Any]:
-        """The node's CALL handler: GET and PUSH for the keys this peer owns."""
-        if call.method not in (Method.GET, Method.PUSH) or not call.args \
-                or type(call.args[0]) is not str or key_id(call.args[0]) != call.key:
-            return Status.ERROR, ("ProtocolError", "malformed P2P engine call"), None
-        step = call.args[1] if len(call.args) > 1 and type(call.args[1]) is int else -1
-        update = call.value.to_value() if call.value is not None else None
-        if call.method == Method.PUSH and update is None:
-            return Status.ERROR, ("ProtocolError", "PUSH without an update"), None
-        return self._serve(sender, call.args[0], call.key, Method(call.method), step, update,
-                           now, eff)
-
-    def _is_owner(self, kid: KadId) -> bool:
-        closest = self.node._closest(kid)[:1]
-        return not closest or self.node.node_id ^ kid < closest[0].node_id ^ kid
-
-    def _serve(self, sender: Contact, name: str, kid: KadId, method: Method, step: int,
-               update: Any, now: float, eff: Effects) -> tuple[int, tuple[Any, ...], Any]:
-        if not self._is_owner(kid):
-            return Status.NOT_OWNER, (), None
-        record = self.node.storage.get(kid, now)
-        if record is None:
-            self._adopt(kid, now, eff)
-            return Status.MISSING, (), None
-        if method == Method.GET:
-            return Status.OK, (record.clock,), record.value
-        read = lambda n: ((r.value.to_value(), r.clock)  # noqa: E731
-                          if (r := self.node.storage.get(key_id(n), now)) is not None else None)
-        store = OwnerStore(read, sender.address, step)
-        try:
-            self.spec.pull(store, {name: update})
-        except Exception as exc:  # user code: the pusher fails with it
-            self.error = (type(exc).__qualname__, str(exc), traceback.format_exc())
-            log.error("peer %s: pull of %s failed: %s", self.node.address, name, exc)
-            return Status.ERROR, (type(exc).__qualname__, str(exc)[:200]), None
-        for key, value in store.written.items():
-            written = key_id(key)
-            held = self.node.storage.get(written, now)
-            clock = 0 if held is None else held.clock + 1
-            self.node.storage.put(written, Blob.of(value), now, self.node.config.ttl_s,
-                                  is_origin=True, clock=clock, writer=self.node.node_id)
-            self._replicate(written, now, eff)
-        self.applied[name] = self.applied.get(name, 0) + 1
-        record = self.node.storage.get(kid, now)
-        assert record is not None
-        return Status.OK, (record.clock,), record.value
-
-    def _adopt(self, kid: KadId, now: float, eff: Effects) -> None:
-        """We are closest to a key we do not hold: fetch it from its other holders."""
-        if kid in self._adopting:
-            return
-        self._adopting.add(kid)
-
-        def fetched(done: Done, when: float, e: Effects) -> None:
-            self._adopting.discard(kid)
-            if done.blob is not None and self.node.storage.get(kid, when) is None:
-                self.node.storage.put(kid, done.blob, when, self.node.config.ttl_s,
-                                      is_origin=True, clock=done.clock, writer=KadId(0))
-                self._replicate(kid, when, e)
-        op_id, more = self.node.get(kid, now)
-        self._ops[op_id] = fetched
-        eff.extend(more)
-
-    def _replicate(self, kid: KadId, now: float, eff: Effects) -> None:
-        """Store the newest local copy on the key's closest peers; one round at a time."""
-        if kid in self._replicating:
-            self._dirty.add(kid)
-            return
-        record = self.node.storage.get(kid, now)
-        if record is None:
-            return
-
-        def replicated(done: Done, when: float, e: Effects) -> None:
-            self._replicating.pop(kid, None)
-            if kid in self._dirty:
-                self._dirty.discard(kid)
-                self._replicate(kid, when, e)
-        op_id, more = self.node.set(kid, record.value, now, clock=record.clock)
-        self._replicating[kid] = op_id
-        self._ops[op_id] = replicated
-        eff.extend(more)
-

@@ -215,8 +215,9 @@ class SimRun:
         runners = {a: p.runner for a, p in self.peers.items() if p.runner is not None}
         return SimResult(
             model=model, clocks=clocks, steps=self.steps(), seconds=seconds,
-            updates=sum(sum(r.applied.values()) for r in runners.values()),
-            owners={n: {a for a, r in runners.items() if r.applied.get(n)} for n in self.init},
+            updates=sum(sum(r.owner.applied.values()) for r in runners.values()),
+            owners={n: {a for a, r in runners.items() if r.owner.applied.get(n)}
+                    for n in self.init},
             records={a: r.barrier.records for a, r in runners.items()},
             truth=self.truth, spreads=self.spreads,
             messages=self.net.delivered - delivered)
