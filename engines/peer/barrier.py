@@ -35,11 +35,13 @@ class CheckRecord:
     """One decision: when, at which step, the steps it saw, what it cost.
 
     Attributes:
-        at_s: when it was decided (node clock). my_step: the deciding peer's completed steps.
+        started_s: when the check began; at_s: when it was decided (node clock).
+        my_step: the deciding peer's completed steps.
         seen: address -> step of every drawn peer used. decision: the policy's answer.
         pinged: peers asked for their step. rpcs: messages the draw itself sent.
     """
 
+    started_s: float
     at_s: float
     my_step: int
     seen: dict[str, int]
@@ -166,7 +168,8 @@ class OverlayBarrier:
         population = max(len(seen), round(self.node.size_estimate()) - 1)
         view = OverlayView({NodeId(a): s for a, s in seen.items()}, population, self.rng)
         decision = self.policy.decide(check.my_step, view)
-        record = CheckRecord(now, check.my_step, seen, decision, check.pinged, check.rpcs)
+        record = CheckRecord(check.started_s, now, check.my_step, seen, decision, check.pinged,
+                             check.rpcs)
         self.records.append(record)
         if self.observer is not None:
             self.observer(record)

@@ -45,13 +45,12 @@ class Peer:
                 frames: Sequence[object] = ()) -> Effects:
         """Handle one message (see ``KademliaNode.receive``; raises ``ProtocolError`` the
         same way, with nothing changed)."""
-        runner = self.runner
-        before = None
-        if runner is not None and runner.waiting_on and sender_address in runner.waiting_on:
-            before = self._step_of(sender_address)
+        advances = self.node.steps.advances
         eff = self.node.receive(sender_address, message, now, frames)
-        if before is not None and runner is not None and self._step_of(sender_address) > before:
-            eff.extend(runner.peer_advanced(sender_address, now))
+        if self.runner is not None and self.node.steps.advances > advances:
+            # some peer made progress: a blocked barrier checks again (and PSP draws a fresh
+            # sample), as a PS worker re-checks each time some worker pushes (papers.md)
+            eff.extend(self.runner.peer_advanced(now))
         return self.route(eff, now)
 
     def on_timer(self, kind: Any, token: int, now: float) -> Effects:
@@ -79,7 +78,3 @@ class Peer:
             else:
                 out.done.append(done)
         return out
-
-    def _step_of(self, address: str) -> int:
-        seen = self.node.steps.at(address)
-        return seen.step if seen is not None else -1

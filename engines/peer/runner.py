@@ -19,7 +19,7 @@ import numpy as np
 
 from actorpy.barrier import Decision
 
-from .barrier import OverlayBarrier
+from .barrier import OverlayBarrier, blocking_floor
 from .context import JobSpec, PeerContext
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
@@ -76,6 +76,7 @@ class PeerRunner:
         self.owners: dict[str, Contact | None] = {}   # None: this peer owns the key
         self.pushed = 0
         self.waits = 0
+        self.finished_s: float | None = None           # when stop() said so
         self.error: tuple[str, str, str] | None = None  # (type, message, traceback)
         self.waiting_on: frozenset[str] = frozenset()
         self._ops: dict[int, Then] = {}
@@ -84,6 +85,7 @@ class PeerRunner:
         self._keys: list[str] = []
         self._updates: dict[str, Any] = {}
         self._outstanding: set[str] = set()
+        self._early: Decision | None = None
         self._next_token = 0
         self.owner = KeyOwner(spec, node, self._start_op)
         node.on_call = self.owner.on_call
@@ -148,11 +150,11 @@ class PeerRunner:
                 retry(now, eff)
         return eff
 
-    def peer_advanced(self, address: str, now: float) -> Effects:
-        """A peer we wait on reported a new step: check again now, not at the next poll."""
+    def peer_advanced(self, now: float) -> Effects:
+        """We heard that some peer's step went up: a blocked barrier checks again now rather
+        than at its next poll."""
         eff = Effects()
-        if self.phase == Phase.BARRIER and address in self.waiting_on \
-                and not self.barrier.is_checking:
+        if self.phase == Phase.BARRIER and self.waiting_on and not self.barrier.is_checking:
             self._check_barrier(now, eff)
         return eff
 
@@ -197,10 +199,22 @@ class PeerRunner:
 
     def _push_all(self, now: float, eff: Effects) -> None:
         self._outstanding = set(self._updates)
+        self._early = None
         if not self._outstanding:
             self._step_done(now, eff)
+            return
         for name in list(self._updates):
             self._push(name, now, eff)
+        if self.phase == Phase.WORKING and not self.barrier.is_checking \
+                and blocking_floor(self.spec.policy, self.step + 1) <= self.step:
+            # Check the barrier for the step these pushes complete while they travel: the
+            # decision depends only on that step and on the others' steps, which only grow,
+            # so an advance decided now holds then, and its PINGs overlap the push round
+            # trip. (With staleness 0 the others cannot have finished that step yet: no use.)
+            decision, more = self.barrier.check(self.step + 1, now)
+            eff.extend(more)
+            if decision is not None:
+                self._decided(decision, now, eff)
 
     def _push(self, name: str, now: float, eff: Effects) -> None:
         def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
@@ -217,6 +231,10 @@ class PeerRunner:
     def _step_done(self, now: float, eff: Effects) -> None:
         self.step += 1
         self.node.step = self.step
+        for watcher in self.node.take_watchers():
+            # it asked for our step while ahead of us: our PING carries the new one, so a
+            # barrier waiting on us re-checks now instead of at its next poll
+            self._start_op(self.node.ping(watcher, now), lambda d, t, e: None, eff)
         try:
             stop = self.spec.stop(self._ctx())
         except Exception as exc:
@@ -224,9 +242,15 @@ class PeerRunner:
             return
         if stop:
             self.phase = Phase.DONE
+            self.finished_s = now
             return
         self.phase = Phase.BARRIER
-        self._check_barrier(now, eff)
+        early, self._early = self._early, None
+        if early is not None and early.advance:
+            self._decided(early, now, eff)         # decided while the pushes travelled
+        elif not self.barrier.is_checking:
+            self._check_barrier(now, eff)          # a block seen then may be gone by now
+        # else: the check started with the pushes is still waiting for PONGs
 
     def _check_barrier(self, now: float, eff: Effects) -> None:
         decision, more = self.barrier.check(self.step, now)
@@ -235,6 +259,9 @@ class PeerRunner:
             self._decided(decision, now, eff)
 
     def _decided(self, decision: Decision, now: float, eff: Effects) -> None:
+        if self.phase == Phase.WORKING:
+            self._early = decision                 # pushes still in flight: keep it
+            return
         if self.phase != Phase.BARRIER:
             return
         if decision.advance:

@@ -100,6 +100,7 @@ class SimRun:
         self.truth: list[tuple[CheckRecord, dict[str, int]]] = []
         self.spreads: list[tuple[float, int, int]] = []
         self._running = False
+        self.started_s = 0.0                 # virtual time at which run() started the peers
         for _ in range(peers):
             self._new_peer()
         for name, value in self.init.items():
@@ -191,7 +192,7 @@ class SimRun:
             ActorpyTimeout: not finished within ``max_s`` virtual seconds.
         """
         clock = self.net.clock
-        start = clock.now()
+        start = self.started_s = clock.now()
         delivered = self.net.delivered
         for at_s, action in self.events:
             clock.call_later(at_s, lambda act=action: act(self))

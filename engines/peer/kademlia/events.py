@@ -43,6 +43,8 @@ class KademliaConfig:
         replica_check_s: how often a holder PINGs the other holders of its keys, so a dead
             one is noticed and its keys re-replicated without waiting for the next republish
             (0: only when some request to it fails).
+        gossip_steps: how many of the steps it heard most recently a node adds to each REPLY
+            it sends (0: none); a peer many others call spreads their progress for free.
     """
 
     ksize: int = 20
@@ -59,6 +61,7 @@ class KademliaConfig:
     sample_cache_s: float = 60.0
     holders_cache_s: float = 0.0
     replica_check_s: float = 0.0
+    gossip_steps: int = 16
 
     @property
     def copies(self) -> int:

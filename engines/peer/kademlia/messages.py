@@ -172,7 +172,9 @@ class Call:
 
 @dataclass(frozen=True)
 class Reply:
-    """The answer to a CALL: ``status`` (the engine's enum), ``args``, optionally a value."""
+    """The answer to a CALL: ``status`` (the engine's enum), ``args``, optionally a value, and
+    the freshest steps the answering peer heard first-hand (gossip: a peer that many others
+    call, like a key's owner, spreads their progress at no extra message)."""
 
     KIND: ClassVar[Kind] = Kind.REPLY
     rpc_id: int
@@ -181,6 +183,7 @@ class Reply:
     args: tuple[Any, ...] = ()
     value: Blob | None = None
     step: int = NO_STEP
+    peer_steps: tuple[tuple[KadId, int], ...] = ()   # steps the answering peer heard lately
 
     def __post_init__(self) -> None:
         if self.value is not None:

@@ -69,6 +69,8 @@ class KademliaNode(NodeOps):
             message; the engine sets it.
         steps: the steps other peers reported (``StepTable``).
         on_call: the engine's CALL handler (``CallHandler``).
+        watchers: peers that PINGed us while ahead of us (a barrier waiting on us, likely);
+            the engine tells them when our step moves (``take_watchers``).
     """
 
     def __init__(self, node_id: KadId, address: str, config: KademliaConfig | None = None,
@@ -83,6 +85,7 @@ class KademliaNode(NodeOps):
         self.step = NO_STEP
         self.steps = StepTable()
         self.on_call: CallHandler = _no_handler
+        self.watchers: dict[int, Contact] = {}
         self.subtrees = SubtreeCache()
         self.upkeep = Upkeep(self)
         self._rng = rng if rng is not None else random.Random(node_id)
@@ -212,6 +215,11 @@ class KademliaNode(NodeOps):
         self.upkeep.leave(op, now, eff)
         return op.op_id, eff
 
+    def take_watchers(self) -> list[Contact]:
+        """The peers that asked for our step while ahead of us, once each (then forgotten)."""
+        watchers, self.watchers = list(self.watchers.values()), {}
+        return watchers
+
     def size_estimate(self) -> float:
         """Network size estimated from id density in our routing table (this node counted)."""
         return table_size_estimate(self.routing)
@@ -260,6 +268,10 @@ class KademliaNode(NodeOps):
         if isinstance(message, Value) and message.key != pending.key:
             raise ProtocolError("VALUE for a key that was not asked for")
         del self._pending[message.rpc_id]
+        if isinstance(message, Reply):
+            for node_id, peer_step in message.peer_steps:
+                if node_id != self.node_id and node_id != sender.node_id:
+                    self.steps.hear_of(node_id, peer_step)
         if pending.kind == Kind.PING:
             self._probing.discard(sender.node_id)
         self._note_alive(sender, message.step, now, eff)
@@ -293,6 +305,9 @@ class KademliaNode(NodeOps):
     def _answer(self, sender: Contact, message: Message, now: float, eff: Effects) -> Message:
         me, step = self.node_id, self.step
         if isinstance(message, Ping):
+            if message.step > step >= 0:
+                # asked for our step by a peer ahead of us: it may be waiting on us
+                self.watchers[sender.node_id] = sender
             return Pong(message.rpc_id, me, step)
         if isinstance(message, Store):
             self.storage.put(message.key, message.value, now,
@@ -303,7 +318,8 @@ class KademliaNode(NodeOps):
             return Stored(message.rpc_id, me, clock, writer, step)
         if isinstance(message, Call):
             status, args, value = self.on_call(sender, message, now, eff)
-            return Reply(message.rpc_id, me, status, tuple(args), value, step)
+            gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
+            return Reply(message.rpc_id, me, status, tuple(args), value, step, gossip)
         if isinstance(message, FindValue):
             record = self.storage.get(message.key, now)
             if record is not None:

@@ -48,6 +48,7 @@ MAX_STEP = (1 << 63) - 1
 MAX_TTL_S = 1e9              # ~31 years; nodes cap it at their own ttl_s anyway
 MAX_ARGS = 16                # CALL / REPLY: a few plain scalars
 MAX_ARG_CHARS = 256
+MAX_PEER_STEPS = 64          # REPLY: gossiped (id, step) pairs
 
 WireMessage = tuple  # (version, kind, rpc_id, sender_id_bytes, step, *fields)
 
@@ -74,7 +75,8 @@ def encode(msg: Message) -> WireMessage:
                        None if msg.value is None else msg.value.descriptor())
     if isinstance(msg, Reply):
         return head + (int(msg.status), _plain_args(msg.args),
-                       None if msg.value is None else msg.value.descriptor())
+                       None if msg.value is None else msg.value.descriptor(),
+                       [[id_to_bytes(i), n] for i, n in msg.peer_steps])
     return head
 
 
@@ -167,6 +169,18 @@ def _args(value: object) -> tuple[Any, ...]:
     return tuple(value)
 
 
+def _peer_steps(value: object) -> tuple[tuple[KadId, int], ...]:
+    if type(value) not in (list, tuple) or len(value) > MAX_PEER_STEPS:  # type: ignore[arg-type]
+        raise ProtocolError(f"peer_steps must be a list of at most {MAX_PEER_STEPS} pairs")
+    assert isinstance(value, (list, tuple))
+    out = []
+    for item in value:
+        if type(item) not in (list, tuple) or len(item) != 2:
+            raise ProtocolError("each peer step must be an (id, step) pair")
+        out.append((id_from_bytes(item[0]), _int(item[1], "peer step", 0, MAX_STEP)))
+    return tuple(out)
+
+
 class _Frames:
     """The value frames of one message, each used once."""
 
@@ -191,7 +205,7 @@ class _Frames:
 
 _ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STORED: 2, Kind.FIND_NODE: 1,
           Kind.FIND_VALUE: 1, Kind.NODES: 1, Kind.VALUE: 4, Kind.STORE: 5, Kind.CALL: 4,
-          Kind.REPLY: 3}
+          Kind.REPLY: 4}
 
 
 def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = MAX_CONTACTS,
@@ -254,7 +268,8 @@ def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = M
                                 id_from_bytes(f[1]), _args(f[2]),
                                 values.value(f[3], optional=True), step),
         Kind.REPLY: lambda: Reply(rpc_id, sender, _int(f[0], "status", 0, 1 << 16),
-                                  _args(f[1]), values.value(f[2], optional=True), step),
+                                  _args(f[1]), values.value(f[2], optional=True), step,
+                                  _peer_steps(f[3])),
     }
     message = builders[kind]()
     values.check_all_used()

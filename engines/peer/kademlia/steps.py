@@ -39,6 +39,7 @@ class StepTable:
     def __init__(self) -> None:
         self._seen: dict[int, StepSeen] = {}
         self._ids: dict[str, int] = {}
+        self.advances = 0            # how many times some peer's known step went up
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -52,9 +53,28 @@ class StepTable:
         self._ids[address] = node_id
         if old is None or step > old.step:
             self._seen[node_id] = StepSeen(step, now, address)
+            self.advances += 1
             return True
         self._seen[node_id] = StepSeen(old.step, max(now, old.seen_at), address)
         return False
+
+    def hear_of(self, node_id: KadId, step: int) -> None:
+        """Another peer says ``node_id`` reached ``step`` (second-hand): a lower bound, so it
+        may raise the step but says nothing about when the peer was last heard from."""
+        old = self._seen.get(node_id)
+        if old is None:
+            self._seen[node_id] = StepSeen(step, float("-inf"), "")
+            self.advances += 1
+        elif step > old.step:
+            self._seen[node_id] = StepSeen(step, old.seen_at, old.address)
+            self.advances += 1
+
+    def digest(self, limit: int, exclude: int | None = None) -> tuple[tuple[KadId, int], ...]:
+        """The ``limit`` most recently heard first-hand entries, as (id, step) pairs."""
+        heard = [(s.seen_at, i, s.step) for i, s in self._seen.items()
+                 if i != exclude and s.seen_at != float("-inf")]
+        heard.sort(reverse=True)
+        return tuple((KadId(i), step) for _, i, step in heard[:limit])
 
     def get(self, node_id: int) -> StepSeen | None:
         """What we know of ``node_id``, if anything."""

@@ -6,9 +6,8 @@ there as peers come and go:
 * **republish** (every ``republish_interval_s``): holders re-store their keys on the current
   closest peers with the remaining TTL; the origin renews the TTL (the paper's rule).
 * **re-replication**: when a node evicts a dead peer (or hears its LEAVE) it checks, for each
-  key it holds, whether the gone peer was one of the key's ``replication`` closest; if so,
-  and if this node is now the closest live holder it knows, it stores the key again on the
-  current closest (a lookup, then STOREs). ``replica_check_s`` PINGs the other holders of our
+  key it holds, whether the gone peer was one of the key's ``replication`` closest; if so, it
+  stores the key again on the current closest (a lookup, then STOREs). ``replica_check_s`` PINGs the other holders of our
   keys periodically so a death is noticed even when nobody was talking to the dead peer.
 * **hand-off**: a node that leaves stores each key it holds on the closest *other* peers
   before it tells its contacts (LEAVE) that it is gone.
@@ -55,8 +54,7 @@ class Upkeep:
                         clock=record.clock, writer=record.writer)
 
     def peer_gone(self, gone: int, now: float, eff: Effects) -> None:
-        """``gone`` was evicted (dead) or left: re-replicate the keys it held with us, if we
-        are now their closest live holder."""
+        """``gone`` was evicted (dead) or left: store again the keys it held with us."""
         node = self._node
         copies = node.config.copies
         for key in node.storage.keys():
@@ -69,8 +67,9 @@ class Upkeep:
             nearer += (node.node_id ^ key) < gone_distance
             if nearer >= copies:
                 continue                    # it was not one of this key's holders
-            if closest and closest[0].node_id ^ key < node.node_id ^ key:
-                continue                    # a closer holder does it
+            # Every holder that notices does it (STOREs are idempotent, one REPLICATE per key
+            # at a time): a copy outside the closest, such as the origin's, can then bring
+            # back a key whose closest holders all died.
             log.debug("%s: re-replicating %s after %s went", short(node.node_id), short(key),
                       short(gone))
             self._replicating.add(key)

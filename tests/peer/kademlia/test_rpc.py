@@ -26,6 +26,7 @@ MESSAGES = [
     Nodes(8, A, (Contact(B, "tcp://10.0.0.2:9"), Contact(KadId(1), "n1"))),
     Leave(0, A, step=5), Call(9, A, 3, B, (1, 2.5, "w", b"x", None), np.ones(4, np.float32), 1),
     Call(10, A, 1, B), Reply(11, A, 2, (7,), None, 3), Reply(12, A, 1, (), b"model"),
+    Reply(13, A, 1, (), None, 4, ((B, 9), (KadId(5), 0))),
 ]
 
 
@@ -130,7 +131,11 @@ class TestCodec:
         ((2, 10, 0, bytes(20), -1, 1, bytes(20), [float("nan")], None), "finite"),
         ((2, 10, 0, bytes(20), -1, 1, bytes(20), ["x" * 300], None), "at most"),
         ((2, 10, 0, bytes(20), -1, 1 << 20, bytes(20), [], None), "method"),
-        ((2, 11, 0, bytes(20), -1, -1, [], None), "status"),
+        ((2, 11, 0, bytes(20), -1, -1, [], None, []), "status"),
+        ((2, 11, 0, bytes(20), -1, 1, [], None, [[bytes(20)]]), "pair"),
+        ((2, 11, 0, bytes(20), -1, 1, [], None, [[bytes(20), -1]]), "peer step"),
+        ((2, 11, 0, bytes(20), -1, 1, [], None, [[bytes(3), 1]]), "20 bytes"),
+        ((2, 11, 0, bytes(20), -1, 1, [], None, [[bytes(20), 1]] * 65), "at most"),
     ])
     def test_malformed_messages_are_rejected(self, wire: object, reason: str) -> None:
         with pytest.raises(ProtocolError, match=reason):

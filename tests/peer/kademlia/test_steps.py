@@ -116,3 +116,41 @@ class TestCall:
         # One try fails with chance 1 - 0.7^2 = 0.51, two in a row with 0.26: of 80 calls
         # ~59 are answered with a retry (sd 3.9) and ~39 without one (sd 4.5).
         assert self._answered(2, 80) >= 50 >= self._answered(1, 80)
+
+
+class TestGossip:
+    def test_replies_carry_the_freshest_steps_and_callers_take_them_as_lower_bounds(self) -> None:
+        owner = KademliaNode(KadId(1), "owner", rng=random.Random(0))
+        caller = KademliaNode(KadId(2), "caller", rng=random.Random(1))
+        for i in range(3, 25):                  # 22 peers report to the owner, one by one
+            owner.receive(f"p{i}", encode(Ping(1, KadId(i << 100), 50 + i)), now=float(i))
+        owner.step = 3
+        _, eff = caller.call(Contact(KadId(1), "owner"), 1, key_id("w"), now=30.0)
+        reply = owner.receive("caller", eff.sends[0].message, now=30.1).sends[0].message
+        assert len(reply.peer_steps) == caller.config.gossip_steps == 16
+        assert {i >> 100 for i, _ in reply.peer_steps} == set(range(9, 25))   # the freshest
+        caller.steps.observe(KadId(24 << 100), "p24", 99, now=29.0)      # knows better already
+        caller.receive("owner", reply, now=30.2)
+        heard = caller.steps.get(KadId(20 << 100))
+        assert heard is not None and heard.step == 70 and heard.seen_at == float("-inf")
+        assert caller.steps.get(KadId(24 << 100)).step == 99  # type: ignore[union-attr]
+        owned = caller.steps.get(KadId(1))                       # the owner itself, first-hand
+        assert owned is not None and owned.step == 3 and owned.seen_at == 30.2
+
+    def test_gossip_can_be_turned_off(self) -> None:
+        owner = KademliaNode(KadId(1), "owner", KademliaConfig(gossip_steps=0),
+                             rng=random.Random(0))
+        owner.receive("p", encode(Ping(1, KadId(7), 5)), now=0.0)
+        call = Call(3, KadId(2), 1, key_id("w"))
+        reply = owner.receive("caller", call, now=1.0).sends[0].message
+        assert reply.peer_steps == ()
+
+
+class TestWatchers:
+    def test_a_peer_asking_while_ahead_is_told_once(self) -> None:
+        node = KademliaNode(KadId(1), "me", rng=random.Random(0))
+        node.step = 4
+        node.receive("ahead", encode(Ping(1, KadId(7), 9)), now=1.0)    # waits on us, likely
+        node.receive("behind", encode(Ping(2, KadId(8), 2)), now=1.0)   # does not
+        assert [c.address for c in node.take_watchers()] == ["ahead"]
+        assert node.take_watchers() == []
