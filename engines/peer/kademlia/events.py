@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from .ids import KadId
+from .messages import Message, Reply
 from .routing import Contact
-from .rpc import MAX_VALUE_BYTES, Message
+from .values import Blob
+
+MAX_VALUE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -24,27 +28,40 @@ class KademliaConfig:
         replication: how many of the closest nodes store a value (default: ``ksize``).
         rpc_timeout_s: how long to wait for a reply before the contact counts as failed.
         max_failures: consecutive unanswered RPCs after which a contact is dropped from the
-            table and skipped for ``dead_for_s`` (one failed PING always suffices); a single
-            loss only takes it out of the lookup in progress.
+            table and skipped for ``dead_for_s``. After a miss short of that, the contact is
+            PINGed and not handed out until it answers, so one lost message costs nothing.
         dead_for_s: how long a dropped contact is skipped when other nodes return it.
         refresh_interval_s: a bucket with no lookup in this long gets a random-id lookup.
         republish_interval_s: how often stored keys are re-sent to the current k closest.
         ttl_s: lifetime of a value unless its origin republishes it.
         refresh_on_join: after the self-lookup, refresh buckets beyond the closest neighbour.
-        max_value_bytes: the largest value accepted in STORE / VALUE.
+        max_value_bytes: the largest value accepted in STORE / VALUE / CALL / REPLY.
+        sample_cache_s: how long a subtree's membership found for peer sampling is reused
+            (0: never); dead peers leave it at once, live newcomers join it when heard from.
+        holders_cache_s: how long ``set`` reuses the holders its last lookup found for a key
+            (an owner writing the same key at every step skips the lookup; 0: always look up).
+        replica_check_s: how often a holder PINGs the other holders of its keys, so a dead
+            one is noticed and its keys re-replicated without waiting for the next republish
+            (0: only when some request to it fails).
+        gossip_steps: how many of the steps it heard most recently a node adds to each REPLY
+            it sends (0: none); a peer many others call spreads their progress for free.
     """
 
     ksize: int = 20
     alpha: int = 3
     replication: int | None = None
     rpc_timeout_s: float = 2.0
-    max_failures: int = 1
+    max_failures: int = 2
     dead_for_s: float = 300.0
     refresh_interval_s: float = 3600.0
     republish_interval_s: float = 3600.0
     ttl_s: float = 86400.0
     refresh_on_join: bool = True
     max_value_bytes: int = MAX_VALUE_BYTES
+    sample_cache_s: float = 60.0
+    holders_cache_s: float = 0.0
+    replica_check_s: float = 0.0
+    gossip_steps: int = 16
 
     @property
     def copies(self) -> int:
@@ -58,24 +75,35 @@ class TimerKind(IntEnum):
     RPC_TIMEOUT = 1   # token: the rpc id
     REFRESH = 2       # periodic bucket refresh
     REPUBLISH = 3     # periodic expiry sweep + republish
+    REPLICA_CHECK = 4  # periodic PING of the other holders of our keys
 
 
 class OpKind(IntEnum):
-    """Operations a node runs; the first five are started by its user."""
+    """Operations a node runs; the first nine are started by its user (and end in a Done)."""
 
     FIND_NODE = 1
     FIND_VALUE = 2
     STORE = 3
     JOIN = 4
     SAMPLE = 5
-    REFRESH = 6
-    REPUBLISH = 7
-    SAMPLE_TRY = 8
+    MEMBERS = 6
+    PING = 7
+    CALL = 8
+    LEAVE = 9
+    REFRESH = 10
+    REPUBLISH = 11
+    SUBTREE = 12
+    REPLICATE = 13
+    HANDOFF = 14
+
+
+PUBLIC_OPS = frozenset(OpKind(i) for i in range(1, 10))
 
 
 @dataclass(frozen=True)
 class Send:
-    """Send ``message`` to ``address`` (``rpc.encode`` gives its wire form)."""
+    """Send ``message`` to ``address``: ``rpc.encode(message)`` is its frame, followed by the
+    frames of ``rpc.value_frames(message)`` (a value's bytes, out of band)."""
 
     address: str
     message: Message
@@ -96,11 +124,15 @@ class Done:
 
     Attributes:
         op_id: what the starting call returned.
-        kind: FIND_NODE, FIND_VALUE, STORE, JOIN or SAMPLE.
-        target: the id looked up (the key for FIND_VALUE / STORE).
-        contacts: the closest contacts that answered (SAMPLE: the sampled peers).
-        value: FIND_VALUE's value, or None when not found.
-        stored_on: STORE: the contacts that acknowledged (plus this node if it stores a copy).
+        kind: which operation (``OpKind``, one of the public ones).
+        target: the id looked up (the key for FIND_VALUE / STORE / CALL).
+        contacts: FIND_NODE / JOIN: the closest contacts that answered; SAMPLE: the sampled
+            peers; MEMBERS: every peer found; PING / CALL: the peer if it answered, else ().
+        blob: FIND_VALUE's value (``value`` rebuilds it), or None when not found.
+        clock: the version clock of the value found (FIND_VALUE) or written (STORE).
+        stored_on: STORE / LEAVE: the contacts that acknowledged (STORE: plus this node if
+            it keeps a copy).
+        reply: CALL's reply, or None if the peer never answered.
         rounds: lookup rounds (hops); rpcs: requests sent; elapsed_s: time on the node's clock.
     """
 
@@ -108,11 +140,18 @@ class Done:
     kind: OpKind
     target: KadId
     contacts: tuple[Contact, ...] = ()
-    value: bytes | None = None
+    blob: Blob | None = None
+    clock: int = 0
     stored_on: tuple[Contact, ...] = ()
+    reply: Reply | None = None
     rounds: int = 0
     rpcs: int = 0
     elapsed_s: float = 0.0
+
+    @property
+    def value(self) -> Any:
+        """FIND_VALUE's value rebuilt (bytes, numpy array or tensor), or None."""
+        return None if self.blob is None else self.blob.to_value()
 
 
 @dataclass

@@ -85,7 +85,7 @@ def id_from_bytes(data: object) -> KadId:
     ...
     actorpy.errors.ProtocolError: id must be 20 bytes, got 5
     """
-    if not isinstance(data, bytes):
+    if type(data) is not bytes:
         raise ProtocolError(f"id must be bytes, got {type(data).__name__}")
     if len(data) != ID_BYTES:
         raise ProtocolError(f"id must be {ID_BYTES} bytes, got {len(data)}")

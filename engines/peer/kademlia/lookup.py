@@ -21,7 +21,7 @@ knows no time: the node sends the queries it hands out, and reports answers and 
 from __future__ import annotations
 
 import bisect
-from typing import Iterable
+from typing import Any, Iterable
 
 from .ids import KadId
 from .routing import Contact
@@ -38,10 +38,12 @@ class Lookup:
         ksize: how many closest contacts the lookup must have heard from (*k*).
         alpha: the most queries in flight at once (paper: 3).
         own_id: the caller's id, never put on the shortlist.
+        stop_at_value: end at the first value (the paper's FIND_VALUE); False asks the k
+            closest all the same and keeps every value in ``values`` (to pick the newest).
     """
 
     def __init__(self, target: KadId, seeds: Iterable[Contact], *, ksize: int, alpha: int,
-                 own_id: KadId | None = None) -> None:
+                 own_id: KadId | None = None, stop_at_value: bool = True) -> None:
         self.target = target
         self.ksize = ksize
         self.alpha = alpha
@@ -54,8 +56,10 @@ class Lookup:
         self.max_in_flight = 0
         self.queries = 0
         self.rounds = 0
-        self.value: bytes | None = None
+        self.value: Any = None               # what on_value was given (the node: a Value)
         self.value_from: Contact | None = None
+        self.values: list[Any] = []
+        self.stop_at_value = stop_at_value
         self.seeded_empty = True
         self._top_cache: list[int] | None = None
         for contact in seeds:
@@ -121,11 +125,14 @@ class Lookup:
             for contact in contacts:
                 self._add(contact, next_round)
 
-    def on_value(self, from_id: KadId, value: bytes) -> None:
-        """``from_id`` answered a FIND_VALUE with the value: the lookup is over."""
+    def on_value(self, from_id: KadId, value: Any) -> None:
+        """``from_id`` answered a FIND_VALUE with the value: the lookup is over (unless it
+        does not stop at values)."""
         if self._settle(from_id, ANSWERED):
-            self.value = value
-            self.value_from = self._contacts[from_id]
+            self.values.append(value)
+            if self.stop_at_value:
+                self.value = value
+                self.value_from = self._contacts[from_id]
 
     def on_failure(self, from_id: KadId) -> None:
         """``from_id`` timed out or sent a bad reply: skip it from now on."""

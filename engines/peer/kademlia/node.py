@@ -1,9 +1,10 @@
 """One Kademlia node as a sans-I/O state machine: messages and timers in, Effects out.
 
 A shell (the simulator in ``sim.py``, later the P2P engine's runtime) owns the transport and
-the clock. It calls ``receive(sender_address, message, now)`` for each arriving message and
-``on_timer(kind, token, now)`` for each due timer, then performs the returned ``Effects``.
-``sender_address`` must be what the transport authenticated, never a field of the message.
+the clock. It calls ``receive(sender_address, message, now, frames)`` for each arriving
+message and ``on_timer(kind, token, now)`` for each due timer, then performs the returned
+``Effects``. ``sender_address`` must be what the transport authenticated, never a field of the
+message. Keeping keys alive (republish, re-replication, hand-off on leave) is in ``upkeep.py``.
 
 >>> import random
 >>> a = KademliaNode(KadId(1), "a", rng=random.Random(0))
@@ -18,72 +19,41 @@ the clock. It calls ``receive(sender_address, message, now)`` for each arriving 
 from __future__ import annotations
 
 import logging
-import math
 import random
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from actorpy.errors import ProtocolError
 
 from .events import Done, Effects, KademliaConfig, OpKind, Send, SetTimer, TimerKind
-from .ids import KadId, random_id, random_id_in_range, shared_prefix_len, short
-from .lookup import Lookup
+from .ids import KadId, random_id_in_range, short
+from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
+                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Store, Stored,
+                       Value)
+from .ops import NodeOps, NodeStats, _Op, _Pending
 from .routing import Contact, RoutingTable
-from .rpc import (REPLY_KINDS, REQUEST_KINDS, FindNode, FindValue, Kind, Message, Nodes, Ping,
-                  Pong, Store, Stored, Value, decode)
-from .services import picks_from_subtree, sample_depth, table_size_estimate
+from .rpc import decode
+from .sampling import SampleOp, Sampler, SubtreeCache
+from .services import sample_depth, table_size_estimate
+from .steps import StepTable
 from .storage import MemoryStorage, Storage
+from .upkeep import Upkeep
+from .values import Blob
 
 log = logging.getLogger(__name__)
 
-SAMPLE_SPREAD = 4   # see services.picks_from_subtree
-_PUBLIC = frozenset({OpKind.FIND_NODE, OpKind.FIND_VALUE, OpKind.STORE, OpKind.JOIN,
-                     OpKind.SAMPLE})
+#: What an engine answers a CALL with: (status, args, value or None).
+Answer = tuple[int, tuple[Any, ...], Any]
+#: ``on_call(sender, call, now, effects) -> Answer``: runs on the node's thread; it may add
+#: effects (e.g. start a ``set``) to the effects it is handed.
+CallHandler = Callable[[Contact, Call, float, Effects], Answer]
+NO_HANDLER = 0   # the status of a CALL that no engine handles
 
 
-@dataclass
-class _Pending:
-    contact: Contact
-    kind: Kind
-    op_id: int | None
-    key: int = 0
+def _no_handler(sender: Contact, call: Call, now: float, eff: Effects) -> Answer:
+    return NO_HANDLER, (), None
 
 
-@dataclass
-class _Op:
-    op_id: int
-    kind: OpKind
-    target: KadId
-    started_s: float
-    lookup: Lookup | None = None
-    value: bytes = b""
-    ttl_s: float = 0.0
-    awaiting: int = 0
-    stored_on: list[Contact] = field(default_factory=list)
-    in_flight: int = 0
-    rpcs: int = 0
-    parent: int | None = None
-    # SAMPLE only
-    beta: int = 0
-    depth: int = 0
-    rng: random.Random | None = None
-    chosen: dict[int, Contact] = field(default_factory=dict)
-    tries: int = 0
-    children: int = 0
-
-
-@dataclass
-class NodeStats:
-    """Counters a test or benchmark can read (not used by the protocol)."""
-
-    lookups: int = 0
-    empty_starts: int = 0          # lookups seeded with nothing although the table was not empty
-    max_in_flight: int = 0         # most requests one lookup ever had outstanding
-    rpcs_sent: int = 0
-    timeouts: int = 0
-
-
-class KademliaNode:
+class KademliaNode(NodeOps):
     """A Kademlia peer's protocol logic.
 
     Args:
@@ -93,6 +63,14 @@ class KademliaNode:
         rng: injected randomness (rpc ids, refresh targets).
         storage: where values live (default: in memory).
         now: creation time on the shell's clock.
+
+    Attributes:
+        step: this node's completed steps in its job (-1 outside one), sent with every
+            message; the engine sets it.
+        steps: the steps other peers reported (``StepTable``).
+        on_call: the engine's CALL handler (``CallHandler``).
+        watchers: peers that PINGed us while ahead of us (a barrier waiting on us, likely);
+            the engine tells them when our step moves (``take_watchers``).
     """
 
     def __init__(self, node_id: KadId, address: str, config: KademliaConfig | None = None,
@@ -104,19 +82,32 @@ class KademliaNode:
         self.routing = RoutingTable(node_id, self.config.ksize, now)
         self.storage: Storage = storage if storage is not None else MemoryStorage()
         self.stats = NodeStats()
+        self.step = NO_STEP
+        self.steps = StepTable()
+        self.on_call: CallHandler = _no_handler
+        self.watchers: dict[int, Contact] = {}
+        self.subtrees = SubtreeCache()
+        self.upkeep = Upkeep(self)
         self._rng = rng if rng is not None else random.Random(node_id)
         self._pending: dict[int, _Pending] = {}
         self._ops: dict[int, _Op] = {}
         self._dead: dict[int, float] = {}
         self._failures: dict[int, int] = {}
-        self._pinging: set[int] = set()
+        self._probing: set[int] = set()      # table contacts with a PING in flight
+        self._suspects: set[int] = set()     # table contacts that missed a reply: not handed out
+        self._holders: dict[int, tuple[list[Contact], float]] = {}
         self._next_op = 1
+        self._sampler = Sampler(node_id, self.config.ksize, self.subtrees,
+                                self.config.sample_cache_s, self._subtree_lookup)
 
     # ------------------------------------------------------------ user calls
     def start(self, now: float) -> Effects:
-        """Arm the periodic refresh and republish timers (call once)."""
-        return Effects(timers=[SetTimer(self.config.refresh_interval_s, TimerKind.REFRESH),
-                               SetTimer(self.config.republish_interval_s, TimerKind.REPUBLISH)])
+        """Arm the periodic timers (call once)."""
+        eff = Effects(timers=[SetTimer(self.config.refresh_interval_s, TimerKind.REFRESH),
+                              SetTimer(self.config.republish_interval_s, TimerKind.REPUBLISH)])
+        if self.config.replica_check_s > 0:
+            eff.timers.append(SetTimer(self.config.replica_check_s, TimerKind.REPLICA_CHECK))
+        return eff
 
     def join(self, bootstrap: Iterable[Contact], now: float) -> tuple[int, Effects]:
         """Enter the overlay through known contacts: a lookup of our own id (paper 2.3)."""
@@ -129,54 +120,125 @@ class KademliaNode:
         """Start a lookup of the k nodes closest to ``target``; ends in a ``Done``."""
         return self._begin(OpKind.FIND_NODE, target, now)
 
-    def get(self, key: KadId, now: float) -> tuple[int, Effects]:
-        """Start a FIND_VALUE lookup (answered at once when held here)."""
-        value = self.storage.get(key, now)
-        if value is not None:
-            op_id = self._new_op_id()
-            return op_id, Effects(done=[Done(op_id, OpKind.FIND_VALUE, key, value=value)])
-        return self._begin(OpKind.FIND_VALUE, key, now)
+    def get(self, key: KadId, now: float, newest: bool = False) -> tuple[int, Effects]:
+        """Start a FIND_VALUE lookup; ``Done.value`` and ``Done.clock`` give what was found.
 
-    def set(self, key: KadId, value: bytes, now: float,
-            ttl_s: float | None = None) -> tuple[int, Effects]:
-        """Store ``value`` on the ``replication`` nodes closest to ``key``; this node becomes its
-        origin and renews it at every republish."""
-        if len(value) > self.config.max_value_bytes:
-            raise ValueError(f"value of {len(value)} bytes is over max_value_bytes")
+        Args:
+            newest: False (the paper's FIND_VALUE): a copy held here answers at once, else the
+                first copy found ends the lookup. True: ask the k closest all the same and
+                return the highest version among their copies and ours (a replica may lag).
+        """
+        record = self.storage.get(key, now)
+        if record is not None and not newest:
+            op_id = self._new_op_id()
+            return op_id, Effects(done=[Done(op_id, OpKind.FIND_VALUE, key, blob=record.value,
+                                             clock=record.clock)])
+        return self._begin(OpKind.FIND_VALUE, key, now, newest=newest)
+
+    def set(self, key: KadId, value: Any, now: float, ttl_s: float | None = None,
+            clock: int | None = None) -> tuple[int, Effects]:
+        """Store ``value`` (bytes, numpy array or tensor) on the ``replication`` nodes closest
+        to ``key``, with version ``(clock, this node)``; this node keeps a copy and renews it
+        at every republish. ``clock`` defaults to one past the version held here (0 if none).
+
+        Raises:
+            ValueError: the value is over ``max_value_bytes``.
+            TypeError: the value is not bytes, a numpy array or a tensor.
+        """
+        blob = Blob.of(value)
+        if blob.nbytes > self.config.max_value_bytes:
+            raise ValueError(f"value of {blob.nbytes} bytes is over max_value_bytes")
         ttl = self.config.ttl_s if ttl_s is None else ttl_s
-        self.storage.put(key, value, now, ttl, is_origin=True)
-        return self._begin(OpKind.STORE, key, now, value=value, ttl_s=ttl)
+        if clock is None:
+            held = self.storage.get(key, now)
+            clock = 0 if held is None else held.clock + 1
+        self.storage.put(key, blob, now, ttl, is_origin=True, clock=clock, writer=self.node_id)
+        fields = dict(value=blob, ttl_s=ttl, clock=clock, writer=self.node_id)
+        cached = self._holders.get(key)
+        if cached is not None and now < cached[1]:
+            op = _Op(self._new_op_id(), OpKind.STORE, key, now, **fields)  # type: ignore[arg-type]
+            self._ops[op.op_id] = op
+            eff = Effects()
+            self._store_phase(op, cached[0], now, eff)
+            return op.op_id, eff
+        return self._begin(OpKind.STORE, key, now, **fields)
 
     def sample_peers(self, beta: int, rng: random.Random, now: float) -> tuple[int, Effects]:
-        """Start drawing ``beta`` distinct live peers, close to uniformly at random (see
-        ``services``); the ``Done`` lists them (fewer if the overlay is smaller)."""
+        """Start drawing ``beta`` distinct other peers uniformly at random without replacement
+        (see ``sampling``); the ``Done`` lists them (all of them if the overlay is smaller).
+        Once the subtrees are cached (``sample_cache_s``) a sample sends nothing."""
         op_id = self._new_op_id()
         depth = sample_depth(self.size_estimate(), self.config.ksize)
-        op = _Op(op_id, OpKind.SAMPLE, self.node_id, now, beta=beta, depth=depth, rng=rng)
-        self._ops[op_id] = op
         eff = Effects()
-        if beta <= 0:
-            self._finish(op, now, eff)
-        else:
-            self._sample_more(op, now, eff)
+        self._sampler.sample(SampleOp(op_id, beta, depth, rng, now, self._sample_done), now, eff)
         return op_id, eff
+
+    def members(self, rng: random.Random, now: float) -> tuple[int, Effects]:
+        """Start enumerating every live peer of the overlay (``Done.contacts``), subtree by
+        subtree through the same cache as ``sample_peers`` (BSP/SSP need every peer).
+
+        Raises:
+            ValueError: the overlay is too large to enumerate (see ``sampling``).
+        """
+        op_id = self._new_op_id()
+        depth = sample_depth(self.size_estimate(), self.config.ksize)
+        eff = Effects()
+        self._sampler.enumerate(SampleOp(op_id, None, depth, rng, now, self._sample_done),
+                                now, eff)
+        return op_id, eff
+
+    def ping(self, contact: Contact, now: float) -> tuple[int, Effects]:
+        """PING one peer (its PONG refreshes its step in ``steps``); ``Done.contacts`` holds it
+        if it answered, nothing if it is gone."""
+        op = self._single(OpKind.PING, contact.node_id, now)
+        eff = Effects()
+        self._request(contact, lambda rpc: Ping(rpc, self.node_id, self.step), op, now, eff)
+        return op.op_id, eff
+
+    def call(self, contact: Contact, method: int, key: KadId, now: float,
+             args: Sequence[Any] = (), value: Any = None) -> tuple[int, Effects]:
+        """Send an engine request (``Call``) to ``contact``; ``Done.reply`` is its ``Reply``,
+        or None if the peer did not answer (after ``max_failures`` tries)."""
+        op = self._single(OpKind.CALL, key, now)
+        blob = None if value is None else Blob.of(value)
+        eff = Effects()
+        self._request(contact, lambda rpc: Call(rpc, self.node_id, method, key, tuple(args),
+                                                blob, self.step), op, now, eff)
+        return op.op_id, eff
+
+    def leave(self, now: float) -> tuple[int, Effects]:
+        """Leave gracefully: hand every key held to its closest other peers, then tell every
+        contact (LEAVE) so they drop this node at once. Ends in a Done (``stored_on``: the
+        peers that took keys); the shell may stop the node after it."""
+        op = self._single(OpKind.LEAVE, self.node_id, now)
+        eff = Effects()
+        self.upkeep.leave(op, now, eff)
+        return op.op_id, eff
+
+    def take_watchers(self) -> list[Contact]:
+        """The peers that asked for our step while ahead of us, once each (then forgotten)."""
+        watchers, self.watchers = list(self.watchers.values()), {}
+        return watchers
 
     def size_estimate(self) -> float:
         """Network size estimated from id density in our routing table (this node counted)."""
         return table_size_estimate(self.routing)
 
     # ------------------------------------------------------------ shell calls
-    def receive(self, sender_address: str, message: Message | tuple | list,
-                now: float) -> Effects:
-        """Handle one message from ``sender_address`` (a decoded ``Message`` or its wire form).
+    def receive(self, sender_address: str, message: object, now: float,
+                frames: Sequence[object] = ()) -> Effects:
+        """Handle one message from ``sender_address``: a decoded ``Message``, or its wire form
+        (``rpc.encode``) with the value ``frames`` that came after it.
 
         Raises:
             ProtocolError: malformed, unsolicited, or claiming an id it does not own; nothing
                 was changed. The shell logs it and keeps serving.
         """
-        if isinstance(message, (tuple, list)):
-            message = decode(message, max_contacts=self.config.ksize,
+        if type(message) not in MESSAGE_TYPES:
+            # anything but our own message objects is wire data from a peer: validate it all
+            message = decode(message, frames, max_contacts=self.config.ksize,
                              max_value_bytes=self.config.max_value_bytes)
+        assert isinstance(message, tuple(MESSAGE_TYPES))
         sender = Contact(message.sender_id, sender_address)
         if sender.node_id == self.node_id:
             raise ProtocolError(f"{sender_address} claims our own id")
@@ -187,9 +249,14 @@ class KademliaNode:
         if holder is not None and holder != sender.node_id:
             raise ProtocolError(f"{sender_address} is in the table under another id")
         eff = Effects()
+        if isinstance(message, Leave):
+            if known is not None:               # only a peer we hold can take itself out
+                log.debug("%s: %s left", short(self.node_id), sender_address)
+                self._evict(sender.node_id, now, eff)
+            return eff
         if message.KIND in REQUEST_KINDS:
-            self._note_alive(sender, now, eff)
-            eff.sends.append(Send(sender_address, self._answer(message, now)))
+            self._note_alive(sender, message.step, now, eff)
+            eff.sends.append(Send(sender_address, self._answer(sender, message, now, eff)))
             return eff
         pending = self._pending.get(message.rpc_id)
         if pending is None or pending.contact.address != sender_address:
@@ -201,9 +268,13 @@ class KademliaNode:
         if isinstance(message, Value) and message.key != pending.key:
             raise ProtocolError("VALUE for a key that was not asked for")
         del self._pending[message.rpc_id]
-        self._dead.pop(sender.node_id, None)
-        self._pinging.discard(sender.node_id)
-        self._note_alive(sender, now, eff)
+        if isinstance(message, Reply):
+            for node_id, peer_step in message.peer_steps:
+                if node_id != self.node_id and node_id != sender.node_id:
+                    self.steps.hear_of(node_id, peer_step)
+        if pending.kind == Kind.PING:
+            self._probing.discard(sender.node_id)
+        self._note_alive(sender, message.step, now, eff)
         op = self._ops.get(pending.op_id) if pending.op_id is not None else None
         if op is not None:
             op.in_flight -= 1
@@ -223,213 +294,39 @@ class KademliaNode:
                 self._begin(OpKind.REFRESH, target, now, eff=eff)
             eff.timers.append(SetTimer(self.config.refresh_interval_s, TimerKind.REFRESH))
         elif kind == TimerKind.REPUBLISH:
-            self._republish(now, eff)
+            self.upkeep.republish(now, eff)
             eff.timers.append(SetTimer(self.config.republish_interval_s, TimerKind.REPUBLISH))
+        elif kind == TimerKind.REPLICA_CHECK:
+            self.upkeep.check_replicas(now, eff)
+            eff.timers.append(SetTimer(self.config.replica_check_s, TimerKind.REPLICA_CHECK))
         return eff
 
     # ------------------------------------------------------------ internals
-    def _new_op_id(self) -> int:
-        self._next_op += 1
-        return self._next_op - 1
-
-    def _is_dead(self, node_id: int, now: float) -> bool:
-        until = self._dead.get(node_id)
-        return until is not None and now < until
-
-    def _note_alive(self, contact: Contact, now: float, eff: Effects) -> None:
-        self._dead.pop(contact.node_id, None)
-        self._failures.pop(contact.node_id, None)
-        oldest = self.routing.observe(contact, now)
-        if oldest is not None and oldest.node_id not in self._pinging:
-            # Full bucket: keep the old contact unless it fails a PING (paper 2.2).
-            self._pinging.add(oldest.node_id)
-            self._request(oldest, lambda rpc: Ping(rpc, self.node_id), None, now, eff)
-
-    def _answer(self, message: Message, now: float) -> Message:
-        k, me = self.config.ksize, self.node_id
+    def _answer(self, sender: Contact, message: Message, now: float, eff: Effects) -> Message:
+        me, step = self.node_id, self.step
         if isinstance(message, Ping):
-            return Pong(message.rpc_id, me)
+            if message.step > step >= 0:
+                # asked for our step by a peer ahead of us: it may be waiting on us
+                self.watchers[sender.node_id] = sender
+            return Pong(message.rpc_id, me, step)
         if isinstance(message, Store):
-            self.storage.put(message.key, message.value, now, min(message.ttl_s, self.config.ttl_s))
-            return Stored(message.rpc_id, me)
+            self.storage.put(message.key, message.value, now,
+                             min(message.ttl_s, self.config.ttl_s), clock=message.clock,
+                             writer=message.writer)
+            held = self.storage.get(message.key, now)
+            clock, writer = (held.clock, held.writer) if held is not None else (0, KadId(0))
+            return Stored(message.rpc_id, me, clock, writer, step)
+        if isinstance(message, Call):
+            status, args, value = self.on_call(sender, message, now, eff)
+            gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
+            return Reply(message.rpc_id, me, status, tuple(args), value, step, gossip)
         if isinstance(message, FindValue):
-            value = self.storage.get(message.key, now)
-            if value is not None:
-                return Value(message.rpc_id, me, message.key, value)
+            record = self.storage.get(message.key, now)
+            if record is not None:
+                return Value(message.rpc_id, me, message.key, record.value, record.clock,
+                             record.writer, step)
             target = message.key
         else:
             assert isinstance(message, FindNode)
             target = message.target
-        closest = self.routing.closest(target, k, exclude=frozenset({message.sender_id}))
-        return Nodes(message.rpc_id, me, tuple(closest))
-
-    def _request(self, contact: Contact, make: Callable[[int], Message], op: _Op | None,
-                 now: float, eff: Effects, key: int = 0) -> None:
-        rpc_id = self._rng.getrandbits(63)
-        while rpc_id in self._pending:
-            rpc_id = self._rng.getrandbits(63)
-        message = make(rpc_id)
-        self._pending[rpc_id] = _Pending(contact, message.KIND, op.op_id if op else None, key)
-        self.stats.rpcs_sent += 1
-        if op is not None:
-            op.rpcs += 1
-            op.in_flight += 1
-            if op.lookup is not None and op.awaiting == 0:
-                self.stats.max_in_flight = max(self.stats.max_in_flight, op.in_flight)
-        eff.sends.append(Send(contact.address, message))
-        eff.timers.append(SetTimer(self.config.rpc_timeout_s, TimerKind.RPC_TIMEOUT, rpc_id))
-
-    def _begin(self, kind: OpKind, target: KadId, now: float, eff: Effects | None = None,
-               **fields: object) -> tuple[int, Effects]:
-        eff = eff if eff is not None else Effects()
-        op = _Op(self._new_op_id(), kind, target, now, **fields)  # type: ignore[arg-type]
-        seeds = self.routing.closest(target, self.config.ksize)
-        op.lookup = Lookup(target, seeds, ksize=self.config.ksize, alpha=self.config.alpha,
-                           own_id=self.node_id)
-        self.stats.lookups += 1
-        if op.lookup.seeded_empty and len(self.routing):
-            self.stats.empty_starts += 1
-        self.routing.touch(target, now)
-        self._ops[op.op_id] = op
-        self._pump(op, now, eff)
-        return op.op_id, eff
-
-    def _pump(self, op: _Op, now: float, eff: Effects) -> None:
-        lookup = op.lookup
-        assert lookup is not None
-        if op.kind == OpKind.FIND_VALUE:
-            make: Callable[[Contact], Callable[[int], Message]] = (
-                lambda c: lambda rpc: FindValue(rpc, self.node_id, op.target))
-        else:
-            make = lambda c: lambda rpc: FindNode(rpc, self.node_id, op.target)  # noqa: E731
-        for contact in lookup.next_queries():
-            self._request(contact, make(contact), op, now, eff, key=op.target)
-        if lookup.is_done:
-            self._lookup_done(op, now, eff)
-
-    def _on_reply(self, op: _Op, sender: Contact, message: Message, now: float,
-                  eff: Effects) -> None:
-        if isinstance(message, Stored):                  # STORE phase of STORE / REPUBLISH
-            op.awaiting -= 1
-            op.stored_on.append(sender)
-            if op.awaiting == 0:
-                self._finish(op, now, eff)
-            return
-        if op.lookup is None or op.lookup.is_done:
-            return
-        if isinstance(message, Value):
-            op.lookup.on_value(sender.node_id, message.value)
-        elif isinstance(message, Nodes):
-            dead = self._dead
-            fresh = [c for c in message.contacts
-                     if c.node_id not in dead or not self._is_dead(c.node_id, now)]
-            op.lookup.on_nodes(sender.node_id, fresh)
-        self._pump(op, now, eff)
-
-    def _on_timeout(self, pending: _Pending, now: float, eff: Effects) -> None:
-        node_id = pending.contact.node_id
-        self.stats.timeouts += 1
-        failures = self._failures.get(node_id, 0) + 1
-        self._failures[node_id] = failures
-        self._pinging.discard(node_id)
-        if pending.kind == Kind.PING or failures >= self.config.max_failures:
-            # an LRS contact that failed its PING leaves here, as does a repeat offender
-            self._dead[node_id] = now + self.config.dead_for_s
-            self._failures.pop(node_id, None)
-            self.routing.remove(node_id)
-        log.debug("%s: %s timed out (%s)", short(self.node_id), pending.contact.address,
-                  pending.kind.name)
-        op = self._ops.get(pending.op_id) if pending.op_id is not None else None
-        if op is None:
-            return
-        op.in_flight -= 1
-        if pending.kind == Kind.STORE:
-            op.awaiting -= 1
-            if op.awaiting == 0:
-                self._finish(op, now, eff)
-        elif op.lookup is not None and not op.lookup.is_done:
-            op.lookup.on_failure(node_id)
-            self._pump(op, now, eff)
-
-    def _lookup_done(self, op: _Op, now: float, eff: Effects) -> None:
-        assert op.lookup is not None
-        if op.kind in (OpKind.STORE, OpKind.REPUBLISH):
-            me = Contact(self.node_id, self.address)
-            holders = sorted(op.lookup.result() + [me], key=lambda c: c.node_id ^ op.target)
-            for contact in holders[:self.config.copies]:
-                if contact == me:
-                    self.storage.put(op.target, op.value, now, op.ttl_s)
-                    op.stored_on.append(me)
-                else:
-                    op.awaiting += 1
-                    self._request(contact, lambda rpc: Store(rpc, self.node_id, op.target,
-                                                             op.value, op.ttl_s), op, now, eff)
-            if op.awaiting == 0:
-                self._finish(op, now, eff)
-            return
-        if op.kind == OpKind.JOIN and self.config.refresh_on_join and op.lookup.result():
-            level = shared_prefix_len(self.node_id, op.lookup.result()[0].node_id)
-            for bucket in self.routing.buckets:
-                if not bucket.covers(self.node_id) and bucket.depth() <= level:
-                    target = random_id_in_range(bucket.lo, bucket.hi, self._rng)
-                    self._begin(OpKind.REFRESH, target, now, eff=eff)
-        self._finish(op, now, eff)
-
-    def _finish(self, op: _Op, now: float, eff: Effects) -> None:
-        if self._ops.pop(op.op_id, None) is None:
-            return
-        lookup = op.lookup
-        if op.kind == OpKind.SAMPLE_TRY:
-            parent = self._ops.get(op.parent) if op.parent is not None else None
-            if parent is not None and lookup is not None:
-                self._sample_result(parent, op, lookup.result(), now, eff)
-            return
-        if op.kind not in _PUBLIC:
-            return
-        if op.kind == OpKind.SAMPLE:
-            contacts = tuple(op.chosen.values())
-        else:
-            contacts = tuple(lookup.result()) if lookup is not None else ()
-        eff.done.append(Done(
-            op.op_id, op.kind, op.target, contacts,
-            value=lookup.value if lookup is not None else None,
-            stored_on=tuple(op.stored_on), rounds=lookup.rounds if lookup is not None else 0,
-            rpcs=op.rpcs, elapsed_s=now - op.started_s))
-
-    def _sample_try(self, op: _Op, now: float, eff: Effects) -> None:
-        assert op.rng is not None
-        op.children += 1
-        self._begin(OpKind.SAMPLE_TRY, random_id(op.rng), now, eff=eff, parent=op.op_id)
-
-    def _sample_result(self, op: _Op, child: _Op, found: list[Contact], now: float,
-                       eff: Effects) -> None:
-        assert op.rng is not None
-        op.children -= 1
-        op.tries += 1
-        op.rpcs += child.rpcs
-        picks = picks_from_subtree(child.target, op.depth, found, self.config.ksize,
-                                   op.rng, SAMPLE_SPREAD)
-        op.rng.shuffle(picks)
-        for pick in picks:
-            if len(op.chosen) < op.beta:
-                op.chosen.setdefault(pick.node_id, pick)
-        if len(op.chosen) >= op.beta or op.tries >= 40 * op.beta + 40:
-            self._finish(op, now, eff)
-        else:
-            self._sample_more(op, now, eff)
-
-    def _sample_more(self, op: _Op, now: float, eff: Effects) -> None:
-        # One try yields about 0.6 * ksize / SPREAD peers: run just enough tries at once.
-        per_try = max(1.0, 0.6 * self.config.ksize / SAMPLE_SPREAD)
-        wanted = min(8, max(1, math.ceil((op.beta - len(op.chosen)) / per_try)))
-        while op.children < wanted:
-            self._sample_try(op, now, eff)
-
-    def _republish(self, now: float, eff: Effects) -> None:
-        self.storage.expire(now)
-        interval = self.config.republish_interval_s
-        for key, record in self.storage.due_for_republish(now, interval):
-            ttl = self.config.ttl_s if record.is_origin else record.expires_at - now
-            if record.is_origin:
-                self.storage.put(key, record.value, now, ttl, is_origin=True)
-            self._begin(OpKind.REPUBLISH, key, now, eff=eff, value=record.value, ttl_s=ttl)
+        return Nodes(message.rpc_id, me, tuple(self._closest(target, message.sender_id)), step)

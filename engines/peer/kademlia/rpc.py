@@ -1,194 +1,148 @@
-"""The overlay's messages: typed dataclasses, their kinds, and a strict plain-values codec.
+"""The overlay's strict plain-values codec, with values out of band.
 
-Every message becomes a tuple of ints, bytes, str, floats and lists (``encode``) and comes back
-through ``decode``, which checks the version, kind, types, id lengths and sizes and raises
-``ProtocolError`` on anything off. The core's wire can carry these tuples as its payload later
-without the protocol code changing. Paper section 2.3 names the four RPCs.
+``encode(msg)`` gives a tuple of ints, floats, str, bytes and lists (no pickle needed):
+``(version, kind, rpc_id, sender_id, step, *fields)``. A stored value appears in it only as a
+descriptor ``[kind, dtype, shape]``; its bytes come from ``value_frames(msg)``, which the shell
+sends as separate frames (zero-copy). ``decode(wire, frames)`` checks the version, kind,
+arity, types, id lengths, sizes and the descriptor against its frame, and raises
+``ProtocolError`` on anything off — whatever the sender put there (see ``brief``).
 
->>> msg = FindNode(rpc_id=7, sender_id=KadId(1), target=KadId(2))
+>>> msg = FindNode(rpc_id=7, sender_id=KadId(1), target=KadId(2), step=3)
 >>> decode(encode(msg)) == msg
 True
->>> encode(msg)[:3]
-(1, 5, 7)
+>>> encode(msg)[:3], encode(msg)[4]
+((2, 5, 7), 3)
+>>> store = Store(1, KadId(1), KadId(2), b"abc", ttl_s=60.0, clock=4)
+>>> wire, frames = encode(store), value_frames(store)
+>>> wire[6:9], [bytes(f) for f in frames]
+(([0, '|u1', [3]], 60.0, 4), [b'abc'])
+>>> decode(wire, frames).value.to_value()
+b'abc'
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import Callable, ClassVar, Union
+from typing import Any, Callable, Sequence
 
 from actorpy.errors import ProtocolError
 
 from .ids import KadId, id_from_bytes, id_to_bytes
+from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
+                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Store, Stored,
+                       Value)
 from .routing import Contact
+from .values import Blob, parse
 
-PROTOCOL_VERSION = 1
+__all__ = [
+    "MESSAGE_TYPES", "NO_STEP", "REPLY_KINDS", "REQUEST_KINDS", "Call", "FindNode", "FindValue",
+    "Kind", "Leave", "Message", "Nodes", "Ping", "Pong", "Reply", "Store", "Stored", "Value",
+    "brief", "decode", "encode", "value_frames",
+]
+
+PROTOCOL_VERSION = 2
 MAX_CONTACTS = 64            # a NODES reply holds at most this many (nodes also cap at ksize)
-MAX_VALUE_BYTES = 1 << 20    # big tensors travel on the core's data frames, not in STORE
+MAX_VALUE_BYTES = 1 << 30    # values travel as their own frames; nodes set their own limit
 MAX_ADDRESS_CHARS = 256
 MAX_RPC_ID = (1 << 64) - 1
+MAX_STEP = (1 << 63) - 1
+MAX_TTL_S = 1e9              # ~31 years; nodes cap it at their own ttl_s anyway
+MAX_ARGS = 16                # CALL / REPLY: a few plain scalars
+MAX_ARG_CHARS = 256
+MAX_PEER_STEPS = 64          # REPLY: gossiped (id, step) pairs
 
-
-class Kind(IntEnum):
-    """Message kinds of the Kademlia overlay (owned by this package, STYLE 2.8)."""
-
-    PING = 1
-    PONG = 2
-    STORE = 3
-    STORED = 4
-    FIND_NODE = 5
-    NODES = 6
-    FIND_VALUE = 7
-    VALUE = 8
-
-
-@dataclass(frozen=True)
-class Ping:
-    """Are you alive?"""
-
-    KIND: ClassVar[Kind] = Kind.PING
-    rpc_id: int
-    sender_id: KadId
-
-
-@dataclass(frozen=True)
-class Pong:
-    """I am alive."""
-
-    KIND: ClassVar[Kind] = Kind.PONG
-    rpc_id: int
-    sender_id: KadId
-
-
-@dataclass(frozen=True)
-class Store:
-    """Keep ``value`` under ``key`` for ``ttl_s`` more seconds."""
-
-    KIND: ClassVar[Kind] = Kind.STORE
-    rpc_id: int
-    sender_id: KadId
-    key: KadId
-    value: bytes
-    ttl_s: float
-
-
-@dataclass(frozen=True)
-class Stored:
-    """The STORE was applied."""
-
-    KIND: ClassVar[Kind] = Kind.STORED
-    rpc_id: int
-    sender_id: KadId
-
-
-@dataclass(frozen=True)
-class FindNode:
-    """Send me the k contacts you know closest to ``target``."""
-
-    KIND: ClassVar[Kind] = Kind.FIND_NODE
-    rpc_id: int
-    sender_id: KadId
-    target: KadId
-
-
-@dataclass(frozen=True)
-class Nodes:
-    """Reply to FIND_NODE (or to FIND_VALUE when the value is not here)."""
-
-    KIND: ClassVar[Kind] = Kind.NODES
-    rpc_id: int
-    sender_id: KadId
-    contacts: tuple[Contact, ...]
-
-
-@dataclass(frozen=True)
-class FindValue:
-    """Send me the value stored under ``key``, or else your k closest contacts to it."""
-
-    KIND: ClassVar[Kind] = Kind.FIND_VALUE
-    rpc_id: int
-    sender_id: KadId
-    key: KadId
-
-
-@dataclass(frozen=True)
-class Value:
-    """Reply to FIND_VALUE when the value is here."""
-
-    KIND: ClassVar[Kind] = Kind.VALUE
-    rpc_id: int
-    sender_id: KadId
-    key: KadId
-    value: bytes
-
-
-Message = Union[Ping, Pong, Store, Stored, FindNode, Nodes, FindValue, Value]
-Request = Union[Ping, Store, FindNode, FindValue]
-REQUEST_KINDS = frozenset({Kind.PING, Kind.STORE, Kind.FIND_NODE, Kind.FIND_VALUE})
-#: Which reply kinds answer which request kind.
-REPLY_KINDS: dict[Kind, frozenset[Kind]] = {
-    Kind.PING: frozenset({Kind.PONG}),
-    Kind.STORE: frozenset({Kind.STORED}),
-    Kind.FIND_NODE: frozenset({Kind.NODES}),
-    Kind.FIND_VALUE: frozenset({Kind.NODES, Kind.VALUE}),
-}
-
-WireMessage = tuple  # (version, kind, rpc_id, sender_id_bytes, *fields)
+WireMessage = tuple  # (version, kind, rpc_id, sender_id_bytes, step, *fields)
 
 
 def encode(msg: Message) -> WireMessage:
-    """Plain-values form of a message (see the module docstring)."""
-    head = (PROTOCOL_VERSION, int(msg.KIND), msg.rpc_id, id_to_bytes(msg.sender_id))
+    """Plain-values form of a message; a value is a descriptor (see ``value_frames``)."""
+    head = (PROTOCOL_VERSION, int(msg.KIND), msg.rpc_id, id_to_bytes(msg.sender_id), msg.step)
     if isinstance(msg, Store):
-        return head + (id_to_bytes(msg.key), msg.value, float(msg.ttl_s))
-    if isinstance(msg, (FindNode,)):
+        return head + (id_to_bytes(msg.key), msg.value.descriptor(), float(msg.ttl_s),
+                       msg.clock, id_to_bytes(msg.writer))
+    if isinstance(msg, Stored):
+        return head + (msg.clock, id_to_bytes(msg.writer))
+    if isinstance(msg, FindNode):
         return head + (id_to_bytes(msg.target),)
     if isinstance(msg, FindValue):
         return head + (id_to_bytes(msg.key),)
     if isinstance(msg, Value):
-        return head + (id_to_bytes(msg.key), msg.value)
+        return head + (id_to_bytes(msg.key), msg.value.descriptor(), msg.clock,
+                       id_to_bytes(msg.writer))
     if isinstance(msg, Nodes):
         return head + ([(id_to_bytes(c.node_id), c.address) for c in msg.contacts],)
+    if isinstance(msg, Call):
+        return head + (int(msg.method), id_to_bytes(msg.key), _plain_args(msg.args),
+                       None if msg.value is None else msg.value.descriptor())
+    if isinstance(msg, Reply):
+        return head + (int(msg.status), _plain_args(msg.args),
+                       None if msg.value is None else msg.value.descriptor(),
+                       [[id_to_bytes(i), n] for i, n in msg.peer_steps])
     return head
 
 
+def _plain_args(args: tuple[Any, ...]) -> list[Any]:
+    """Args as the decoder accepts them: int subclasses (enums) become plain ints."""
+    return [int(a) if isinstance(a, int) and type(a) is not int and type(a) is not bool
+            else a for a in args]
+
+
+def value_frames(msg: Message) -> tuple[memoryview, ...]:
+    """The buffers to send after ``encode(msg)``'s frame: the value's bytes, or nothing."""
+    value = getattr(msg, "value", None)
+    return () if value is None else (value.data,)
+
+
+def brief(value: object, limit: int = 40) -> str:
+    """A short description of a received value for error messages; never raises.
+
+    A hostile peer chooses what we describe: ``repr`` of an int of more than 4 300 digits
+    raises ``ValueError``, of a deeply nested list ``RecursionError``, and of a huge list it
+    costs time, so only plain scalars are shown and containers by type and length.
+
+    >>> brief(10 ** 5000), brief([[[]]]), brief(b"x" * 100, 8)
+    ('an int of 16610 bits', 'list of length 1', "b'xxxxxx")
+    """
+    kind = type(value)
+    if kind is int and value.bit_length() > 64:  # type: ignore[attr-defined]
+        return f"an int of {value.bit_length()} bits"  # type: ignore[attr-defined]
+    if kind in (int, float, bool, type(None)):
+        return repr(value)[:limit]
+    if kind in (bytes, str):
+        return repr(value[:limit])[:limit]  # type: ignore[index]
+    if kind in (list, tuple, dict, set, frozenset, bytearray):
+        return f"{kind.__name__} of length {len(value)}"  # type: ignore[arg-type]
+    return f"a {kind.__name__}"
+
+
 def _int(value: object, what: str, lo: int, hi: int) -> int:
-    if type(value) is not int or not lo <= value <= hi:
-        raise ProtocolError(f"{what} must be an int in [{lo}, {hi}], got {value!r:.40}")
-    return value
-
-
-def _bytes(value: object, what: str, max_len: int) -> bytes:
-    if not isinstance(value, bytes):
-        raise ProtocolError(f"{what} must be bytes, got {type(value).__name__}")
-    if len(value) > max_len:
-        raise ProtocolError(f"{what} is {len(value)} bytes, over the limit of {max_len}")
-    return value
+    if type(value) is not int or not lo <= value <= hi:  # type: ignore[operator]
+        raise ProtocolError(f"{what} must be an int in [{lo}, {hi}], got {brief(value)}")
+    return value  # type: ignore[return-value]
 
 
 def _address(value: object) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ADDRESS_CHARS:
+    if type(value) is not str or not 0 < len(value) <= MAX_ADDRESS_CHARS:  # type: ignore[arg-type]
         raise ProtocolError(f"address must be a non-empty str of <= {MAX_ADDRESS_CHARS} chars")
-    return value
+    return value  # type: ignore[return-value]
 
 
 def _ttl(value: object) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) \
-            or not math.isfinite(value) or value <= 0:
-        raise ProtocolError(f"ttl_s must be a positive finite number, got {value!r:.40}")
-    return float(value)
+    # Compare before converting: float() and math.isfinite overflow on ints past 1e308.
+    if type(value) not in (int, float) or not 0 < value <= MAX_TTL_S:  # type: ignore[operator]
+        raise ProtocolError(f"ttl_s must be a number in (0, {MAX_TTL_S:g}], got {brief(value)}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def _contacts(value: object, max_contacts: int) -> tuple[Contact, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ProtocolError(f"contacts must be a list, got {type(value).__name__}")
+    if type(value) not in (list, tuple):
+        raise ProtocolError(f"contacts must be a list, got {brief(value)}")
+    assert isinstance(value, (list, tuple))
     if len(value) > max_contacts:
         raise ProtocolError(f"{len(value)} contacts, over the limit of {max_contacts}")
     out: list[Contact] = []
     seen: set[int] = set()
     for item in value:
-        if not isinstance(item, (list, tuple)) or len(item) != 2:
+        if type(item) not in (list, tuple) or len(item) != 2:
             raise ProtocolError("each contact must be an (id, address) pair")
         node_id = id_from_bytes(item[0])
         if node_id in seen:
@@ -198,49 +152,125 @@ def _contacts(value: object, max_contacts: int) -> tuple[Contact, ...]:
     return tuple(out)
 
 
-_ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.STORED: 0, Kind.FIND_NODE: 1, Kind.FIND_VALUE: 1,
-          Kind.NODES: 1, Kind.VALUE: 2, Kind.STORE: 3}
+def _args(value: object) -> tuple[Any, ...]:
+    if type(value) not in (list, tuple) or len(value) > MAX_ARGS:  # type: ignore[arg-type]
+        raise ProtocolError(f"args must be a list of at most {MAX_ARGS} values")
+    assert isinstance(value, (list, tuple))
+    for item in value:
+        kind = type(item)
+        if kind is int and not -(1 << 63) <= item < (1 << 63):
+            raise ProtocolError(f"arg {brief(item)} is out of the 64-bit range")
+        if kind is float and not math.isfinite(item):
+            raise ProtocolError("float args must be finite")
+        if kind in (str, bytes) and len(item) > MAX_ARG_CHARS:
+            raise ProtocolError(f"str/bytes args hold at most {MAX_ARG_CHARS} characters")
+        if kind not in (int, float, str, bytes, type(None)):
+            raise ProtocolError(f"args are ints, floats, str, bytes or None, not {brief(item)}")
+    return tuple(value)
 
 
-def decode(wire: object, *, max_contacts: int = MAX_CONTACTS,
+def _peer_steps(value: object) -> tuple[tuple[KadId, int], ...]:
+    if type(value) not in (list, tuple) or len(value) > MAX_PEER_STEPS:  # type: ignore[arg-type]
+        raise ProtocolError(f"peer_steps must be a list of at most {MAX_PEER_STEPS} pairs")
+    assert isinstance(value, (list, tuple))
+    out = []
+    for item in value:
+        if type(item) not in (list, tuple) or len(item) != 2:
+            raise ProtocolError("each peer step must be an (id, step) pair")
+        out.append((id_from_bytes(item[0]), _int(item[1], "peer step", 0, MAX_STEP)))
+    return tuple(out)
+
+
+class _Frames:
+    """The value frames of one message, each used once."""
+
+    def __init__(self, frames: Sequence[object], max_bytes: int) -> None:
+        self._frames = list(frames)
+        self._used = 0
+        self._max = max_bytes
+
+    def value(self, descriptor: object, optional: bool = False) -> Blob | None:
+        if descriptor is None and optional:
+            return None
+        if self._used >= len(self._frames):
+            raise ProtocolError("a value descriptor without its frame")
+        frame = self._frames[self._used]
+        self._used += 1
+        return parse(descriptor, frame, self._max)
+
+    def check_all_used(self) -> None:
+        if self._used != len(self._frames):
+            raise ProtocolError(f"{len(self._frames) - self._used} value frames too many")
+
+
+_ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STORED: 2, Kind.FIND_NODE: 1,
+          Kind.FIND_VALUE: 1, Kind.NODES: 1, Kind.VALUE: 4, Kind.STORE: 5, Kind.CALL: 4,
+          Kind.REPLY: 4}
+
+
+def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = MAX_CONTACTS,
            max_value_bytes: int = MAX_VALUE_BYTES) -> Message:
-    """Parse and validate a plain-values message.
+    """Parse and validate a plain-values message and the value frames that came with it.
 
     Args:
         wire: what ``encode`` produced, as received from a peer (anything at all).
+        frames: the buffers received after it (``value_frames`` on the sender's side).
         max_contacts: the most contacts a NODES reply may carry (a node passes its ksize).
-        max_value_bytes: the largest value accepted in STORE or VALUE.
+        max_value_bytes: the largest value accepted.
 
     Raises:
-        ProtocolError: wrong version, unknown kind, wrong arity, types, id length or sizes.
+        ProtocolError: wrong version, unknown kind, wrong arity, types, id length, sizes, or
+            value frames that do not match the descriptors.
 
-    >>> decode((1, 99, 0, bytes(20)))
+    >>> decode((2, 99, 0, bytes(20), -1))
     Traceback (most recent call last):
     ...
     actorpy.errors.ProtocolError: unknown message kind 99
     """
-    if not isinstance(wire, (tuple, list)) or len(wire) < 4:
-        raise ProtocolError("message must be a tuple (version, kind, rpc_id, sender_id, ...)")
-    if wire[0] != PROTOCOL_VERSION or type(wire[0]) is not int:
-        raise ProtocolError(f"unsupported protocol version {wire[0]!r:.20}")
+    if type(wire) not in (tuple, list) or len(wire) < 5:  # type: ignore[arg-type]
+        raise ProtocolError("message must be a tuple (version, kind, rpc_id, sender_id, step, "
+                            f"...), got {brief(wire)}")
+    assert isinstance(wire, (tuple, list))
+    if type(wire[0]) is not int or wire[0] != PROTOCOL_VERSION:
+        raise ProtocolError(f"unsupported protocol version {brief(wire[0])}")
     if type(wire[1]) is not int or wire[1] not in _ARITY:
-        raise ProtocolError(f"unknown message kind {wire[1]!r:.20}")
+        raise ProtocolError(f"unknown message kind {brief(wire[1])}")
     kind = Kind(wire[1])
-    if len(wire) != 4 + _ARITY[kind]:
-        raise ProtocolError(f"{kind.name} takes {_ARITY[kind]} fields, got {len(wire) - 4}")
+    if len(wire) != 5 + _ARITY[kind]:
+        raise ProtocolError(f"{kind.name} takes {_ARITY[kind]} fields, got {len(wire) - 5}")
+    if type(frames) not in (tuple, list):
+        raise ProtocolError("value frames must come as a sequence")
     rpc_id = _int(wire[2], "rpc_id", 0, MAX_RPC_ID)
     sender = id_from_bytes(wire[3])
-    f = wire[4:]
+    step = _int(wire[4], "step", NO_STEP, MAX_STEP)
+    f = wire[5:]
+    values = _Frames(frames, max_value_bytes)
+
+    def blob(i: int) -> Blob:
+        found = values.value(f[i])
+        assert found is not None
+        return found
+
     builders: dict[Kind, Callable[[], Message]] = {
-        Kind.PING: lambda: Ping(rpc_id, sender),
-        Kind.PONG: lambda: Pong(rpc_id, sender),
-        Kind.STORED: lambda: Stored(rpc_id, sender),
-        Kind.FIND_NODE: lambda: FindNode(rpc_id, sender, id_from_bytes(f[0])),
-        Kind.FIND_VALUE: lambda: FindValue(rpc_id, sender, id_from_bytes(f[0])),
-        Kind.NODES: lambda: Nodes(rpc_id, sender, _contacts(f[0], max_contacts)),
-        Kind.VALUE: lambda: Value(rpc_id, sender, id_from_bytes(f[0]),
-                                  _bytes(f[1], "value", max_value_bytes)),
-        Kind.STORE: lambda: Store(rpc_id, sender, id_from_bytes(f[0]),
-                                  _bytes(f[1], "value", max_value_bytes), _ttl(f[2])),
+        Kind.PING: lambda: Ping(rpc_id, sender, step),
+        Kind.PONG: lambda: Pong(rpc_id, sender, step),
+        Kind.LEAVE: lambda: Leave(rpc_id, sender, step),
+        Kind.STORED: lambda: Stored(rpc_id, sender, _int(f[0], "clock", 0, MAX_STEP),
+                                    id_from_bytes(f[1]), step),
+        Kind.FIND_NODE: lambda: FindNode(rpc_id, sender, id_from_bytes(f[0]), step),
+        Kind.FIND_VALUE: lambda: FindValue(rpc_id, sender, id_from_bytes(f[0]), step),
+        Kind.NODES: lambda: Nodes(rpc_id, sender, _contacts(f[0], max_contacts), step),
+        Kind.VALUE: lambda: Value(rpc_id, sender, id_from_bytes(f[0]), blob(1),
+                                  _int(f[2], "clock", 0, MAX_STEP), id_from_bytes(f[3]), step),
+        Kind.STORE: lambda: Store(rpc_id, sender, id_from_bytes(f[0]), blob(1), _ttl(f[2]),
+                                  _int(f[3], "clock", 0, MAX_STEP), id_from_bytes(f[4]), step),
+        Kind.CALL: lambda: Call(rpc_id, sender, _int(f[0], "method", 0, 1 << 16),
+                                id_from_bytes(f[1]), _args(f[2]),
+                                values.value(f[3], optional=True), step),
+        Kind.REPLY: lambda: Reply(rpc_id, sender, _int(f[0], "status", 0, 1 << 16),
+                                  _args(f[1]), values.value(f[2], optional=True), step,
+                                  _peer_steps(f[3])),
     }
-    return builders[kind]()
+    message = builders[kind]()
+    values.check_all_used()
+    return message

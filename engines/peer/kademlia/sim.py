@@ -16,20 +16,30 @@ from __future__ import annotations
 import heapq
 import logging
 import random
-from typing import Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from actorpy.clock import FakeClock
 from actorpy.errors import ActorpyTimeout, ProtocolError
 
-from .events import Done, Effects, KademliaConfig, TimerKind
+from .events import Done, Effects, KademliaConfig
 from .ids import KadId, random_id
 from .node import KademliaNode
 from .routing import Contact
-from .rpc import Message, encode
+from .rpc import encode, value_frames
 
 log = logging.getLogger(__name__)
 
 StartOp = Callable[[KademliaNode, float], "tuple[int, Effects]"]
+
+
+class Endpoint(Protocol):
+    """What the simulator drives at an address: a ``KademliaNode``, or an engine's peer that
+    wraps one (and answers the same two calls)."""
+
+    def receive(self, sender_address: str, message: object, now: float,
+                frames: Sequence[object] = ()) -> Effects: ...
+
+    def on_timer(self, kind: Any, token: int, now: float) -> Effects: ...
 
 
 class SimNetwork:
@@ -40,8 +50,8 @@ class SimNetwork:
         seed: seeds node ids, latencies, losses and every node's rng.
         latency_s: one-way latency, uniform in ``(low, high)`` virtual seconds.
         loss: probability that a message is dropped.
-        wire: round-trip every message through ``rpc.encode`` / ``decode`` (slower; checks the
-            codec end to end).
+        wire: round-trip every message through ``rpc.encode`` / ``decode``, its value frames
+            copied as a network would (slower; checks the codec end to end).
         clock: the virtual clock (a fresh ``FakeClock`` by default).
     """
 
@@ -55,6 +65,7 @@ class SimNetwork:
         self.wire = wire
         self._rng = random.Random(seed)
         self.nodes: dict[str, KademliaNode] = {}
+        self.endpoints: dict[str, Endpoint] = {}
         self.alive: set[str] = set()
         self.results: dict[tuple[str, int], Done] = {}
         self.delivered = 0
@@ -69,9 +80,18 @@ class SimNetwork:
         node = KademliaNode(node_id, address, self.config,
                             rng=random.Random(self._rng.getrandbits(64)), now=self.clock.now())
         self.nodes[address] = node
+        self.endpoints[address] = node
         self.alive.add(address)
         self._apply(address, node.start(self.clock.now()))
         return address
+
+    def attach(self, address: str, endpoint: Endpoint) -> None:
+        """Deliver ``address``'s messages and timers to ``endpoint`` (which wraps its node)."""
+        self.endpoints[address] = endpoint
+
+    def apply(self, address: str, effects: Effects) -> None:
+        """Perform effects that ``address`` produced outside a delivery or a timer."""
+        self._apply(address, effects)
 
     def join(self, address: str, via: str | None) -> Done | None:
         """Join ``address`` through ``via`` (None: the first node, nothing to do)."""
@@ -94,6 +114,13 @@ class SimNetwork:
     def kill(self, address: str) -> None:
         """Fail-stop a node: it neither sends, receives nor fires timers from now on."""
         self.alive.discard(address)
+
+    def leave(self, address: str) -> Done:
+        """Graceful exit: the node hands its keys on and says LEAVE, then stops."""
+        done = self.run_op(address, lambda node, now: node.leave(now))
+        self.kill(address)
+        self.run_for(self.latency_s[1])     # its LEAVE messages land
+        return done
 
     def kill_fraction(self, fraction: float, rng: random.Random,
                       keep: frozenset[str] = frozenset()) -> list[str]:
@@ -124,6 +151,15 @@ class SimNetwork:
         op_id, effects = start(node, self.clock.now())
         key = (address, op_id)
         self._apply(address, effects)
+        return self.wait_for(address, op_id, max_s)
+
+    def wait_for(self, address: str, op_id: int, max_s: float = 600.0) -> Done:
+        """Run virtual time until the ``Done`` of ``address``'s operation ``op_id`` arrives.
+
+        Raises:
+            ActorpyTimeout: no ``Done`` within ``max_s`` virtual seconds.
+        """
+        key = (address, op_id)
         deadline = self.clock.now() + max_s
         while key not in self.results:
             due = self.clock.next_due()
@@ -137,13 +173,14 @@ class SimNetwork:
         """FIND_NODE lookup of ``target`` from ``address``."""
         return self.run_op(address, lambda node, now: node.find_node(target, now))
 
-    def get(self, address: str, key: KadId) -> Done:
+    def get(self, address: str, key: KadId, newest: bool = False) -> Done:
         """FIND_VALUE of ``key`` from ``address`` (``Done.value`` is None when not found)."""
-        return self.run_op(address, lambda node, now: node.get(key, now))
+        return self.run_op(address, lambda node, now: node.get(key, now, newest))
 
-    def set(self, address: str, key: KadId, value: bytes, ttl_s: float | None = None) -> Done:
-        """Store ``value`` under ``key`` from ``address``."""
-        return self.run_op(address, lambda node, now: node.set(key, value, now, ttl_s))
+    def set(self, address: str, key: KadId, value: Any, ttl_s: float | None = None,
+            clock: int | None = None) -> Done:
+        """Store ``value`` under ``key`` from ``address`` (see ``KademliaNode.set``)."""
+        return self.run_op(address, lambda node, now: node.set(key, value, now, ttl_s, clock))
 
     def sample_peers(self, address: str, beta: int, rng: random.Random) -> list[Contact]:
         """``beta`` peers sampled through the overlay by the node at ``address``."""
@@ -157,34 +194,41 @@ class SimNetwork:
     # ------------------------------------------------------------ transport
     def _apply(self, address: str, effects: Effects) -> None:
         clock = self.clock
+        if address not in self.alive:
+            self.dropped += len(effects.sends)
+            return
         for send in effects.sends:
             if self.loss and self._rng.random() < self.loss:
                 self.dropped += 1
                 continue
             low, high = self.latency_s
             delay = low + (high - low) * self._rng.random()
-            payload = encode(send.message) if self.wire else send.message
-            clock.call_later(delay, lambda s=address, d=send.address, p=payload:
-                             self._deliver(s, d, p))
+            if self.wire:       # what a network delivers: plain values and copied frames
+                payload: object = encode(send.message)
+                frames: tuple[object, ...] = tuple(bytes(f) for f in value_frames(send.message))
+            else:
+                payload, frames = send.message, ()
+            clock.call_later(delay, lambda s=address, d=send.address, p=payload, f=frames:
+                             self._deliver(s, d, p, f))
         for timer in effects.timers:
             clock.call_later(timer.delay_s, lambda k=timer.kind, t=timer.token:
                              self._fire(address, k, t))
         for done in effects.done:
             self.results[(address, done.op_id)] = done
 
-    def _deliver(self, src: str, dst: str, payload: Message | tuple) -> None:
-        if src not in self.alive or dst not in self.alive:
+    def _deliver(self, src: str, dst: str, payload: object, frames: tuple[object, ...]) -> None:
+        if dst not in self.alive:     # what was sent before the sender died still arrives
             self.dropped += 1
             return
         self.delivered += 1
         try:
-            effects = self.nodes[dst].receive(src, payload, self.clock.now())
+            effects = self.endpoints[dst].receive(src, payload, self.clock.now(), frames)
         except ProtocolError as exc:
             self.rejected += 1
             log.warning("%s rejected a message from %s: %s", dst, src, exc)
             return
         self._apply(dst, effects)
 
-    def _fire(self, address: str, kind: TimerKind, token: int) -> None:
+    def _fire(self, address: str, kind: Any, token: int) -> None:
         if address in self.alive:
-            self._apply(address, self.nodes[address].on_timer(kind, token, self.clock.now()))
+            self._apply(address, self.endpoints[address].on_timer(kind, token, self.clock.now()))

@@ -1,12 +1,17 @@
-"""Key/value storage with TTL expiry and republish bookkeeping (paper section 2.5).
+"""Key/value storage with versions, TTL expiry and republish bookkeeping (paper section 2.5).
 
 Pure: every call takes ``now`` (virtual or monotonic seconds from the caller's Clock), so no
 wall clock hides in here (bmuller/kademlia's ForgetfulStorage reads ``time.monotonic``).
+Each value has a version ``(clock, writer)``; a store keeps the highest it has seen, so
+replicas that receive updates in any order converge.
 
 >>> s = MemoryStorage()
->>> s.put(KadId(1), b"v", now=0.0, ttl_s=10.0)
->>> s.get(KadId(1), now=9.0), s.get(KadId(1), now=10.0)
-(b'v', None)
+>>> s.put(KadId(1), Blob.of(b"v2"), now=0.0, ttl_s=10.0, clock=2)
+True
+>>> s.put(KadId(1), Blob.of(b"v1"), now=1.0, ttl_s=10.0, clock=1)   # older: ignored
+False
+>>> s.get(KadId(1), now=9.0).value.to_value(), s.get(KadId(1), now=10.0)
+(b'v2', None)
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .ids import KadId
+from .values import Blob
 
 
 @dataclass
@@ -21,25 +27,34 @@ class Record:
     """A stored value.
 
     Attributes:
-        value: the bytes stored.
+        value: the value stored.
         expires_at: when it stops being served (caller's clock).
         stored_at: when a STORE for it last arrived (or it was last republished from here).
         is_origin: True on the node whose user called ``set``; only the origin renews the TTL.
+        clock: the value's version counter (its writer bumps it).
+        writer: the id of the node that wrote this version (breaks ties between clocks).
     """
 
-    value: bytes
+    value: Blob
     expires_at: float
     stored_at: float
     is_origin: bool = False
+    clock: int = 0
+    writer: KadId = KadId(0)
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """``(clock, writer)``: what replicas compare."""
+        return (self.clock, self.writer)
 
 
 class Storage(Protocol):
     """What a node needs from its store; swap in a disk-backed one without protocol changes."""
 
-    def put(self, key: KadId, value: bytes, now: float, ttl_s: float,
-            is_origin: bool = False) -> None: ...
+    def put(self, key: KadId, value: Blob, now: float, ttl_s: float, is_origin: bool = False,
+            clock: int = 0, writer: KadId = KadId(0)) -> bool: ...
 
-    def get(self, key: KadId, now: float) -> bytes | None: ...
+    def get(self, key: KadId, now: float) -> Record | None: ...
 
     def record(self, key: KadId) -> Record | None: ...
 
@@ -48,6 +63,8 @@ class Storage(Protocol):
     def due_for_republish(self, now: float, interval_s: float) -> list[tuple[KadId, Record]]: ...
 
     def keys(self) -> list[KadId]: ...
+
+    def drop(self, key: KadId) -> None: ...
 
 
 class MemoryStorage:
@@ -59,26 +76,39 @@ class MemoryStorage:
     def __len__(self) -> int:
         return len(self._records)
 
-    def put(self, key: KadId, value: bytes, now: float, ttl_s: float,
-            is_origin: bool = False) -> None:
-        """Store or refresh ``key``; the expiry never moves earlier, origin status is sticky."""
+    def put(self, key: KadId, value: Blob, now: float, ttl_s: float, is_origin: bool = False,
+            clock: int = 0, writer: KadId = KadId(0)) -> bool:
+        """Store ``value`` unless a live record holds a higher version; the same version only
+        refreshes the record. The expiry never moves earlier, origin status is sticky.
+
+        Returns:
+            False when a higher version was kept (nothing changed).
+        """
         old = self._records.get(key)
         expires_at = now + ttl_s
-        if old is not None:
+        if old is not None and now < old.expires_at:
+            if (clock, writer) < old.version:
+                return False
             is_origin = is_origin or old.is_origin
-            if old.value == value:
-                expires_at = max(expires_at, old.expires_at)
-        self._records[key] = Record(value, expires_at, now, is_origin)
+            expires_at = max(expires_at, old.expires_at)
+            if (clock, writer) == old.version:
+                value = old.value
+        self._records[key] = Record(value, expires_at, now, is_origin, clock, writer)
+        return True
 
-    def get(self, key: KadId, now: float) -> bytes | None:
-        """The live value under ``key``; an expired one is dropped and None returned."""
+    def get(self, key: KadId, now: float) -> Record | None:
+        """The live record under ``key``; an expired one is dropped and None returned."""
         record = self._records.get(key)
         if record is None:
             return None
         if now >= record.expires_at:
             del self._records[key]
             return None
-        return record.value
+        return record
+
+    def drop(self, key: KadId) -> None:
+        """Forget ``key`` (a node that handed it on when leaving)."""
+        self._records.pop(key, None)
 
     def record(self, key: KadId) -> Record | None:
         """The record under ``key`` (expired or not), for inspection."""

@@ -19,6 +19,11 @@ def grown(n: int, seed: int, config: KademliaConfig = FAST) -> SimNetwork:
 
 
 @pytest.fixture(scope="session")
+def net100() -> SimNetwork:
+    return grown(100, seed=100)
+
+
+@pytest.fixture(scope="session")
 def net200() -> SimNetwork:
     return grown(200, seed=200)
 

@@ -11,7 +11,7 @@ from engines.peer.kademlia.events import KademliaConfig, TimerKind
 from engines.peer.kademlia.ids import ID_SPACE, KadId, random_id
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.routing import Contact, RoutingTable
-from engines.peer.kademlia.rpc import Ping, Pong
+from engines.peer.kademlia.rpc import FindNode, Ping, Pong
 
 
 def table_after_joins(n: int, seed: int, ksize: int = 20) -> tuple[RoutingTable, list[Contact]]:
@@ -85,8 +85,9 @@ class TestLeastRecentlySeenEviction:
         assert table.remove(mid.node_id) == newer           # mid failed: newer promoted
         assert set(table.contacts()) == {old, new, newer}
 
-    def _full_node(self) -> tuple[KademliaNode, list[Contact]]:
-        node = KademliaNode(KadId(0), "me", KademliaConfig(ksize=3), rng=random.Random(0))
+    def _full_node(self, max_failures: int = 2) -> tuple[KademliaNode, list[Contact]]:
+        node = KademliaNode(KadId(0), "me", KademliaConfig(ksize=3, max_failures=max_failures),
+                            rng=random.Random(0))
         contacts = far_contacts(4)
         for c in contacts[:3]:
             node.receive(c.address, Ping(1, c.node_id), now=0.0)
@@ -103,10 +104,35 @@ class TestLeastRecentlySeenEviction:
         node.on_timer(timer.kind, timer.token, now=3.0)     # late timer: already answered
         assert set(node.routing.contacts()) == set(contacts[:3])
 
-    def test_node_evicts_the_oldest_only_after_its_ping_times_out(self) -> None:
+    def test_node_evicts_the_oldest_only_after_its_pings_time_out(self) -> None:
         node, contacts = self._full_node()
         eff = node.receive(contacts[3].address, Ping(2, contacts[3].node_id), now=1.0)
         assert contacts[0] in node.routing.contacts()
         timer = [t for t in eff.timers if t.kind == TimerKind.RPC_TIMEOUT][0]
-        node.on_timer(timer.kind, timer.token, now=1.0 + timer.delay_s)
+        retry = node.on_timer(timer.kind, timer.token, now=1.0 + timer.delay_s)
+        # one lost PING is not enough: it is asked again, and not handed out meanwhile
+        assert [(s.address, type(s.message)) for s in retry.sends] == [("far0", Ping)]
+        assert contacts[0] in node.routing.contacts()
+        eff = node.receive("far3", FindNode(3, contacts[3].node_id, KadId(0)), now=3.5)
+        nodes = [s.message for s in eff.sends if s.address == "far3"]
+        assert contacts[0] not in nodes[0].contacts
+        node.on_timer(TimerKind.RPC_TIMEOUT, retry.timers[0].token, now=5.5)
+        assert set(node.routing.contacts()) == {contacts[1], contacts[2], contacts[3]}
+
+    def test_a_retried_ping_that_is_answered_keeps_the_contact(self) -> None:
+        node, contacts = self._full_node()
+        eff = node.receive(contacts[3].address, Ping(2, contacts[3].node_id), now=1.0)
+        retry = node.on_timer(TimerKind.RPC_TIMEOUT, eff.timers[0].token, now=3.0)
+        node.receive("far0", Pong(retry.sends[0].message.rpc_id, contacts[0].node_id), now=3.1)
+        node.on_timer(TimerKind.RPC_TIMEOUT, retry.timers[0].token, now=5.0)   # answered: no-op
+        assert set(node.routing.contacts()) == set(contacts[:3])
+        eff = node.receive("far3", FindNode(3, contacts[3].node_id, KadId(0)), now=5.5)
+        nodes = [s.message for s in eff.sends if s.address == "far3"]
+        assert contacts[0] in nodes[0].contacts                 # trusted again
+
+    def test_max_failures_one_evicts_at_the_first_miss(self) -> None:
+        node, contacts = self._full_node(max_failures=1)
+        eff = node.receive(contacts[3].address, Ping(2, contacts[3].node_id), now=1.0)
+        retry = node.on_timer(TimerKind.RPC_TIMEOUT, eff.timers[0].token, now=3.0)
+        assert retry.sends == []
         assert set(node.routing.contacts()) == {contacts[1], contacts[2], contacts[3]}

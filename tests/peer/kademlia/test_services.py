@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 
 import pytest
@@ -54,21 +55,44 @@ class TestSamplePeers:
         assert abs(sum(shares) - len(ids)) < 1e-9
         assert max(abs(s - 1.0) for s in shares) > 0.5
 
-    def test_frequencies_within_20_percent_of_uniform_over_10k_samples(self) -> None:
-        net = grown(30, seed=30)
-        me = "n0"
-        peers = sorted(net.alive - {me})
-        rng = random.Random(31)
-        counts: collections.Counter[str] = collections.Counter()
-        drawn = 0
-        while drawn < 10_000:
-            sample = net.sample_peers(me, 8, rng)
-            assert len(sample) == len({c.node_id for c in sample}) == 8
-            counts.update(c.address for c in sample)
-            drawn += len(sample)
+    @pytest.mark.parametrize("beta", [1, 3, 8])
+    def test_per_peer_frequencies_are_uniform_over_25k_samples_at_n100(
+            self, net100: SimNetwork, beta: int) -> None:
+        # Pearson's chi-square over the 99 other peers: a uniform sampler gives ~98 +- 14
+        # (draws within one call are without replacement, which only narrows it), so 190 fails
+        # it with chance < 1e-7; the old sampler scored ~1050 at beta = 1.
+        counts, drawn, peers = draw_counts(net100, "n0", beta, 25_000, random.Random(beta))
         expected = drawn / len(peers)
-        assert set(counts) == set(peers)                    # never ourselves
-        assert max(abs(counts[p] / expected - 1.0) for p in peers) <= 0.20
+        chi2 = sum((counts[p] - expected) ** 2 / expected for p in peers)
+        assert chi2 < 190
+        assert max(abs(counts[p] / expected - 1.0) for p in peers) <= 0.35
+
+    def test_uniform_without_the_subtree_cache(self) -> None:
+        net = grown(30, seed=30, config=dataclasses.replace(FAST, sample_cache_s=0.0))
+        counts, drawn, peers = draw_counts(net, "n0", 4, 2_400, random.Random(31))
+        expected = drawn / len(peers)
+        chi2 = sum((counts[p] - expected) ** 2 / expected for p in peers)
+        assert chi2 < 28 + 7 * (2 * 28) ** 0.5       # df = 28
+        assert net.nodes["n0"].subtrees.members(0, 0, net.clock.now()) is None
+
+    def test_a_cached_overlay_samples_without_messages(self) -> None:
+        net = grown(200, seed=201)
+        node, rng = net.nodes["n0"], random.Random(202)
+        net.sample_peers("n0", 8, rng)
+        first = node.stats.rpcs_sent
+        for _ in range(40):
+            net.sample_peers("n0", 8, rng)
+        assert first > 0
+        # every subtree is known after a few samples; later ones cost nothing
+        assert node.stats.rpcs_sent - first <= 2 * first
+        rpcs = node.stats.rpcs_sent
+        assert len(net.sample_peers("n0", 8, rng)) == 8 and node.stats.rpcs_sent == rpcs
+
+    def test_small_overlays_give_everyone(self) -> None:
+        net = grown(8, seed=8)
+        sample = net.sample_peers("n3", 20, random.Random(9))
+        assert {c.address for c in sample} == net.alive - {"n3"}
+        assert net.sample_peers("n3", 0, random.Random(9)) == []
 
     def test_only_live_peers_are_sampled(self) -> None:
         net = SimNetwork(FAST, seed=12)
@@ -84,3 +108,58 @@ class TestSamplePeers:
 
     def test_sample_depth_targets_a_fraction_of_k(self) -> None:
         assert [sample_depth(n, 20) for n in (5, 12, 24, 100, 1000, 10**6)] == [0, 0, 1, 3, 6, 16]
+
+    def test_dead_peers_leave_the_cache_and_newcomers_enter_it(self) -> None:
+        net = SimNetwork(FAST, seed=15)
+        net.grow(80)
+        rng = random.Random(16)
+        net.sample_peers("n0", 8, rng)                       # fills n0's subtree cache
+        node = net.nodes["n0"]
+        victim = net.sample_peers("n0", 1, rng)[0]
+        net.kill(victim.address)
+        net.find_node("n0", victim.node_id)                  # two misses: evicted
+        assert victim.node_id not in node.routing
+        assert victim not in cached(net, "n0", victim.node_id)
+        newcomer = net.add_node()
+        net.join(newcomer, "n0")                             # n0 hears from it
+        assert net.contact(newcomer) in cached(net, "n0", net.nodes[newcomer].node_id)
+        assert net.contact(newcomer) in net.sample_peers("n0", 80, rng)
+
+class TestMembers:
+    @pytest.mark.parametrize("fixture", ["net100", "net1000"])
+    def test_every_live_peer_is_found(self, fixture: str, request: pytest.FixtureRequest) -> None:
+        net: SimNetwork = request.getfixturevalue(fixture)
+        done = net.run_op("n5", lambda node, now: node.members(random.Random(3), now))
+        assert {c.address for c in done.contacts} == net.alive - {"n5"}
+
+    def test_dead_peers_are_not_members(self) -> None:
+        net = SimNetwork(FAST, seed=17)
+        net.grow(100)
+        victims = set(net.kill_fraction(0.25, random.Random(18), keep=frozenset({"n0"})))
+        done = net.run_op("n0", lambda node, now: node.members(random.Random(3), now))
+        assert {c.address for c in done.contacts} == net.alive - {"n0"}
+        assert not victims & {c.address for c in done.contacts}
+
+
+def draw_counts(net: SimNetwork, me: str, beta: int, total: int,
+                rng: random.Random) -> tuple[collections.Counter[str], int, list[str]]:
+    """Sample until ``total`` peers were drawn; every call must give ``beta`` distinct peers."""
+    counts: collections.Counter[str] = collections.Counter()
+    drawn = 0
+    while drawn < total:
+        sample = net.sample_peers(me, beta, rng)
+        assert len(sample) == len({c.node_id for c in sample}) == beta
+        counts.update(c.address for c in sample)
+        drawn += len(sample)
+    peers = sorted(net.alive - {me})
+    assert set(counts) == set(peers)                         # never ourselves, everyone else
+    return counts, drawn, peers
+
+
+def cached(net: SimNetwork, address: str, node_id: int) -> set:
+    """Every contact ``address``'s subtree cache lists around ``node_id``, at any depth."""
+    cache = net.nodes[address].subtrees
+    found: set = set()
+    for depth in range(12):
+        found |= set(cache.members(node_id, depth, net.clock.now()) or ())
+    return found

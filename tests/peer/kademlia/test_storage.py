@@ -74,7 +74,7 @@ class TestFailuresAndRepublish:
         net.join(newcomer, live[0])
         assert net.nodes[newcomer].storage.get(key, net.clock.now()) is None
         net.run_for(config.republish_interval_s + 60)
-        assert net.nodes[newcomer].storage.get(key, net.clock.now()) == b"payload"
+        assert net.nodes[newcomer].storage.get(key, net.clock.now()).value.to_value() == b"payload"
 
 
 class TestExpiry:

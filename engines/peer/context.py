@@ -1,0 +1,117 @@
+"""What a P2P job's callbacks are given, and the job's definition as the runners read it.
+
+The vocabulary is the PS engine's (papers.md, Actor's ``Actor_peer``): ``schedule`` picks the
+keys a peer works on, ``push`` computes updates from their values, ``pull`` folds updates into a
+key on the peer that owns it (the key's closest peer), ``stop`` ends a peer's loop. Callbacks
+get explicit context objects, never a global ``P2P.get``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from actorpy.barrier import ASP, Policy
+from actorpy.errors import ConfigError
+
+
+@dataclass
+class PeerContext:
+    """A peer's view of itself, handed to ``schedule``, ``push`` and ``stop``.
+
+    Attributes:
+        address: this peer's overlay address.
+        index: its index among the peers the job was started with (data sharding); peers
+            that join later get the next indices.
+        step: steps this peer has completed.
+        rng: this peer's own seeded numpy generator.
+        data: what the job's ``data(index)`` gave this peer (None without one).
+        peers: the overlay's size, estimated from id density (this peer counted).
+    """
+
+    address: str
+    index: int
+    step: int
+    rng: np.random.Generator
+    data: Any = None
+    peers: int = 1
+
+
+class OwnerStore:
+    """The keys held by the peer running ``pull``: ``get(key) -> (value, clock)`` and
+    ``set(key, value)``, as on a PS server. A ``set`` bumps the key's clock and is replicated
+    to the key's ``replication`` closest peers after ``pull`` returns.
+
+    Attributes:
+        sender: the address of the peer whose updates these are.
+        sender_step: the steps that peer had completed when it pushed.
+    """
+
+    def __init__(self, read: Callable[[str], tuple[Any, int] | None], sender: str,
+                 sender_step: int) -> None:
+        self._read = read
+        self.sender = sender
+        self.sender_step = sender_step
+        self.written: dict[str, Any] = {}
+
+    def get(self, key: str) -> tuple[Any, int]:
+        """The value and clock of ``key`` as held here (after this pull's own sets).
+
+        Raises:
+            KeyError: this peer holds no such key (pull may only read the keys it owns).
+        """
+        found = self._read(key)
+        if found is None:
+            raise KeyError(f"this peer holds no key {key!r}: pull runs on a key's owner and "
+                           "may only read the keys it holds")
+        value, clock = found
+        if key in self.written:
+            return self.written[key], clock + 1
+        return value, clock
+
+    def set(self, key: str, value: Any) -> None:
+        """Replace ``key``'s value (its clock goes up by one)."""
+        self.written[key] = value
+
+
+Schedule = Callable[[PeerContext], list[str]]
+Push = Callable[[PeerContext, dict[str, Any]], Mapping[str, Any]]
+Pull = Callable[[OwnerStore, dict[str, Any]], None]
+Stop = Callable[[PeerContext], bool]
+
+
+def _no_pull(store: OwnerStore, updates: dict[str, Any]) -> None:
+    raise ConfigError("this job has no pull: register one with job.register_pull")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A P2P job as its peers run it (``Job`` builds it from its registered callbacks).
+
+    Attributes:
+        name: the job's name.
+        schedule, push, pull, stop: the callbacks (see the module docstring).
+        policy: the barrier (BSP, SSP(s), ASP, PSP(β, s), DSSP, or any ``Policy``).
+        seed: seeds every peer's rngs (with the peer's index).
+        poll_s: how long a blocked peer waits before checking the barrier again (it also
+            re-checks at once when a peer it waits on reports a new step).
+        retry_s: how long to wait before asking again for a key its owner does not hold yet.
+    """
+
+    name: str
+    schedule: Schedule
+    push: Push
+    pull: Pull = _no_pull
+    stop: Stop = field(default=lambda ctx: False)
+    policy: Policy = field(default_factory=ASP)
+    seed: int = 0
+    poll_s: float = 0.01
+    retry_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        for name in ("poll_s", "retry_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")

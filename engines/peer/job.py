@@ -1,0 +1,138 @@
+"""``peer.Job``: a training job on the overlay, with the PS engine's vocabulary and no server.
+
+    job = peer.Job("linreg", barrier=PSP(sample=4, staleness=2), replication=3, seed=7)
+
+    @job.register_schedule                     # which keys this peer works on this step
+    def schedule(ctx: peer.PeerContext) -> list[str]:
+        return ["w"]
+
+    @job.register_push                         # compute updates from the keys' values
+    def push(ctx, values):
+        x, y = ctx.data
+        rows = ctx.rng.integers(0, len(y), 32)
+        return {"w": gradient(values["w"], x[rows], y[rows])}
+
+    @job.register_pull                         # on the key's owner: fold an update in
+    def pull(store: peer.OwnerStore, updates):
+        w, _clock = store.get("w")
+        store.set("w", w - 0.05 * updates["w"])
+
+    job.register_stop(lambda ctx: ctx.step >= 200)
+    result = job.simulate(peers=8, init={"w": np.zeros(16)})   # in-process, virtual time
+
+Each key lives on its ``replication`` closest peers; the closest one (its *owner*) runs
+``pull`` for it. Values handed to ``push`` are read-only arrays. The barrier is any shared
+policy: PSP samples β peers through the overlay, BSP/SSP read every peer's step, ASP none.
+``simulate`` runs the peers in this process on ``SimNetwork`` (seeded latency, failures,
+joins); the shell that runs them on a cluster's workers over the real wire is separate.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, TypeVar
+
+from actorpy.barrier import ASP, Policy
+from actorpy.errors import ConfigError
+
+from .context import JobSpec, Pull, Push, Schedule, Stop
+from .kademlia.events import KademliaConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Overlay settings for training (virtual or real seconds): short timeouts suit a cluster's
+#: network, replica checks notice a dead holder within about a second, an owner reuses its
+#: replicas for 10 s instead of looking them up at every write.
+TRAINING_OVERLAY = dict(rpc_timeout_s=0.1, replica_check_s=0.5, holders_cache_s=10.0,
+                        refresh_on_join=False, dead_for_s=60.0)
+
+
+class Job:
+    """A P2P job (see the module docstring).
+
+    Args:
+        name: the job's name (logs).
+        barrier: BSP(), SSP(s), ASP(), PSP(sample, staleness), DSSP(low, high) or any Policy.
+        replication: how many of a key's closest peers hold it (its owner and replicas).
+        seed: seeds every peer's rngs (each with its own index).
+        ksize: Kademlia's k (bucket size, lookup width).
+        alpha: Kademlia's α (requests in flight per lookup).
+        poll_s: how long a blocked peer waits before checking its barrier again.
+        **overlay: any other ``KademliaConfig`` field (e.g. ``rpc_timeout_s``).
+
+    Raises:
+        ConfigError: a bad knob.
+    """
+
+    def __init__(self, name: str, barrier: Policy | None = None, replication: int = 3,
+                 seed: int = 0, *, ksize: int = 20, alpha: int = 3, poll_s: float = 0.01,
+                 **overlay: Any) -> None:
+        if not isinstance(replication, int) or not 1 <= replication <= ksize:
+            raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
+                              f"got {replication!r}")
+        fields = {f.name for f in dataclasses.fields(KademliaConfig)}
+        unknown = set(overlay) - fields
+        if unknown:
+            raise ConfigError(f"unknown overlay settings {sorted(unknown)}; see KademliaConfig")
+        self.name = name
+        self.policy: Policy = barrier if barrier is not None else ASP()
+        self.seed = seed
+        self.poll_s = poll_s
+        self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
+                                        "alpha": alpha, "replication": replication})
+        self._schedule: Schedule | None = None
+        self._push: Push | None = None
+        self._pull: Pull | None = None
+        self._stop: Stop | None = None
+
+    def register_schedule(self, fn: F) -> F:
+        """``schedule(ctx) -> list of keys`` this peer works on this step."""
+        self._schedule = fn
+        return fn
+
+    def register_push(self, fn: F) -> F:
+        """``push(ctx, values) -> {key: update}``: runs on every peer each step."""
+        self._push = fn
+        return fn
+
+    def register_pull(self, fn: F) -> F:
+        """``pull(store, updates)``: runs on the owner of the pushed keys; reads
+        ``store.get(key) -> (value, clock)``, writes ``store.set(key, value)``."""
+        self._pull = fn
+        return fn
+
+    def register_barrier(self, policy: Policy) -> Policy:
+        """Replace the barrier policy given to the constructor."""
+        if not hasattr(policy, "decide"):
+            raise ConfigError("a barrier is a Policy: BSP(), SSP(s), ASP(), PSP(b, s), ...")
+        self.policy = policy
+        return policy
+
+    def register_stop(self, fn: F) -> F:
+        """``stop(ctx) -> bool``: checked after each step; True ends this peer's loop."""
+        self._stop = fn
+        return fn
+
+    def spec(self) -> JobSpec:
+        """The job as its peers run it.
+
+        Raises:
+            ConfigError: schedule, push or stop is missing.
+        """
+        missing = [n for n, f in (("schedule", self._schedule), ("push", self._push),
+                                  ("stop", self._stop)) if f is None]
+        if missing:
+            raise ConfigError(f"job {self.name!r} has no {', '.join(missing)}: register "
+                              "them with job.register_<name>")
+        assert self._schedule is not None and self._push is not None and self._stop is not None
+        kwargs: dict[str, Any] = {}
+        if self._pull is not None:
+            kwargs["pull"] = self._pull
+        return JobSpec(self.name, self._schedule, self._push, stop=self._stop,
+                       policy=self.policy, seed=self.seed, poll_s=self.poll_s, **kwargs)
+
+    def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
+        """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and
+        return its ``SimResult``: the final model read from the overlay, steps, timings."""
+        from .simrun import SimRun  # the simulator is only needed here
+
+        return SimRun(self, peers, init, **options).run()

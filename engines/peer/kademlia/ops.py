@@ -1,0 +1,335 @@
+"""The machinery under ``KademliaNode``: requests with timeouts and retries, lookups, the
+STORE phase, liveness accounting, and how operations finish (``Done`` or a callback).
+
+``NodeOps`` holds no state of its own: ``KademliaNode.__init__`` creates every attribute it
+uses (declared below for the type checker). The node's public calls, ``receive`` and the
+answers to requests are in ``node.py``.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .events import PUBLIC_OPS, Done, Effects, KademliaConfig, OpKind, Send, SetTimer, TimerKind
+from .ids import KadId, random_id_in_range, shared_prefix_len, short
+from .lookup import Lookup
+from .messages import NO_STEP, FindNode, FindValue, Kind, Message, Nodes, Ping, Pong, Reply, \
+    Store, Stored, Value
+from .routing import Contact, RoutingTable
+from .sampling import SampleOp, SubtreeCache
+from .steps import StepTable
+from .storage import Storage
+from .upkeep import STORE_OPS, Upkeep
+from .values import Blob
+
+log = logging.getLogger("engines.peer.kademlia.node")
+
+
+@dataclass
+class _Pending:
+    contact: Contact
+    kind: Kind
+    op_id: int | None
+    make: Callable[[int], Message]
+    key: int = 0
+
+
+@dataclass
+class _Op:
+    op_id: int
+    kind: OpKind
+    target: KadId
+    started_s: float
+    lookup: Lookup | None = None
+    value: Blob | None = None           # STORE phase: what to store, and its version
+    ttl_s: float = 0.0
+    clock: int = 0
+    writer: KadId = KadId(0)
+    exclude_self: bool = False          # HANDOFF: keep no copy here
+    newest: bool = False                # FIND_VALUE: the highest version of the k closest
+    awaiting: int = 0
+    stored_on: list[Contact] = field(default_factory=list)
+    reply: Reply | None = None
+    in_flight: int = 0
+    rpcs: int = 0
+    # internal operations end by calling this instead of producing a Done
+    then: Callable[[_Op, float, Effects], None] | None = None
+
+
+@dataclass
+class NodeStats:
+    """Counters a test or benchmark can read (not used by the protocol)."""
+
+    lookups: int = 0
+    empty_starts: int = 0          # lookups seeded with nothing although the table was not empty
+    max_in_flight: int = 0         # most requests one lookup ever had outstanding
+    rpcs_sent: int = 0
+    timeouts: int = 0
+    replicated: int = 0            # keys re-replicated after a holder died or left
+
+
+
+class NodeOps:
+    """Operation machinery shared by every ``KademliaNode`` (see the module docstring)."""
+
+    config: KademliaConfig
+    node_id: KadId
+    address: str
+    routing: RoutingTable
+    storage: Storage
+    stats: NodeStats
+    step: int
+    steps: StepTable
+    subtrees: SubtreeCache
+    upkeep: Upkeep
+    _rng: random.Random
+    _pending: dict[int, _Pending]
+    _ops: dict[int, _Op]
+    _dead: dict[int, float]
+    _failures: dict[int, int]
+    _probing: set[int]
+    _suspects: set[int]
+    _holders: dict[int, tuple[list[Contact], float]]
+    _next_op: int
+
+    def _new_op_id(self) -> int:
+        self._next_op += 1
+        return self._next_op - 1
+
+    def _single(self, kind: OpKind, target: KadId, now: float) -> _Op:
+        op = _Op(self._new_op_id(), kind, target, now)
+        self._ops[op.op_id] = op
+        return op
+
+    def _is_dead(self, node_id: int, now: float) -> bool:
+        until = self._dead.get(node_id)
+        return until is not None and now < until
+
+    def _note_alive(self, contact: Contact, step: int, now: float, eff: Effects) -> None:
+        node_id = contact.node_id
+        if step != NO_STEP:
+            self.steps.observe(node_id, contact.address, step, now)
+        self._dead.pop(node_id, None)
+        self._failures.pop(node_id, None)
+        self._suspects.discard(node_id)
+        if node_id not in self.routing:
+            self.subtrees.admit(contact)
+        oldest = self.routing.observe(contact, now)
+        if oldest is not None:
+            # Full bucket: keep the old contact unless it fails its PINGs (paper 2.2).
+            self._probe(oldest, now, eff)
+
+    def _probe(self, contact: Contact, now: float, eff: Effects) -> None:
+        if contact.node_id not in self._probing:
+            self._probing.add(contact.node_id)
+            self._request(contact, lambda rpc: Ping(rpc, self.node_id, self.step), None, now,
+                          eff)
+
+    def _evict(self, node_id: int, now: float, eff: Effects) -> None:
+        """``node_id`` is dead or left: forget it everywhere, then re-replicate its keys."""
+        self._dead[node_id] = now + self.config.dead_for_s
+        self._failures.pop(node_id, None)
+        self._suspects.discard(node_id)
+        self.routing.remove(node_id)
+        self.subtrees.forget(node_id)
+        self.steps.forget(node_id)
+        for key in [k for k, (held, _) in self._holders.items()
+                    if any(c.node_id == node_id for c in held)]:
+            del self._holders[key]
+        self.upkeep.peer_gone(node_id, now, eff)
+
+    def _closest(self, target: int, exclude: int | None = None) -> list[Contact]:
+        """Our k closest contacts, leaving out suspects (so a contact that missed one reply is
+        neither handed to others nor used as a lookup seed until it answers again)."""
+        skip = self._suspects if exclude is None else self._suspects | {exclude}
+        return self.routing.closest(target, self.config.ksize, exclude=frozenset(skip))
+
+    def _request(self, contact: Contact, make: Callable[[int], Message], op: _Op | None,
+                 now: float, eff: Effects, key: int = 0) -> None:
+        rpc_id = self._rng.getrandbits(63)
+        while rpc_id in self._pending:
+            rpc_id = self._rng.getrandbits(63)
+        message = make(rpc_id)
+        self._pending[rpc_id] = _Pending(contact, message.KIND, op.op_id if op else None, make,
+                                         key)
+        self.stats.rpcs_sent += 1
+        if op is not None:
+            op.rpcs += 1
+            op.in_flight += 1
+            if op.lookup is not None and op.awaiting == 0:
+                self.stats.max_in_flight = max(self.stats.max_in_flight, op.in_flight)
+        eff.sends.append(Send(contact.address, message))
+        eff.timers.append(SetTimer(self.config.rpc_timeout_s, TimerKind.RPC_TIMEOUT, rpc_id))
+
+    def _begin(self, kind: OpKind, target: KadId, now: float, eff: Effects | None = None,
+               **fields: object) -> tuple[int, Effects]:
+        eff = eff if eff is not None else Effects()
+        op = _Op(self._new_op_id(), kind, target, now, **fields)  # type: ignore[arg-type]
+        seeds = self._closest(target)
+        op.lookup = Lookup(target, seeds, ksize=self.config.ksize, alpha=self.config.alpha,
+                           own_id=self.node_id, stop_at_value=not op.newest)
+        self.stats.lookups += 1
+        if op.lookup.seeded_empty and len(self.routing):
+            self.stats.empty_starts += 1
+        self.routing.touch(target, now)
+        self._ops[op.op_id] = op
+        self._pump(op, now, eff)
+        return op.op_id, eff
+
+    def _pump(self, op: _Op, now: float, eff: Effects) -> None:
+        lookup = op.lookup
+        assert lookup is not None
+        me, target = self.node_id, op.target
+        for contact in lookup.next_queries():
+            if op.kind == OpKind.FIND_VALUE:
+                make: Callable[[int], Message] = (
+                    lambda rpc: FindValue(rpc, me, target, self.step))
+            else:
+                make = lambda rpc: FindNode(rpc, me, target, self.step)  # noqa: E731
+            self._request(contact, make, op, now, eff, key=target)
+        if lookup.is_done:
+            self._lookup_done(op, now, eff)
+
+    def _on_reply(self, op: _Op, sender: Contact, message: Message, now: float,
+                  eff: Effects) -> None:
+        if isinstance(message, Stored):                  # STORE phase
+            op.awaiting -= 1
+            op.stored_on.append(sender)
+            if op.awaiting == 0:
+                self._finish(op, now, eff)
+            return
+        if isinstance(message, (Pong, Reply)):           # PING / CALL
+            op.stored_on.append(sender)
+            op.reply = message if isinstance(message, Reply) else None
+            self._finish(op, now, eff)
+            return
+        if op.lookup is None or op.lookup.is_done:
+            return
+        if isinstance(message, Value):
+            op.lookup.on_value(sender.node_id, message)
+        elif isinstance(message, Nodes):
+            dead = self._dead
+            fresh = [c for c in message.contacts
+                     if c.node_id not in dead or not self._is_dead(c.node_id, now)]
+            op.lookup.on_nodes(sender.node_id, fresh)
+        self._pump(op, now, eff)
+
+    def _on_timeout(self, pending: _Pending, now: float, eff: Effects) -> None:
+        node_id = pending.contact.node_id
+        self.stats.timeouts += 1
+        failures = self._failures.get(node_id, 0) + 1
+        self._failures[node_id] = failures
+        if pending.kind == Kind.PING:
+            self._probing.discard(node_id)
+        log.debug("%s: %s timed out (%s, miss %d)", short(self.node_id),
+                  pending.contact.address, pending.kind.name, failures)
+        op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+        if op is not None:
+            op.in_flight -= 1
+        if failures < self.config.max_failures:
+            # One miss may be one lost message: ask again before giving up on the contact
+            # (the paper's LRS PING rule, made tolerant of loss); meanwhile it is not handed
+            # out. A running operation keeps waiting for the retry, so loss costs it time, not
+            # exactness.
+            if node_id in self.routing:
+                self._suspects.add(node_id)
+            if op is not None:
+                self._request(pending.contact, pending.make, op, now, eff, key=pending.key)
+            elif node_id in self.routing:
+                self._probe(pending.contact, now, eff)
+            return
+        self._evict(node_id, now, eff)      # consecutive misses: dead (or gone)
+        if op is None:
+            return
+        if pending.kind == Kind.STORE:
+            op.awaiting -= 1
+            if op.awaiting == 0:
+                self._finish(op, now, eff)
+        elif pending.kind in (Kind.PING, Kind.CALL):
+            self._finish(op, now, eff)
+        elif op.lookup is not None and not op.lookup.is_done:
+            op.lookup.on_failure(node_id)
+            self._pump(op, now, eff)
+
+    def _lookup_done(self, op: _Op, now: float, eff: Effects) -> None:
+        assert op.lookup is not None
+        if op.kind in STORE_OPS:
+            found = op.lookup.result()
+            if op.kind == OpKind.STORE and self.config.holders_cache_s > 0:
+                self._holders[op.target] = (found, now + self.config.holders_cache_s)
+            self._store_phase(op, found, now, eff)
+            return
+        if op.kind == OpKind.JOIN and self.config.refresh_on_join and op.lookup.result():
+            level = shared_prefix_len(self.node_id, op.lookup.result()[0].node_id)
+            for bucket in self.routing.buckets:
+                if not bucket.covers(self.node_id) and bucket.depth() <= level:
+                    target = random_id_in_range(bucket.lo, bucket.hi, self._rng)
+                    self._begin(OpKind.REFRESH, target, now, eff=eff)
+        self._finish(op, now, eff)
+
+    def _store_phase(self, op: _Op, found: Sequence[Contact], now: float, eff: Effects) -> None:
+        """STORE ``op.value`` on the ``replication`` closest of ``found`` (and us, unless
+        handing off), then finish."""
+        me = Contact(self.node_id, self.address)
+        candidates = list(found) if op.exclude_self else [*found, me]
+        holders = sorted(candidates, key=lambda c: c.node_id ^ op.target)[:self.config.copies]
+        value = op.value
+        assert value is not None
+        for contact in holders:
+            if contact == me:
+                self.storage.put(op.target, value, now, op.ttl_s, clock=op.clock,
+                                 writer=op.writer)
+                op.stored_on.append(me)
+            else:
+                op.awaiting += 1
+                self._request(contact, lambda rpc: Store(rpc, self.node_id, op.target, value,
+                                                         op.ttl_s, op.clock, op.writer,
+                                                         self.step), op, now, eff)
+        if op.awaiting == 0:
+            self._finish(op, now, eff)
+
+    def _finish(self, op: _Op, now: float, eff: Effects) -> None:
+        if self._ops.pop(op.op_id, None) is None:
+            return
+        if op.then is not None:
+            op.then(op, now, eff)
+            return
+        if op.kind not in PUBLIC_OPS:
+            return
+        lookup = op.lookup
+        found: Value | None = lookup.value if lookup is not None else None
+        if op.newest and lookup is not None:
+            found = self._newest(op.target, lookup.values, now)
+        if op.kind in (OpKind.PING, OpKind.CALL):
+            contacts = tuple(op.stored_on)
+        else:
+            contacts = tuple(lookup.result()) if lookup is not None else ()
+        eff.done.append(Done(
+            op.op_id, op.kind, op.target, contacts,
+            blob=found.value if found is not None else None,
+            clock=found.clock if found is not None else op.clock,
+            stored_on=tuple(op.stored_on) if op.kind in (OpKind.STORE, OpKind.LEAVE) else (),
+            reply=op.reply, rounds=lookup.rounds if lookup is not None else 0,
+            rpcs=op.rpcs, elapsed_s=now - op.started_s))
+
+    def _subtree_lookup(self, target: KadId, now: float, eff: Effects,
+                        on_result: Callable[[list[Contact], int, float, Effects], None]) -> None:
+        def then(op: _Op, when: float, eff: Effects) -> None:
+            assert op.lookup is not None
+            on_result(op.lookup.result(), op.rpcs, when, eff)
+        self._begin(OpKind.SUBTREE, target, now, eff=eff, then=then)
+
+    def _sample_done(self, op: SampleOp, now: float, eff: Effects) -> None:
+        kind = OpKind.SAMPLE if op.beta is not None else OpKind.MEMBERS
+        eff.done.append(Done(op.op_id, kind, self.node_id, tuple(op.chosen.values()),
+                             rpcs=op.rpcs, elapsed_s=now - op.started_s))
+
+    def _newest(self, key: KadId, values: list[Value], now: float) -> Value | None:
+        """The highest version among the copies a lookup found and our own."""
+        best = max(values, key=lambda v: (v.clock, v.writer), default=None)
+        record = self.storage.get(key, now)
+        if record is not None and (best is None or record.version > (best.clock, best.writer)):
+            best = Value(0, self.node_id, key, record.value, record.clock, record.writer)
+        return best

@@ -1,0 +1,185 @@
+"""Values on the overlay: bytes, numpy arrays and torch tensors as a descriptor plus one buffer.
+
+A stored value never travels pickled inside a message tuple. The tuple carries a small
+*descriptor* ``[kind, dtype, shape]`` and the value's bytes go as a separate buffer, which the
+shell sends as its own frame (zero-copy out, ``np.frombuffer`` in). ``parse`` checks a
+received descriptor against its buffer before anything is built from it: a known kind, a
+dtype from a fixed allow-list (never ``object``), a sane shape, and a byte count that matches.
+
+>>> import numpy as np
+>>> blob = Blob.of(np.arange(3, dtype=np.float32))
+>>> blob.descriptor(), blob.nbytes
+([1, '<f4', [3]], 12)
+>>> parse(blob.descriptor(), bytes(blob.data), max_bytes=100).to_value()
+array([0., 1., 2.], dtype=float32)
+"""
+from __future__ import annotations
+
+import math
+import sys
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from actorpy.errors import ProtocolError
+
+MAX_DIMS = 32
+
+
+class ValueKind(IntEnum):
+    """What a buffer is rebuilt into on receipt."""
+
+    BYTES = 0
+    NUMPY = 1
+    TORCH = 2
+
+
+# Fixed-size numeric dtypes only: an object dtype would mean unpickling.
+_NUMPY_DTYPES = frozenset(
+    f"{order}{code}" for order in "<>" for code in
+    ("i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16")
+) | frozenset({"|b1", "|i1", "|u1"})
+_TORCH_ITEMSIZE = {
+    "bool": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2,
+    "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8, "complex128": 16,
+}
+
+
+class Blob:
+    """A value ready for the wire: what it is (kind, dtype, shape) and its bytes.
+
+    Args:
+        kind: how to rebuild it.
+        dtype: numpy ``dtype.str`` for NUMPY, torch dtype name for TORCH, ``"|u1"`` for BYTES.
+        shape: the array shape (BYTES: ``(len,)``).
+        data: the raw bytes, C order (a zero-copy view where possible).
+    """
+
+    __slots__ = ("kind", "dtype", "shape", "data")
+
+    def __init__(self, kind: ValueKind, dtype: str, shape: tuple[int, ...], data: Any) -> None:
+        self.kind = kind
+        self.dtype = dtype
+        self.shape = shape
+        view = memoryview(data)
+        self.data = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+    @classmethod
+    def of(cls, value: Any) -> Blob:
+        """Wrap bytes, a numpy array or a CPU torch tensor (a Blob is returned as is).
+
+        Raises:
+            TypeError: anything else (pickle it yourself and store the bytes).
+        """
+        if isinstance(value, Blob):
+            return value
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            data = memoryview(value).cast("B")
+            return cls(ValueKind.BYTES, "|u1", (data.nbytes,), data)
+        if isinstance(value, np.ndarray):
+            if value.dtype.str not in _NUMPY_DTYPES:
+                raise TypeError(f"cannot store a numpy array of dtype {value.dtype}: numeric "
+                                "dtypes only")
+            array = np.ascontiguousarray(value)
+            return cls(ValueKind.NUMPY, array.dtype.str, tuple(array.shape),
+                       array.reshape(-1).view(np.uint8))
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(value, torch.Tensor):
+            name = str(value.dtype).removeprefix("torch.")
+            if name not in _TORCH_ITEMSIZE or value.layout != torch.strided:
+                raise TypeError(f"cannot store a torch tensor of dtype {value.dtype}")
+            t = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+            return cls(ValueKind.TORCH, name, tuple(t.shape),
+                       t.reshape(-1).view(torch.uint8).numpy())
+        raise TypeError(f"the overlay stores bytes, numpy arrays and torch tensors, not "
+                        f"{type(value).__name__}")
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def descriptor(self) -> list[Any]:
+        """The plain-values descriptor that stands for this value inside a message."""
+        return [int(self.kind), self.dtype, list(self.shape)]
+
+    def to_value(self) -> Any:
+        """Rebuild the value: bytes, a read-only numpy view of the buffer, or a tensor."""
+        if self.kind == ValueKind.BYTES:
+            return bytes(self.data)
+        if self.kind == ValueKind.NUMPY:
+            return np.frombuffer(self.data, dtype=np.dtype(self.dtype)).reshape(self.shape)
+        import torch  # only reached for a tensor, so torch is installed on the sender's side
+
+        flat = np.frombuffer(self.data, dtype=np.uint8)
+        if not flat.flags.writeable:        # torch warns on read-only memory
+            flat = flat.copy()
+        return torch.from_numpy(flat).view(getattr(torch, self.dtype)).reshape(self.shape)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Blob):
+            return NotImplemented
+        return (self.kind, self.dtype, self.shape) == (other.kind, other.dtype, other.shape) \
+            and self.data == other.data
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Blob({self.kind.name}, {self.dtype}, {self.shape}, {self.nbytes} bytes)"
+
+
+def _itemsize(kind: ValueKind, dtype: object) -> int:
+    if type(dtype) is not str:
+        raise ProtocolError("value dtype must be a str")
+    if kind == ValueKind.BYTES and dtype == "|u1":
+        return 1
+    if kind == ValueKind.NUMPY and dtype in _NUMPY_DTYPES:
+        return np.dtype(dtype).itemsize
+    if kind == ValueKind.TORCH and dtype in _TORCH_ITEMSIZE:
+        return _TORCH_ITEMSIZE[dtype]
+    raise ProtocolError(f"value dtype {dtype[:20]!r} is not allowed for {kind.name}")
+
+
+def parse(descriptor: object, buffer: object, max_bytes: int) -> Blob:
+    """Check a received descriptor against its buffer and wrap them (no copy).
+
+    Args:
+        descriptor: ``[kind, dtype, shape]`` as found in the message.
+        buffer: the frame that came with it (bytes, memoryview or anything with the buffer
+            protocol).
+        max_bytes: the largest value accepted.
+
+    Raises:
+        ProtocolError: unknown kind or dtype, bad shape, size mismatch or over ``max_bytes``.
+
+    >>> parse([1, "|O", [1]], b"12345678", 100)
+    Traceback (most recent call last):
+    ...
+    actorpy.errors.ProtocolError: value dtype '|O' is not allowed for NUMPY
+    """
+    if type(descriptor) not in (list, tuple) or len(descriptor) != 3:  # type: ignore[arg-type]
+        raise ProtocolError("value descriptor must be [kind, dtype, shape]")
+    assert isinstance(descriptor, (list, tuple))
+    raw_kind, dtype, raw_shape = descriptor
+    if type(raw_kind) is not int or raw_kind not in (0, 1, 2):
+        raise ProtocolError("unknown value kind")
+    kind = ValueKind(raw_kind)
+    itemsize = _itemsize(kind, dtype)
+    if type(raw_shape) not in (list, tuple) or len(raw_shape) > MAX_DIMS:
+        raise ProtocolError(f"value shape must be a list of at most {MAX_DIMS} sizes")
+    if any(type(n) is not int or not 0 <= n <= max_bytes for n in raw_shape):
+        raise ProtocolError("value shape holds a size that is not an int in range")
+    shape = tuple(raw_shape)
+    if kind == ValueKind.BYTES and len(shape) != 1:
+        raise ProtocolError("a bytes value has one dimension")
+    try:
+        view = memoryview(buffer)  # type: ignore[arg-type]
+    except TypeError:
+        raise ProtocolError("value buffer is not a buffer") from None
+    expected = math.prod(shape) * itemsize
+    if expected > max_bytes:
+        raise ProtocolError(f"value of {expected} bytes is over the limit of {max_bytes}")
+    if view.nbytes != expected:
+        raise ProtocolError(f"value buffer holds {view.nbytes} bytes, its descriptor says "
+                            f"{expected}")
+    return Blob(kind, str(dtype), shape, view)

@@ -1,0 +1,80 @@
+"""A P2P engine peer as one sans-I/O object: its Kademlia node plus, in a job, its runner.
+
+This is what a shell drives, exactly as it would drive a bare ``KademliaNode``:
+
+    effects = peer.receive(sender_address, wire_tuple, now, frames)   # after authenticating
+    effects = peer.on_timer(kind, token, now)                          # a SetTimer fell due
+
+and then performs ``effects``: each ``Send`` goes out as ``rpc.encode(message)`` followed by the
+frames of ``rpc.value_frames(message)``; each ``SetTimer`` is scheduled to call ``on_timer``
+back with its ``kind`` and ``token``; the ``Done``s left in ``effects.done`` are the shell's own
+operations (the runner's are routed to it here, never returned).
+
+>>> import random
+>>> from .kademlia.ids import KadId
+>>> peer = Peer(KademliaNode(KadId(5), "p", rng=random.Random(0)))
+>>> peer.receive("q", (2, 1, 9, (7).to_bytes(20, "big"), -1), now=0.0).sends[0].message.KIND.name
+'PONG'
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .kademlia.events import Effects, TimerKind
+from .kademlia.node import KademliaNode
+from .runner import PeerRunner, Timer
+
+
+class Peer:
+    """A node, and the job runner using it if any.
+
+    Args:
+        node: the peer's Kademlia node.
+        runner: the job's runner on this peer (built on the same node), or None.
+    """
+
+    def __init__(self, node: KademliaNode, runner: PeerRunner | None = None) -> None:
+        self.node = node
+        self.runner = runner
+
+    @property
+    def address(self) -> str:
+        return self.node.address
+
+    def receive(self, sender_address: str, message: object, now: float,
+                frames: Sequence[object] = ()) -> Effects:
+        """Handle one message (see ``KademliaNode.receive``; raises ``ProtocolError`` the
+        same way, with nothing changed)."""
+        advances = self.node.steps.advances
+        eff = self.node.receive(sender_address, message, now, frames)
+        if self.runner is not None and self.node.steps.advances > advances:
+            # some peer made progress: a blocked barrier checks again (and PSP draws a fresh
+            # sample), as a PS worker re-checks each time some worker pushes (papers.md)
+            eff.extend(self.runner.peer_advanced(now))
+        return self.route(eff, now)
+
+    def on_timer(self, kind: Any, token: int, now: float) -> Effects:
+        """A timer from an earlier ``SetTimer`` is due (the node's or the runner's)."""
+        if isinstance(kind, TimerKind):
+            return self.route(self.node.on_timer(kind, token, now), now)
+        assert isinstance(kind, Timer) and self.runner is not None
+        return self.route(self.runner.on_timer(kind, token, now), now)
+
+    def route(self, eff: Effects, now: float) -> Effects:
+        """Hand the runner the ``Done``s of its operations (which may start more), until only
+        the shell's own are left."""
+        runner = self.runner
+        if runner is None or not eff.done:
+            return eff
+        out = Effects(sends=eff.sends, timers=eff.timers)
+        queue = list(eff.done)
+        while queue:
+            done = queue.pop(0)
+            if runner.owns(done.op_id):
+                more = runner.on_done(done, now)
+                out.sends.extend(more.sends)
+                out.timers.extend(more.timers)
+                queue.extend(more.done)
+            else:
+                out.done.append(done)
+        return out

@@ -1,0 +1,337 @@
+"""One peer's training loop as a sans-I/O state machine over its ``KademliaNode``.
+
+Each step: ``schedule`` -> fetch the keys it names (once; afterwards every push's reply
+carries the key's new value) -> ``push`` computes updates -> each update goes to its key's
+*owner*, the peer closest to the key (a CALL; the owner runs ``pull`` and answers with the new
+value and clock) -> the step is done -> ``stop``? -> the barrier decides whether to go on.
+
+The owner side (serving GET / PUSH, running ``pull``, replicating) is ``owner.py``.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import traceback
+from enum import IntEnum
+from typing import Any, Callable
+
+import numpy as np
+
+from actorpy.barrier import Decision
+
+from .barrier import OverlayBarrier, blocking_floor
+from .context import JobSpec, PeerContext
+from .kademlia.events import Done, Effects, SetTimer
+from .kademlia.ids import key_id
+from .kademlia.node import KademliaNode
+from .kademlia.routing import Contact
+from .owner import KeyOwner, Method, Status
+
+log = logging.getLogger(__name__)
+
+
+class Timer(IntEnum):
+    """The runner's timers (the node's are ``kademlia.events.TimerKind``)."""
+
+    COMPUTED = 1      # a simulated compute time is over
+    RECHECK = 2       # check the barrier again
+    RETRY = 3         # ask again for the key in the token's slot
+
+
+class Phase(IntEnum):
+    IDLE = 0
+    WORKING = 1       # fetching, computing or pushing
+    BARRIER = 2
+    DONE = 3
+    FAILED = 4
+
+
+Then = Callable[[Done, float, Effects], None]
+
+
+class PeerRunner:
+    """Runs ``spec`` on one peer.
+
+    Args:
+        spec: the job.
+        node: this peer's Kademlia node (the runner installs itself as its CALL handler).
+        index: this peer's index (seeds its rngs; ``PeerContext.index``).
+        data: what ``push`` finds in ``ctx.data``.
+        compute_s: simulated compute time of a step, ``compute_s(index, step)`` (None: none;
+            a real shell leaves it None since the time is really spent).
+    """
+
+    def __init__(self, spec: JobSpec, node: KademliaNode, index: int, data: Any = None,
+                 compute_s: Callable[[int, int], float] | None = None) -> None:
+        self.spec = spec
+        self.node = node
+        self.index = index
+        self.data = data
+        self.compute_s = compute_s
+        self.rng = np.random.default_rng([spec.seed, index])
+        self.barrier = OverlayBarrier(node, spec.policy, random.Random(spec.seed * 7919 + index))
+        self.phase = Phase.IDLE
+        self.step = 0
+        self.values: dict[str, tuple[Any, int]] = {}
+        self.owners: dict[str, Contact | None] = {}   # None: this peer owns the key
+        self.pushed = 0
+        self.waits = 0
+        self.finished_s: float | None = None           # when stop() said so
+        self.error: tuple[str, str, str] | None = None  # (type, message, traceback)
+        self.waiting_on: frozenset[str] = frozenset()
+        self._ops: dict[int, Then] = {}
+        self._retries: dict[int, Callable[[float, Effects], None]] = {}
+        self._epoch = 0
+        self._keys: list[str] = []
+        self._updates: dict[str, Any] = {}
+        self._outstanding: set[str] = set()
+        self._early: Decision | None = None
+        self._next_token = 0
+        self.owner = KeyOwner(spec, node, self._start_op)
+        node.on_call = self.owner.on_call
+
+    # ------------------------------------------------------------------ shell-facing
+    def owns(self, op_id: int) -> bool:
+        """Whether a node ``Done`` belongs to this runner (the ``Peer`` routes it here)."""
+        return op_id in self._ops or self.barrier.owns(op_id)
+
+    def start(self, now: float, catch_up: bool = False) -> Effects:
+        """Begin working. ``catch_up``: a peer joining a running job first takes the highest
+        step among the peers it finds, so it neither holds the others back nor races ahead."""
+        eff = Effects()
+        self.phase = Phase.WORKING
+        if not catch_up:
+            self.node.step = 0
+            self._begin_step(now, eff)
+            return eff
+
+        def found(done: Done, when: float, e: Effects) -> None:
+            known = [s.step for c in done.contacts
+                     if (s := self.node.steps.get(c.node_id)) is not None]
+            self.step = max(known, default=0)
+            self.node.step = self.step
+            self._begin_step(when, e)
+
+        self._start_op(self.node.members(random.Random(self.index), now), found, eff)
+        return eff
+
+    def seed_model(self, init: dict[str, Any], now: float) -> Effects:
+        """Store the initial model (clock 0) on the keys' closest peers."""
+        eff = Effects()
+        for name, value in init.items():
+            self._start_op(self.node.set(key_id(name), value, now, clock=0),
+                           lambda d, t, e: None, eff)
+        return eff
+
+    def on_done(self, done: Done, now: float) -> Effects:
+        """A node operation this runner started has finished."""
+        eff = Effects()
+        if self.barrier.owns(done.op_id):
+            decision, more = self.barrier.on_done(done, now)
+            eff.extend(more)
+            if decision is not None:
+                self._decided(decision, now, eff)
+            return eff
+        then = self._ops.pop(done.op_id, None)
+        if then is not None:
+            then(done, now, eff)
+        return eff
+
+    def on_timer(self, kind: Timer, token: int, now: float) -> Effects:
+        """A runner timer is due."""
+        eff = Effects()
+        if kind == Timer.COMPUTED and token == self._epoch and self.phase == Phase.WORKING:
+            self._push_all(now, eff)
+        elif kind == Timer.RECHECK and token == self._epoch and self.phase == Phase.BARRIER:
+            self._check_barrier(now, eff)
+        elif kind == Timer.RETRY:
+            retry = self._retries.pop(token, None)
+            if retry is not None and self.phase not in (Phase.DONE, Phase.FAILED):
+                retry(now, eff)
+        return eff
+
+    def peer_advanced(self, now: float) -> Effects:
+        """We heard that some peer's step went up: a blocked barrier checks again now rather
+        than at its next poll."""
+        eff = Effects()
+        if self.phase == Phase.BARRIER and self.waiting_on and not self.barrier.is_checking:
+            self._check_barrier(now, eff)
+        return eff
+
+    # ------------------------------------------------------------------ the step loop
+    def _ctx(self) -> PeerContext:
+        return PeerContext(self.node.address, self.index, self.step, self.rng, self.data,
+                           max(1, round(self.node.size_estimate())))
+
+    def _begin_step(self, now: float, eff: Effects) -> None:
+        self._epoch += 1
+        self.phase = Phase.WORKING
+        self._keys = list(self.spec.schedule(self._ctx()))
+        self._outstanding = {k for k in self._keys if k not in self.values}
+        for name in list(self._outstanding):
+            self._fetch(name, now, eff)
+        if not self._outstanding:
+            self._compute(now, eff)
+
+    def _fetch(self, name: str, now: float, eff: Effects) -> None:
+        def got(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
+            if status == Status.OK:
+                self.values[name] = (value, clock)
+                self._outstanding.discard(name)
+                if not self._outstanding:
+                    self._compute(when, e)
+            else:
+                self._retry(lambda t, ef: self._fetch(name, t, ef), status, when, e)
+        self._ask(name, Method.GET, None, now, eff, got)
+
+    def _compute(self, now: float, eff: Effects) -> None:
+        values = {k: self.values[k][0] for k in self._keys}
+        try:
+            self._updates = dict(self.spec.push(self._ctx(), values))
+        except Exception as exc:  # user code: report it, as a task failure would be
+            self._fail(exc)
+            return
+        delay = self.compute_s(self.index, self.step) if self.compute_s is not None else 0.0
+        if delay > 0:
+            eff.timers.append(SetTimer(delay, Timer.COMPUTED, self._epoch))
+        else:
+            self._push_all(now, eff)
+
+    def _push_all(self, now: float, eff: Effects) -> None:
+        self._outstanding = set(self._updates)
+        self._early = None
+        if not self._outstanding:
+            self._step_done(now, eff)
+            return
+        for name in list(self._updates):
+            self._push(name, now, eff)
+        if self.phase == Phase.WORKING and not self.barrier.is_checking \
+                and blocking_floor(self.spec.policy, self.step + 1) <= self.step:
+            # Check the barrier for the step these pushes complete while they travel: the
+            # decision depends only on that step and on the others' steps, which only grow,
+            # so an advance decided now holds then, and its PINGs overlap the push round
+            # trip. (With staleness 0 the others cannot have finished that step yet: no use.)
+            decision, more = self.barrier.check(self.step + 1, now)
+            eff.extend(more)
+            if decision is not None:
+                self._decided(decision, now, eff)
+
+    def _push(self, name: str, now: float, eff: Effects) -> None:
+        def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
+            if status == Status.OK:
+                self.pushed += 1
+                self.values[name] = (value, clock)
+                self._outstanding.discard(name)
+                if not self._outstanding:
+                    self._step_done(when, e)
+            else:
+                self._retry(lambda t, ef: self._push(name, t, ef), status, when, e)
+        self._ask(name, Method.PUSH, self._updates[name], now, eff, acked)
+
+    def _step_done(self, now: float, eff: Effects) -> None:
+        self.step += 1
+        self.node.step = self.step
+        for watcher in self.node.take_watchers():
+            # it asked for our step while ahead of us: our PING carries the new one, so a
+            # barrier waiting on us re-checks now instead of at its next poll
+            self._start_op(self.node.ping(watcher, now), lambda d, t, e: None, eff)
+        try:
+            stop = self.spec.stop(self._ctx())
+        except Exception as exc:
+            self._fail(exc)
+            return
+        if stop:
+            self.phase = Phase.DONE
+            self.finished_s = now
+            return
+        self.phase = Phase.BARRIER
+        early, self._early = self._early, None
+        if early is not None and early.advance:
+            self._decided(early, now, eff)         # decided while the pushes travelled
+        elif not self.barrier.is_checking:
+            self._check_barrier(now, eff)          # a block seen then may be gone by now
+        # else: the check started with the pushes is still waiting for PONGs
+
+    def _check_barrier(self, now: float, eff: Effects) -> None:
+        decision, more = self.barrier.check(self.step, now)
+        eff.extend(more)
+        if decision is not None:
+            self._decided(decision, now, eff)
+
+    def _decided(self, decision: Decision, now: float, eff: Effects) -> None:
+        if self.phase == Phase.WORKING:
+            self._early = decision                 # pushes still in flight: keep it
+            return
+        if self.phase != Phase.BARRIER:
+            return
+        if decision.advance:
+            self.waiting_on = frozenset()
+            self._begin_step(now, eff)
+        else:
+            self.waits += 1
+            self.waiting_on = frozenset(decision.waiting_on)
+            eff.timers.append(SetTimer(self.spec.poll_s, Timer.RECHECK, self._epoch))
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = (type(exc).__qualname__, str(exc), traceback.format_exc())
+        self.phase = Phase.FAILED
+        log.error("peer %s: job %s failed: %s", self.node.address, self.spec.name, exc)
+
+    # ------------------------------------------------------------------ talking to owners
+    def _start_op(self, started: tuple[int, Effects], then: Then, eff: Effects) -> None:
+        op_id, more = started
+        self._ops[op_id] = then
+        eff.extend(more)
+
+    def _retry(self, again: Callable[[float, Effects], None], status: Status, now: float,
+               eff: Effects) -> None:
+        if status == Status.MISSING:            # give the owner time to fetch or receive it
+            self._next_token += 1
+            token = self._next_token
+            self._retries[token] = again
+            eff.timers.append(SetTimer(self.spec.retry_s, Timer.RETRY, token))
+        else:
+            again(now, eff)                     # the owner moved or died: look it up again
+
+    def _ask(self, name: str, method: Method, update: Any, now: float, eff: Effects,
+             answer: Callable[[Status, int, Any, float, Effects], None]) -> None:
+        """Send ``method`` for ``name`` to its owner (looked up if unknown), or run it here."""
+        kid = key_id(name)
+        if name not in self.owners:
+            def located(done: Done, when: float, e: Effects) -> None:
+                closest = done.contacts[0] if done.contacts else None
+                mine = closest is None or self.node.node_id ^ kid < closest.node_id ^ kid
+                self.owners[name] = None if mine else closest
+                self._ask(name, method, update, when, e, answer)
+            self._start_op(self.node.find_node(kid, now), located, eff)
+            return
+        owner = self.owners[name]
+        if owner is None:
+            me = Contact(self.node.node_id, self.node.address)
+            status, args, value = self.owner.serve(me, name, kid, method, self.step, update,
+                                                   now, eff)
+            if status != Status.OK:
+                self.owners.pop(name, None)
+            if status == Status.ERROR:
+                self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
+                return
+            answer(status, args[0] if args else 0, value.to_value() if value else None, now, eff)
+            return
+
+        def replied(done: Done, when: float, e: Effects) -> None:
+            reply = done.reply
+            if reply is None or reply.status not in (Status.OK, Status.MISSING):
+                self.owners.pop(name, None)     # dead, or not the owner: look it up again
+            if reply is not None and reply.status == Status.ERROR:
+                args = reply.args + ("", "")
+                self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
+                return
+            status = Status(reply.status) if reply is not None and reply.status in (
+                1, 2, 3) else Status.NOT_OWNER
+            value = reply.value.to_value() if reply is not None and reply.value else None
+            clock = reply.args[0] if reply is not None and reply.args else 0
+            answer(status, clock, value, when, e)
+
+        args = (name,) if method == Method.GET else (name, self.step)
+        self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
+                       replied, eff)

@@ -1,0 +1,178 @@
+"""P2P SGD on simulated peers: linear regression with a known w* under every barrier, the
+model's keys owned (pulled) by their closest peers, barriers keeping their bounds, peers
+killed or joining mid-run."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from actorpy.barrier import ASP, BSP, PSP, SSP, Policy
+from actorpy.errors import RemoteError
+from engines.peer import Job, OwnerStore, PeerContext, SimRun
+from engines.peer.kademlia.ids import key_id
+
+D, KEYS, ROWS, BATCH = 16, 4, 400, 32
+W_STAR = np.random.default_rng(0).normal(size=D)
+CHUNKS = np.array_split(np.arange(D), KEYS)
+NAMES = [f"w{i}" for i in range(KEYS)]
+
+
+def shard(index: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1000 + index)
+    x = rng.normal(size=(ROWS, D))
+    return x, x @ W_STAR + 0.01 * rng.normal(size=ROWS)
+
+
+def linreg(barrier: Policy, steps: int, lr: float = 0.05, seed: int = 3) -> Job:
+    """Linear regression with its weights split over 4 keys (so over several owners)."""
+    job = Job("linreg", barrier=barrier, seed=seed)
+
+    @job.register_schedule
+    def schedule(ctx: PeerContext) -> list[str]:
+        return NAMES
+
+    @job.register_push
+    def push(ctx: PeerContext, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x, y = ctx.data
+        w = np.concatenate([values[n] for n in NAMES])
+        rows = ctx.rng.integers(0, ROWS, BATCH)
+        grad = x[rows].T @ (x[rows] @ w - y[rows]) / BATCH
+        return {n: grad[c] for n, c in zip(NAMES, CHUNKS)}
+
+    @job.register_pull
+    def pull(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
+        for name, grad in updates.items():
+            w, _clock = store.get(name)
+            store.set(name, w - lr * grad)
+
+    job.register_stop(lambda ctx: ctx.step >= steps)
+    return job
+
+
+def init() -> dict[str, np.ndarray]:
+    return {n: np.zeros(len(c)) for n, c in zip(NAMES, CHUNKS)}
+
+
+def weight_error(model: dict[str, np.ndarray]) -> float:
+    w = np.concatenate([model[n] for n in NAMES])
+    return float(np.linalg.norm(w - W_STAR) / np.linalg.norm(W_STAR))
+
+
+def run(job: Job, peers: int = 8, **options: object) -> tuple[SimRun, object]:
+    sim = SimRun(job, peers, init(), data=shard, **options)  # type: ignore[arg-type]
+    return sim, sim.run()
+
+
+class TestTraining:
+    @pytest.mark.parametrize("barrier", [ASP(), BSP(), SSP(2), PSP(2, 0), PSP(3, 2)],
+                             ids=["asp", "bsp", "ssp2", "pbsp2", "pssp3-2"])
+    def test_linear_regression_reaches_w_star(self, barrier: Policy) -> None:
+        sim, result = run(linreg(barrier, steps=40))
+        assert weight_error(result.model) < 0.02                # 320 SGD updates, lr 0.05
+        assert set(result.steps.values()) == {40}
+        assert result.updates == 8 * 40 * KEYS                   # every push folded in once
+        assert all(clock == 8 * 40 for clock in result.clocks.values())
+        for name in NAMES:                                       # pull ran on the owner only
+            owner = sim.net.true_closest(key_id(name), 1)[0].address
+            assert result.owners[name] == {owner}
+
+    def test_bsp_and_ssp_keep_their_spread(self) -> None:
+        for barrier, bound in ((BSP(), 1), (SSP(2), 3)):
+            slow = lambda index, step: 0.004 if index == 5 else 0.001  # noqa: E731
+            _, result = run(linreg(barrier, steps=30), compute_s=slow)
+            spreads = [hi - lo for _, lo, hi in result.spreads]
+            assert max(spreads) <= bound and max(spreads) == bound   # the bound is reached
+
+    def test_psp_keeps_each_peer_within_staleness_of_its_sample(self) -> None:
+        slow = lambda index, step: 0.01 if index in (1, 6) else 0.001  # noqa: E731
+        _, result = run(linreg(PSP(3, 1), steps=30), compute_s=slow)
+        advanced = [(r, t) for r, t in result.truth if r.decision.advance]
+        blocked = [r for r, _ in result.truth if not r.decision.advance]
+        assert advanced and blocked                      # the stragglers did hold peers back
+        for record, truth in advanced:
+            assert len(record.seen) == 3
+            assert all(record.seen[a] <= truth[a] for a in record.seen)   # never overstated
+            assert record.my_step - min(truth.values()) <= 1
+        # Samples come from the cached overlay (after the first few checks nothing is sent to
+        # draw them), steps from messages peers exchange anyway; only a peer whose last known
+        # step would block is PINGed, so a fair share of checks send nothing at all.
+        checks = len(result.truth)
+        assert sum(1 for r, _ in result.truth if r.rpcs == 0) >= 0.9 * checks
+        assert sum(1 for r, _ in result.truth if r.rpcs == 0 and r.pinged == 0) >= 0.2 * checks
+        assert all(r.pinged <= 3 for r, _ in result.truth)
+
+    def test_psp_lets_fast_peers_run_ahead_of_a_straggler_bsp_does_not(self) -> None:
+        slow = lambda index, step: 0.003 if index == 0 else 0.001  # noqa: E731
+        finish: dict[str, float] = {}
+        for name, barrier in (("bsp", BSP()), ("pssp", PSP(3, 2))):
+            sim, result = run(linreg(barrier, steps=40), peers=12, compute_s=slow)
+            fast = sorted(r.finished_s for a, r in sim.runners().items()  # type: ignore
+                          if a != sim.order[0])
+            finish[name] = fast[len(fast) // 2] - sim.started_s
+            assert weight_error(result.model) < 0.02
+        # BSP paces everyone at the straggler's 3 ms a step; under pSSP the median fast peer
+        # finishes its 40 steps far sooner (it meets the straggler in 3 of 11 draws)
+        assert finish["pssp"] < 0.75 * finish["bsp"]
+
+    def test_wire_round_trips_give_the_same_model(self) -> None:
+        _, plain = run(linreg(ASP(), steps=10), peers=4)
+        _, wired = run(linreg(ASP(), steps=10), peers=4, wire=True)
+        for name in NAMES:
+            np.testing.assert_array_equal(plain.model[name], wired.model[name])
+
+
+class TestMembership:
+    def test_an_owner_killed_mid_run_loses_no_key(self) -> None:
+        job = linreg(PSP(2, 2), steps=40)
+        probe = SimRun(job, 8, init(), data=shard)
+        owner = probe.net.true_closest(key_id("w0"), 1)[0].address
+        victim = probe.order.index(owner)
+        sim, result = run(linreg(PSP(2, 2), steps=40), events=[(0.05, lambda s: s.kill(victim))])
+        assert owner not in sim.net.alive
+        assert weight_error(result.model) < 0.03
+        assert all(steps == 40 for a, steps in result.steps.items() if a != owner)
+        assert 0 < result.steps[owner] < 40
+        new_owner = sim.net.true_closest(key_id("w0"), 1)[0].address
+        assert owner in result.owners["w0"] and new_owner in result.owners["w0"]
+
+    def test_a_peer_joining_mid_run_takes_part(self) -> None:
+        job = linreg(SSP(2), steps=40)
+        joined: list[str] = []
+        sim, result = run(job, peers=4, events=[(0.05, lambda s: joined.append(s.add_peer()))])
+        assert joined and result.steps[joined[0]] == 40
+        runner = sim.peers[joined[0]].runner
+        assert runner is not None and runner.pushed > 0
+        first = [r.my_step for r in runner.barrier.records][0]
+        assert first > 1                                 # it caught up, not starting at 0
+        assert weight_error(result.model) < 0.02
+
+    def test_a_peer_leaving_hands_its_keys_on(self) -> None:
+        probe = SimRun(linreg(ASP(), steps=30), 6, init(), data=shard)
+        owner = probe.net.true_closest(key_id("w1"), 1)[0].address
+        index = probe.order.index(owner)
+        sim, result = run(linreg(ASP(), steps=30), peers=6,
+                          events=[(0.03, lambda s: s.leave(index))])
+        assert owner not in sim.net.alive
+        assert weight_error(result.model) < 0.05
+        assert all(steps == 30 for a, steps in result.steps.items() if a != owner)
+
+
+class TestFailures:
+    def test_a_failing_pull_surfaces_as_a_remote_error(self) -> None:
+        job = linreg(ASP(), steps=5)
+
+        @job.register_pull
+        def pull(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
+            raise ValueError("bad update")
+
+        with pytest.raises(RemoteError, match="ValueError: bad update"):
+            run(job, peers=3)
+
+    def test_missing_callbacks_are_a_config_error(self) -> None:
+        from actorpy.errors import ConfigError
+        with pytest.raises(ConfigError, match="schedule, push, stop"):
+            Job("empty").spec()
+        with pytest.raises(ConfigError, match="unknown overlay"):
+            Job("x", rpc_timeout=1.0)
+        with pytest.raises(ConfigError, match="replication"):
+            Job("x", replication=0)

@@ -1,0 +1,104 @@
+"""A Peer (node + runner) is what a shell drives: hostile engine calls end as an ERROR reply or
+a ProtocolError, shell operations' Dones reach the shell, the runner's never do."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actorpy.barrier import ASP
+from actorpy.errors import ProtocolError
+from engines.peer import Job, Peer
+from engines.peer.kademlia.ids import KadId, key_id
+from engines.peer.kademlia.messages import Call, Reply
+from engines.peer.kademlia.node import KademliaNode
+from engines.peer.kademlia.rpc import decode, encode, value_frames
+from engines.peer.kademlia.values import Blob
+from engines.peer.owner import Status
+from engines.peer.runner import PeerRunner
+
+EVIL = KadId(0xE << 150)
+
+
+def counting_job() -> Job:
+    job = Job("count", barrier=ASP())
+    job.register_schedule(lambda ctx: ["n"])
+    job.register_push(lambda ctx, values: {"n": np.ones(1)})
+    job.register_pull(lambda store, up: store.set("n", store.get("n")[0] + up["n"]))
+    job.register_stop(lambda ctx: ctx.step >= 3)
+    return job
+
+
+def lone_owner() -> Peer:
+    """A peer alone on its overlay, holding key "n" (so it owns it)."""
+    node = KademliaNode(KadId(1), "me", counting_job().config, rng=random.Random(0))
+    node.storage.put(key_id("n"), Blob.of(np.zeros(1)), 0.0, 3600.0)
+    return Peer(node, PeerRunner(counting_job().spec(), node, 0))
+
+
+def reply_to(peer: Peer, call: Call) -> Reply:
+    wire, frames = encode(call), [bytes(f) for f in value_frames(call)]
+    eff = peer.receive("evil", wire, now=1.0, frames=frames)
+    replies = [s.message for s in eff.sends if isinstance(s.message, Reply)]
+    assert len(replies) == 1
+    return replies[0]
+
+
+class TestEngineCalls:
+    def test_push_to_the_owner_runs_pull(self) -> None:
+        peer = lone_owner()
+        reply = reply_to(peer, Call(7, EVIL, 2, key_id("n"), ("n", 0), np.ones(1)))
+        assert reply.status == Status.OK and reply.args == (1,)
+        assert reply.value is not None and reply.value.to_value().tolist() == [1.0]
+        assert peer.runner is not None and peer.runner.owner.applied == {"n": 1}
+
+    def test_malformed_engine_calls_get_an_error_reply(self) -> None:
+        peer = lone_owner()
+        for call in (Call(1, EVIL, 2, key_id("n"), ("m", 0), np.ones(1)),   # key != name
+                     Call(2, EVIL, 2, key_id("n"), (), np.ones(1)),           # no name
+                     Call(3, EVIL, 2, key_id("n"), ("n", 0)),                 # no update
+                     Call(4, EVIL, 99, key_id("n"), ("n",))):                 # unknown method
+            assert reply_to(peer, call).status == Status.ERROR
+        # an update pull cannot add makes it raise: the caller gets ERROR, the owner goes on
+        bad = reply_to(peer, Call(5, EVIL, 2, key_id("n"), ("n", 0), b"xx"))
+        assert bad.status == Status.ERROR and "did not contain a loop" in bad.args[1]
+        assert reply_to(peer, Call(6, EVIL, 1, key_id("n"), ("n",))).status == Status.OK
+
+    @settings(max_examples=200, deadline=None)
+    @given(method=st.integers(0, 1 << 16), args=st.lists(st.one_of(
+        st.none(), st.integers(-(1 << 63), (1 << 63) - 1), st.floats(allow_nan=False,
+                                                                   allow_infinity=False),
+        st.text(max_size=8), st.binary(max_size=8), st.sampled_from(["n", "w"])), max_size=4),
+        value=st.one_of(st.none(), st.binary(max_size=16),
+                        st.integers(0, 5).map(lambda n: np.arange(n, dtype=np.float32))))
+    def test_arbitrary_calls_never_break_the_peer(self, method: int, args: list,
+                                                  value: object) -> None:
+        peer = lone_owner()
+        call = Call(1, EVIL, method, key_id("n"), tuple(args), value)
+        assert decode(encode(call), [bytes(f) for f in value_frames(call)]) == call
+        reply = reply_to(peer, call)
+        assert reply.status in {s.value for s in Status}
+
+    def test_garbage_is_a_protocol_error_for_the_shell(self) -> None:
+        peer = lone_owner()
+        for wire in (b"junk", (2, 10, 0, bytes(20), -1, 2, bytes(20), ["n"], [1, "|O", [1]])):
+            try:
+                peer.receive("evil", wire, now=1.0, frames=[b"12345678"])
+            except ProtocolError:
+                continue
+            raise AssertionError(f"{wire!r} was accepted")
+
+
+class TestRouting:
+    def test_runner_dones_stay_inside_and_shell_dones_come_out(self) -> None:
+        peer = lone_owner()
+        runner = peer.runner
+        assert runner is not None
+        eff = peer.route(runner.start(now=2.0), now=2.0)
+        assert eff.done == []                       # its own lookups finished inside
+        assert runner.step >= 1                     # alone: it owns "n" and steps on its own
+        op_id, shell_eff = peer.node.find_node(KadId(3), now=2.0)
+        out = peer.route(shell_eff, now=2.0)
+        assert [d.op_id for d in out.done] == [op_id]
