@@ -239,6 +239,11 @@ class ObjectStore:
         self._spill.close()
 
     # ------------------------------------------------------------------ reading
+    def keys(self, prefix: str = "") -> list[str]:
+        """The stored keys that start with ``prefix`` (for monitoring and tests)."""
+        with self._lock:
+            return [key for key in self._blocks if key.startswith(prefix)]
+
     def get(self, key: str) -> Any:
         """The value under ``key`` (a stream's items as one list). Arrays come back read-only,
         sharing the store's memory (or its spill file's pages), as Ray's object store does.

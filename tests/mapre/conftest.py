@@ -16,8 +16,7 @@ class StoreSize:
         self.prefix = prefix
 
     def run(self, ctx: Any) -> int:
-        keys = ctx.store.keys() if hasattr(ctx.store, "keys") else list(ctx.store._items)
-        return sum(1 for key in keys if key.startswith(self.prefix))
+        return len(ctx.store.keys(self.prefix))
 
 
 def stored_keys(cluster: Any, prefix: str = "mapre/") -> int:
