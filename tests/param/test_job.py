@@ -47,7 +47,10 @@ class TestTraining:
         run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=60)
         model = run.result()
         assert pb.weight_error(model["w"], SEED) < 0.02
-        assert all(s > 0 for s in run.stats.steps_per_worker)
+        steps = run.stats.steps_per_worker
+        assert len(steps) == 2 and sum(steps) > 0
+        if not isinstance(barrier, ASP):  # ASP holds nobody back: one worker may do it all
+            assert all(s > 0 for s in steps)
         assert run.stats.statuses == {w: "FINISH" for w in run.stats.workers}
 
     def test_two_servers_equal_one_under_bsp(self, cluster):
