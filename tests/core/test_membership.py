@@ -45,13 +45,13 @@ def net():
 
 def test_status_clients_leave_no_socket_behind(net):
     manager, node = net
-    before = len(manager.node._dealers)
+    before = manager.node._dir.link_count()
     for i in range(3):
         client, _ = node(f"s-{i}")
         rows = client.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": client.address},
                            timeout_s=10)
         assert rows == []
-        wait_until(lambda: len(manager.node._dealers) == before, 5,
+        wait_until(lambda: manager.node._dir.link_count() == before, 5,
                    "the manager to drop the status client's socket")
     assert manager.node.peers() == []
 
@@ -97,7 +97,7 @@ def test_a_reply_counts_only_from_the_node_asked(net, caplog):
     slow.add_peer(NodeId("a"), asker.address, "worker")
     fut = asker.request(NodeId("b"), 7, 1, "question")
     assert asked.wait(5)
-    rid = max(asker._pending)
+    rid = fut.request_id
     forger.send(NodeId("a"), CORE_SERVICE, Kind.RESULT, "forged answer", request_id=rid)
     wait_until(lambda: any("dropped a reply from 'c'" in r.getMessage() for r in caplog.records),
                5, "the forged reply to be dropped")
