@@ -28,6 +28,8 @@ from actorpy.wire.kinds import CORE_SERVICE, Kind
 log = logging.getLogger(__name__)
 
 MANAGER_ID = NodeId("manager")
+#: how a stop reason starts when this node's own I/O loop gave up (exit non-zero)
+IO_FAILED = "this node's I/O loop failed"
 
 
 class Membership:
@@ -61,7 +63,7 @@ class Membership:
         node.on(CORE_SERVICE, Kind.SHUTDOWN, self._from_manager(self._shutdown))
         node.on_unknown_destination(self._lookup)
         node.on_node_lost(lambda _nid: self._notify())
-        node.on_fatal(lambda reason: self._lose(f"this node's I/O loop failed: {reason}"))
+        node.on_fatal(lambda reason: self._lose(f"{IO_FAILED}: {reason}"))
 
     def join(self, timeout_s: float) -> None:
         """Register and wait for the directory.
@@ -134,8 +136,10 @@ class Membership:
         limit = self.config.manager_timeout_s
         down = self.node.link_down_for(MANAGER_ID) or 0.0
         if down > limit:
-            log.warning("%s: the connection to the manager is down for %.1f s; leaving",
-                        self.node.node_id, down)
+            log.warning("%s: the connection to the manager is down for %.1f s; leaving%s",
+                        self.node.node_id, down,
+                        f" ({self.node.auth_failure(MANAGER_ID)})"
+                        if self.node.auth_failure(MANAGER_ID) else "")
             self._lose("manager stopped answering")
             return
         if self._unanswered_since is not None and now - self._unanswered_since > limit:

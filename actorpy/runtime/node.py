@@ -242,6 +242,10 @@ class Node:
         """Seconds the watched link to ``node_id`` has been down (0: up; None: not watched)."""
         return self._dir.link_down_for(node_id, time.monotonic())
 
+    def auth_failure(self, node_id: NodeId) -> str | None:
+        """Why ``node_id`` refused our handshake (None: it did not, or it was forgotten)."""
+        return self._auth_failures.get(node_id)
+
     def mark_dead(self, node_id: NodeId, reason: str = "", left: bool = False) -> None:
         """Forget a node: fail requests waiting on it and tell the subscribers (LEFT when it
         left on purpose, else DEAD)."""
@@ -282,7 +286,7 @@ class Node:
             text = (f"authentication with {node_id} at {address} failed: it speaks another "
                     "security mechanism (CURVE on one side only?); check the address and "
                     "the secret")
-        log.error("%s", text)
+        log.info("%s", text)  # whoever waits on it gets an AuthError saying the same
         self._auth_failures[node_id] = text
         self._requests.fail_dest(node_id, lambda f: AuthError(text))
 
@@ -423,9 +427,13 @@ class Node:
             event, value = _EVENT.unpack(frames[0])
             allowed, held = self._throttle.allow(event)
             if allowed:
-                log.warning("rejected a connection to %s: handshake failed (event %d, code %s); "
+                try:
+                    name = zmq.Event(event).name
+                except ValueError:
+                    name = str(event)
+                log.warning("rejected a connection to %s: handshake failed (%s, code 0x%x); "
                             "the peer is not a member of this cluster or speaks another "
-                            "protocol%s", self.address, event, value,
+                            "protocol%s", self.address, name, value,
                             f" ({held} more since the last report)" if held else "")
 
     # ----------------------------------------------------------------- receiving
