@@ -1,5 +1,5 @@
 """A node's peer directory: who is where, who is dead, messages parked for nodes not yet
-known, one link (a DEALER) per peer, and the membership events (JOINED / LEFT / DEAD).
+known, one link (a DEALER) per peer, and the membership events (``events.Listeners``).
 
 Sending never blocks inside libzmq. Each DEALER has a send high-water mark, so a peer that
 does not keep up stops taking messages; what it does not take waits in the link's
@@ -16,21 +16,19 @@ Lock order: the directory lock, then a link's lock.
 """
 from __future__ import annotations
 
-import enum
 import errno
-import itertools
 import logging
 import struct
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
 
 from actorpy.errors import ActorpyError, ConfigError, NodeLost
 from actorpy.ids import NodeId
+from actorpy.runtime.events import Listeners, NodeEvent, NodeEventKind, Peer
 from actorpy.runtime.liveness import LinkWatch, LivenessTimes, Verdict
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
@@ -48,40 +46,6 @@ _MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 _EVENT = struct.Struct("=HI")  # a monitor event's first frame: event id, value
-
-
-@dataclass(frozen=True)
-class Peer:
-    node_id: NodeId
-    address: str
-    role: str
-    slots: int = 1  # tasks the node runs at once (workers); 1 for the rest
-
-
-class NodeEventKind(enum.Enum):
-    JOINED = "joined"   # first seen (joined the cluster, or already there when we joined)
-    LEFT = "left"       # left on purpose
-    DEAD = "dead"       # declared dead (by the manager, or by us)
-
-
-@dataclass(frozen=True)
-class NodeEvent:
-    """A change in membership, as this node learned it."""
-
-    kind: NodeEventKind
-    node_id: NodeId
-    role: str
-    reason: str = ""
-
-
-class Subscription:
-    """What ``Node.subscribe`` returns: ``cancel()`` stops the deliveries (idempotent)."""
-
-    def __init__(self, listeners: dict[int, Callable[[NodeEvent], None]], key: int) -> None:
-        self._listeners, self._key = listeners, key
-
-    def cancel(self) -> None:
-        self._listeners.pop(self._key, None)
 
 
 class Link:
@@ -147,8 +111,7 @@ class Directory:
         self._parked: dict[NodeId, list[list[Any]]] = {}
         self._watched: dict[NodeId, LinkWatch] = {}
         self._backlogged: set[Link] = set()
-        self._listeners: dict[int, Callable[[NodeEvent], None]] = {}
-        self._listener_ids = itertools.count()
+        self.events = Listeners()
         self._closed = False
         self.node_id = sender.decode("ascii")
         #: called with a node id when a message is parked for it (outside the lock)
@@ -174,7 +137,7 @@ class Directory:
                     for frames in parked:
                         self._deliver_locked(link, frames, wait=False)
         if is_new:
-            self.publish(NodeEvent(NodeEventKind.JOINED, node_id, role))
+            self.events.publish(NodeEvent(NodeEventKind.JOINED, node_id, role))
 
     def forget_peer(self, node_id: NodeId) -> None:
         with self._lock:
@@ -214,19 +177,6 @@ class Directory:
 
     def parked_count(self) -> int:
         return sum(len(v) for v in list(self._parked.values()))
-
-    # ------------------------------------------------------------------ events
-    def subscribe(self, listener: Callable[[NodeEvent], None]) -> Subscription:
-        key = next(self._listener_ids)
-        self._listeners[key] = listener
-        return Subscription(self._listeners, key)
-
-    def publish(self, event: NodeEvent) -> None:
-        for listener in list(self._listeners.values()):
-            try:
-                listener(event)
-            except Exception:  # one broken listener must not silence the others
-                log.exception("a membership listener failed on %s", event)
 
     # ------------------------------------------------------------------ sending
     def send(self, dest: NodeId, frames: list[Any]) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import struct
 import threading
 import time
 from typing import Any, Callable
@@ -27,20 +26,19 @@ from typing import Any, Callable
 import zmq
 
 from actorpy.config import Config
-from actorpy.errors import ActorpyError, AuthError, ConfigError, NodeLost, ProtocolError
+from actorpy.errors import AuthError, ConfigError, NodeLost
 from actorpy.ids import NodeId
-from actorpy.log import Throttle
 from actorpy.runtime import remote
-from actorpy.runtime.directory import (Directory, NodeEvent, NodeEventKind, Peer, Subscription,
-                                       RETRY_S)
+from actorpy.runtime.directory import RETRY_S, Directory
+from actorpy.runtime.events import NodeEvent, NodeEventKind, Peer, Subscription
 from actorpy.runtime.liveness import LivenessTimes, Verdict
 from actorpy.runtime.loop import SocketLoop
+from actorpy.runtime.receive import Handler, Receiver, decode_payload
 from actorpy.runtime.reply import ReplyFuture
 from actorpy.runtime.requests import RequestTable
 from actorpy.runtime.timers import TimerHandle, TimerQueue
 from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
-from actorpy.wire import serde
 from actorpy.wire.auth import Security
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
@@ -49,32 +47,12 @@ __all__ = ["Node", "Peer", "NodeEvent", "NodeEventKind", "Subscription", "TimerH
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[wm.Message], None]
-
 #: messages per queue before a sender waits (ZeroMQ high-water marks; counted in messages)
 SEND_HWM = 1000
 RECV_HWM = 1000
 #: request deadlines are checked on this grid, so a stream of requests does not wake the
 #: loop once per request (a deadline fires at most this late)
 DEADLINE_GRID_S = 0.05
-_REPLY_KINDS = frozenset({int(Kind.RESULT), int(Kind.ERROR)})
-_DECODE_CODE = frozenset(c for c in (getattr(getattr(wm.Message, "payload", None), "__code__", None),
-                                     serde.decode.__code__, serde.loads.__code__) if c is not None)
-_EVENT = struct.Struct("=HI")
-
-
-def decode_payload(msg: wm.Message, what: str) -> Any:
-    """``msg.payload()``, or ProtocolError naming ``what`` and the sender if it does not decode
-    (a core handler then logs one WARNING, not a traceback)."""
-    try:
-        return msg.payload()
-    except ProtocolError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - unpickling garbage raises nearly anything
-        raise ProtocolError(f"{what} from {msg.sender!r} does not decode: "
-                            f"{type(exc).__name__}: {exc}") from None
-
-
 class Node:
     """A node on the cluster's wire (manager, worker and driver each have one).
 
@@ -115,20 +93,18 @@ class Node:
             self._ctx.term()
             raise ConfigError(f"cannot bind {bind}: {exc}") from None
         self.address: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._handlers: dict[tuple[int, int], Handler] = {}
-        self._service_sink: Callable[[wm.Message], bool] | None = None
         self._closed = threading.Event()
-        self._throttle = Throttle()
         self._fatal_listeners: list[Callable[[str], None]] = []
         self._auth_failures: dict[NodeId, str] = {}
         self._timers = TimerQueue()
         self._requests = RequestTable()
         self._flush_wanted = False
         self._planned_tick: float | None = None
-        #: bytes received so far (all frames), for tests and monitoring
-        self.bytes_in = 0
+        self._receiver = Receiver(node_id, security, max_frame_bytes, self._requests,
+                                  self.reply_error)
         self._loop = SocketLoop(self._ctx, self._router, f"actorpy-io-{node_id}",
-                                self._drain_router, self._tick, self._fatal)
+                                lambda: self._receiver.drain(self._router), self._tick,
+                                self._fatal)
         self._loop.on_teardown = self._teardown
         self._dir = Directory(self._ctx, security, self._sender, linger_ms=linger_ms,
                               send_hwm=send_hwm, times=liveness or _default_liveness(),
@@ -142,7 +118,9 @@ class Node:
             self._monitor = self._router.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                 | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-            self._loop.adopt(self._monitor, self._log_handshake_failures)
+            monitor = self._monitor
+            self._loop.adopt(monitor, lambda: self._receiver.log_handshake_failures(
+                monitor, self.address))
 
     @classmethod
     def from_config(cls, node_id: NodeId, bind: str, security: Security,
@@ -189,6 +167,11 @@ class Node:
         if self._auth is not None:
             self._auth.stop()
         self._ctx.term()
+
+    @property
+    def bytes_in(self) -> int:
+        """Bytes received so far (all frames), for tests and monitoring."""
+        return self._receiver.bytes_in
 
     @property
     def closed(self) -> bool:
@@ -255,7 +238,7 @@ class Node:
         self._requests.fail_dest(node_id, lambda f: NodeLost(
             node_id, f"node {node_id} was lost while running {f.what}{suffix}"))
         if fresh:
-            self._dir.publish(NodeEvent(NodeEventKind.LEFT if left else NodeEventKind.DEAD,
+            self._dir.events.publish(NodeEvent(NodeEventKind.LEFT if left else NodeEventKind.DEAD,
                                         node_id, role, reason))
 
     def subscribe(self, listener: Callable[[NodeEvent], None]) -> Subscription:
@@ -264,7 +247,7 @@ class Node:
         It runs on the thread that learned the news (usually the I/O thread), so it must be
         quick and never block; a listener that raises is logged and the others still run.
         """
-        return self._dir.subscribe(listener)
+        return self._dir.events.subscribe(listener)
 
     def on_node_lost(self, listener: Callable[[NodeId], None]) -> Subscription:
         """Call ``listener(node_id)`` whenever a node dies or leaves (see ``subscribe``)."""
@@ -364,12 +347,12 @@ class Node:
     # ----------------------------------------------------------------- the loop
     def on(self, service: int, kind: int, handler: Handler) -> None:
         """Run ``handler(message)`` on the I/O thread for each message of ``(service, kind)``."""
-        self._handlers[(service, int(kind))] = handler
+        self._receiver.handlers[(service, int(kind))] = handler
 
     def set_service_sink(self, sink: Callable[[wm.Message], bool]) -> None:
         """Messages for services other than the core go to ``sink``; it returns False for an
         unknown service (a request then gets an ERROR reply naming it)."""
-        self._service_sink = sink
+        self._receiver.service_sink = sink
 
     def watch_fd(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the I/O thread when ``fd`` becomes readable (or closes)."""
@@ -415,124 +398,6 @@ class Node:
             callback()
         except Exception:  # a broken handler must not stop the node
             log.exception("callback failed on node %s", self.node_id)
-
-    def _log_handshake_failures(self) -> None:
-        while self._monitor is not None:
-            try:
-                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                return
-            if len(frames[0]) != _EVENT.size:
-                continue
-            event, value = _EVENT.unpack(frames[0])
-            allowed, held = self._throttle.allow(event)
-            if allowed:
-                try:
-                    name = zmq.Event(event).name
-                except ValueError:
-                    name = str(event)
-                log.warning("rejected a connection to %s: handshake failed (%s, code 0x%x); "
-                            "the peer is not a member of this cluster or speaks another "
-                            "protocol%s", self.address, name, value,
-                            f" ({held} more since the last report)" if held else "")
-
-    # ----------------------------------------------------------------- receiving
-    def _drain_router(self) -> None:
-        for _ in range(1000):  # bounded, so timers still run under a flood
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                self._receive(frames)
-            except Exception:  # never let one message stop the loop
-                log.exception("node %s failed to process a message", self.node_id)
-
-    def _receive(self, frames: list[zmq.Frame]) -> None:
-        routing_id = frames[0].bytes
-        self.bytes_in += sum(len(f) for f in frames)
-        who = routing_id.decode("ascii", "replace")
-        if not self.security.is_trusted(frames[0]):
-            log.warning("dropped a message from %r: sender is not an authenticated member", who)
-            return
-        try:
-            msg = wm.Message.parse(frames[1:], self.max_frame_bytes)
-        except ProtocolError as exc:
-            log.warning("dropped a message from %r: %s", who, exc)
-            return
-        if msg.sender != who:
-            log.warning("dropped a message from %r: it claims to come from %r", who, msg.sender)
-            return
-        self._dispatch(msg)
-
-    def _dispatch(self, msg: wm.Message) -> None:
-        """Route one authenticated, validated message: a reply to its future, else to the
-        handler of ``(service, kind)``, else to the service sink, else an ERROR reply."""
-        service, kind = msg.header.service, msg.header.kind
-        if service == CORE_SERVICE and kind in _REPLY_KINDS:
-            self._resolve(msg)
-            return
-        handler = self._handlers.get((service, kind))
-        if handler is not None:
-            self._run_handler(handler, msg)
-        elif service != CORE_SERVICE and self._service_sink is not None \
-                and self._service_sink(msg):
-            return
-        elif service != CORE_SERVICE:
-            self._refuse(msg, f"no service {service} on node {self.node_id} (it was stopped, "
-                              "or never started here)")
-        else:
-            self._refuse(msg, f"node {self.node_id} has no handler for kind {kind} of service "
-                              f"{service}")
-
-    def _resolve(self, msg: wm.Message) -> None:
-        rid = msg.header.request_id
-        fut, ours = self._requests.take(rid, msg.sender)
-        if fut is None:
-            log.debug("late or unknown reply %d from %s", rid, msg.sender)
-        elif not ours:
-            log.warning("dropped a reply from %r: request %d was sent to %r", msg.sender, rid,
-                        fut.dest)
-        elif msg.kind == Kind.RESULT:
-            fut.set_reply(msg)
-        else:
-            fut.set_failure(msg)
-
-    def _run_handler(self, handler: Handler, msg: wm.Message) -> None:
-        try:
-            handler(msg)
-        except Exception as exc:  # a broken handler must not stop the node
-            if isinstance(exc, ProtocolError):
-                log.warning("dropped a message from %r (kind %d of service %d): %s",
-                            msg.sender, msg.kind, msg.header.service, exc)
-            elif _raised_decoding(exc):
-                log.warning("dropped a message from %r (kind %d of service %d): its payload "
-                            "does not decode: %s: %s", msg.sender, msg.kind, msg.header.service,
-                            type(exc).__name__, exc)
-            else:
-                log.exception("callback failed on node %s for kind %d of service %d from %r",
-                              self.node_id, msg.kind, msg.header.service, msg.sender)
-
-    def _refuse(self, msg: wm.Message, text: str) -> None:
-        """No one here takes ``msg``: a request gets an ERROR naming why; a cast a WARNING."""
-        if not msg.header.request_id:
-            log.warning("dropped a message from %r: %s", msg.sender, text)
-            return
-        log.debug("refused a request from %r: %s", msg.sender, text)
-        try:
-            self.reply_error(msg, ActorpyError(text))
-        except ActorpyError as exc:
-            log.debug("could not refuse %r: %s", msg.sender, exc)
-
-
-def _raised_decoding(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised while unpickling a payload (a member sent garbage)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code in _DECODE_CODE:
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def _on_grid(t: float) -> float:

@@ -211,7 +211,7 @@ def live():
 
 def drop_warnings(caplog):
     return [r for r in caplog.records
-            if r.name == "actorpy.runtime.node" and r.levelno == logging.WARNING]
+            if r.name in ("actorpy.runtime.node", "actorpy.runtime.receive") and r.levelno == logging.WARNING]
 
 
 def garbage(case: str) -> list[list[bytes]]:
