@@ -103,7 +103,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    alive = sum(r["state"] in ("alive", "suspect") for r in rows)
+    alive = sum(r["state"] in ("joining", "alive", "suspect") for r in rows)
     print(f"manager {args.manager}: {alive} alive, {len(rows) - alive} gone")
     print(f"{'NODE':<16} {'ROLE':<8} {'STATE':<6} {'HOST':<16} {'PID':>7} {'HEARTBEAT':>10}  ADDRESS")
     for r in sorted(rows, key=lambda r: (r["state"] != "alive", r["role"], r["node_id"])):

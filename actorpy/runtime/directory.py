@@ -350,6 +350,10 @@ class Directory:
         watch = self._watched.get(node_id)
         return None if watch is None else watch.down_for(now)
 
+    def link_ever_up(self, node_id: NodeId) -> bool:
+        watch = self._watched.get(node_id)
+        return watch is not None and watch.ever_up
+
     def verdict(self, node_id: NodeId) -> Verdict | None:
         watch = self._watched.get(node_id)
         return None if watch is None else watch.verdict

@@ -45,6 +45,8 @@ class LivenessTimes:
     link_grace_s: float
     suspect_after_s: float
     silent_dead_after_s: float  # 0: never
+    first_connect_s: float      # a link never up yet: dead after this long (handshakes of a
+                                # process still starting, under load, can take seconds)
 
     @classmethod
     def of(cls, heartbeat_interval_s: float, dead_after_s: float,
@@ -54,7 +56,8 @@ class LivenessTimes:
                    ping_timeout_s=dead_after_s / 2,
                    link_grace_s=dead_after_s / 2,
                    suspect_after_s=dead_after_s,
-                   silent_dead_after_s=silent_dead_after_s)
+                   silent_dead_after_s=silent_dead_after_s,
+                   first_connect_s=max(10.0, 5 * dead_after_s))
 
     @property
     def bound_s(self) -> float:
@@ -142,16 +145,23 @@ class StallGuard:
         return stalled
 
 
-def judge(silent_s: float, down_s: float, times: LivenessTimes) -> tuple[str, str]:
-    """A member's state from its heartbeat silence and its link's downtime.
+def judge(silent_s: float, down_s: float, times: LivenessTimes,
+          ever_up: bool = True) -> tuple[str, str]:
+    """A member's state from its heartbeat silence and its link's downtime (``ever_up``:
+    whether the link was ever up; a first connection gets ``first_connect_s``).
 
     Returns ``(state, reason)`` with state ``"alive"``, ``"suspect"`` or ``"dead"``.
 
     >>> t = LivenessTimes.of(0.25, 2.0, 300.0)
     >>> judge(10.0, 0.0, t)[0], judge(0.5, 1.5, t)[0], judge(301.0, 0.0, t)[0]
     ('suspect', 'dead', 'dead')
+    >>> judge(0.5, 5.0, t, ever_up=False)[0], judge(0.5, 11.0, t, ever_up=False)[0]
+    ('alive', 'dead')
     """
-    if down_s > times.link_grace_s:
+    if not ever_up:
+        if down_s > times.first_connect_s:
+            return "dead", f"could not connect to it for {down_s:.1f} s (unreachable address?)"
+    elif down_s > times.link_grace_s:
         return "dead", (f"connection lost for {down_s:.1f} s (the process was killed, stopped "
                         "or cut off)")
     if times.silent_dead_after_s and silent_s > times.silent_dead_after_s:

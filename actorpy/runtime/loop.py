@@ -165,11 +165,11 @@ class SocketLoop:
         if self._wake_recv in events:
             while self._wake_recv.poll(0):
                 self._wake_recv.recv()
-        if self._router in events:
-            self._on_router()
-        for sock, callback in list(self._sockets.items()):
+        for sock, callback in list(self._sockets.items()):  # connection news first
             if sock in events:
                 callback()
+        if self._router in events:
+            self._on_router()
         for fd in watched & set(events):
             with self._handoff_lock:
                 callback = self._fds.pop(fd, None)

@@ -5,6 +5,10 @@ Failure detection follows ``actorpy.runtime.liveness``: the manager watches its 
 every member (ZMTP heartbeats and a socket monitor, in libzmq's C thread). A member whose
 link stays down is dead; one that only stops heartbeating (a task holding its GIL) is
 *suspect* until it speaks again, and dead only after ``silent_dead_after_s``.
+
+A registered node is *joining* until the manager's link to it is up and it has heartbeated
+(so it holds its directory): only then is it announced (NODE_JOINED) and listed to others,
+so nobody sends work to a node that cannot be reached yet.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ log = logging.getLogger(__name__)
 
 #: records of dead or departed nodes kept for `actorpy status` (oldest dropped first)
 MAX_GONE_RECORDS = 1000
-MEMBER_STATES = ("alive", "suspect")
+MEMBER_STATES = ("joining", "alive", "suspect")
 
 
 @dataclass
@@ -40,7 +44,7 @@ class NodeRecord:
     host: str
     pid: int
     slots: int
-    state: str           # "alive", "suspect", "dead" or "left"
+    state: str           # "joining", "alive", "suspect", "dead" or "left"
     joined_at: float     # wall-clock seconds (for display)
     last_seen: float     # monotonic seconds
     reason: str = ""
@@ -133,16 +137,21 @@ class Manager:
             return
         pid = info.get("pid", 0)
         rec = NodeRecord(node_id, role, info["address"], str(info.get("host", "")),
-                         pid if isinstance(pid, int) else 0, slots, "alive", time.time(),
+                         pid if isinstance(pid, int) else 0, slots, "joining", time.time(),
                          time.monotonic())
-        for other in self._members():
-            if other.node_id != node_id:
-                self.node.send(NodeId(other.node_id), CORE_SERVICE, Kind.NODE_JOINED,
-                               (node_id, rec.address, rec.role, rec.slots))
         self.records.pop(node_id, None)  # a node registering again starts a fresh record
         self.records[node_id] = rec
-        log.info("%s %s joined from %s (pid %d)", rec.role, node_id, rec.host, rec.pid)
-        self.node.reply(msg, [(r.node_id, r.address, r.role, r.slots) for r in self._members()])
+        self.node.reply(msg, [(r.node_id, r.address, r.role, r.slots)
+                              for r in self._members() if r.state != "joining"])
+
+    def _admit(self, rec: NodeRecord) -> None:
+        """A joining node is reachable and has its directory: announce it."""
+        rec.state = "alive"
+        log.info("%s %s joined from %s (pid %d)", rec.role, rec.node_id, rec.host, rec.pid)
+        for other in self._members():
+            if other.node_id != rec.node_id:
+                self.node.send(NodeId(other.node_id), CORE_SERVICE, Kind.NODE_JOINED,
+                               (rec.node_id, rec.address, rec.role, rec.slots))
 
     def _heartbeat(self, msg: wm.Message) -> None:
         rec = self.records.get(msg.sender)
@@ -155,6 +164,8 @@ class Manager:
             log.info("%s %s is heartbeating again", rec.role, rec.node_id)
             rec.state, rec.reason = "alive", ""
         rec.last_seen = time.monotonic()
+        if rec.state == "joining" and self.node.link_ever_up(NodeId(rec.node_id)):
+            self._admit(rec)
         self.node.send(NodeId(msg.sender), CORE_SERVICE, Kind.HEARTBEAT_ACK)
 
     def _list(self, msg: wm.Message) -> None:
@@ -199,10 +210,14 @@ class Manager:
         for rec in self._members():
             if stalled:  # our loop could not listen meanwhile: nobody was silent
                 rec.last_seen += stalled
-            down = self.node.link_down_for(NodeId(rec.node_id)) or 0.0
-            state, reason = judge(now - rec.last_seen, down, self.times)
+            node_id = NodeId(rec.node_id)
+            down = self.node.link_down_for(node_id) or 0.0
+            state, reason = judge(now - rec.last_seen, down, self.times,
+                                  self.node.link_ever_up(node_id))
             if state == "dead":
                 self._declare(rec, "dead", reason)
+            elif rec.state == "joining":
+                continue  # admitted by its first heartbeat once our link to it is up
             elif state == "suspect" and rec.state == "alive":
                 log.warning("%s %s is suspect: %s", rec.role, rec.node_id, reason)
                 rec.state, rec.reason = "suspect", reason

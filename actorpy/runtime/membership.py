@@ -147,7 +147,12 @@ class Membership:
                         self.node.node_id, now - self._unanswered_since)
             self._lose("manager stopped answering")
             return
-        self.node.send(MANAGER_ID, CORE_SERVICE, Kind.HEARTBEAT)
+        try:
+            self.node.send(MANAGER_ID, CORE_SERVICE, Kind.HEARTBEAT)
+        except ActorpyError:
+            if self.node.closed:  # closing meanwhile, from another thread
+                return
+            raise
         if self._unanswered_since is None:
             self._unanswered_since = now
         self.node.call_later(self.config.heartbeat_interval_s, self._heartbeat)

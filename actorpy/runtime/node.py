@@ -225,6 +225,10 @@ class Node:
         """Seconds the watched link to ``node_id`` has been down (0: up; None: not watched)."""
         return self._dir.link_down_for(node_id, time.monotonic())
 
+    def link_ever_up(self, node_id: NodeId) -> bool:
+        """Whether the watched link to ``node_id`` has completed a handshake yet."""
+        return self._dir.link_ever_up(node_id)
+
     def auth_failure(self, node_id: NodeId) -> str | None:
         """Why ``node_id`` refused our handshake (None: it did not, or it was forgotten)."""
         return self._auth_failures.get(node_id)

@@ -73,10 +73,13 @@ def _gil_hold(seconds: float) -> dict:
         start = t.monotonic()
         value = fn()
         return value, t.monotonic() - start
-    _, probe = timed(lambda: sum(range(10**7)))
-    n = int(10**7 * seconds / max(probe, 1e-4))
-    total, held = timed(lambda: sum(range(n)))
-    assert total == n * (n - 1) // 2
+    n, held = 10**7, 0.0
+    for _ in range(4):  # resize until one call lasts long enough (the machine's load varies)
+        n = int(n * min(50.0, 1.2 * seconds / max(held, 1e-3))) if held else n
+        total, held = timed(lambda: sum(range(n)))
+        assert total == n * (n - 1) // 2
+        if held >= seconds * 0.8:
+            break
     rng = random.Random(7)
     floats = [rng.random() for _ in range(2_000_000)]
     _, sort_s = timed(floats.sort)

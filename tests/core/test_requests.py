@@ -176,7 +176,8 @@ class TestBounds:
         server, client, folder = pair
         closed = threading.Event()
         server.on(SVC, 42, lambda msg: (server.close(), closed.set()))
-        pending = server.request(NodeId("cli"), SVC, 99, None)
+        client.on(SVC, SILENT, lambda msg: None)
+        pending = server.request(NodeId("cli"), SVC, SILENT, None)
         client.send(NodeId("srv"), SVC, 42)
         assert closed.wait(10)
         wait_until(lambda: not server._loop.running, 10, "the I/O thread to exit")
