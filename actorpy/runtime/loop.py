@@ -44,7 +44,8 @@ class SocketLoop:
     def __init__(self, ctx: zmq.Context, router: zmq.Socket, name: str,
                  on_router: Callable[[], None], tick: Callable[[float], float | None],
                  on_fatal: Callable[[str], None]) -> None:
-        self._router, self._on_router, self._tick, self._on_fatal = router, on_router, tick, on_fatal
+        self._router, self._on_router = router, on_router
+        self._tick, self._on_fatal = tick, on_fatal
         self._wake_recv = ctx.socket(zmq.PAIR)
         self._wake_recv.linger = 0
         self._wake_recv.bind(f"inproc://wake-{id(self)}")

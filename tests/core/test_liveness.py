@@ -11,7 +11,8 @@ import time
 import zmq
 
 import actorpy
-from actorpy.runtime.liveness import AUTH_HANGUPS, LinkWatch, LivenessTimes, StallGuard, Verdict, judge
+from actorpy.runtime.liveness import (AUTH_HANGUPS, LinkWatch, LivenessTimes, StallGuard,
+                                      Verdict, judge)
 from actorpy.runtime.node import NodeEvent, NodeEventKind
 from tests.conftest import wait_until
 
@@ -40,7 +41,8 @@ class TestLinkWatch:
         assert w.on_event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0, now=5.0) is None and w.verdict is None
 
     def test_zap_refusal_and_mechanism_mismatch_are_proven_at_once(self):
-        assert LinkWatch(0.0).on_event(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400, 0.1) is Verdict.AUTH_FAILED
+        refused = LinkWatch(0.0).on_event(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400, 0.1)
+        assert refused is Verdict.AUTH_FAILED
         assert LinkWatch(0.0).on_event(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, 0, 0.1) \
             is Verdict.PROTOCOL_MISMATCH
 
@@ -94,7 +96,7 @@ def test_long_c_calls_in_a_worker_and_the_driver_are_not_deaths():
     with actorpy.connect(workers=1, dead_after_s=1.0, manager_timeout_s=1.5) as cluster:
         (worker,) = cluster.workers()
         deaths: list[NodeEvent] = []
-        cluster.subscribe(lambda ev: deaths.append(ev) if ev.kind is not NodeEventKind.JOINED else None)
+        cluster.subscribe(lambda ev: None if ev.kind is NodeEventKind.JOINED else deaths.append(ev))
         busy = cluster.submit_to(worker, _gil_hold, hold_s)
         wait_until(lambda: any(r["node_id"] == worker and r["heartbeat_age_s"] > 0.5
                                for r in cluster.nodes()), 30, "the worker to go quiet")
