@@ -22,6 +22,7 @@ from actorpy.config import Config
 from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import new_node_id
 from actorpy.runtime.address import node_bind, security_for
+from actorpy.runtime.membership import IO_FAILED
 from actorpy.runtime.worker import DRIVER_GONE
 from actorpy.wire import auth
 
@@ -58,6 +59,10 @@ def cmd_manager(args: argparse.Namespace) -> int:
     _serve_until_stopped(manager.stopped, args.lifeline_fd, manager.node,
                          lambda reason: manager.stop(tell_nodes=reason == "signal"))
     _leave_local_cluster(args)
+    if manager.failure:  # its I/O loop gave up: exit non-zero so a supervisor restarts it
+        manager.node.close()
+        print(f"actorpy manager: {manager.failure}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -79,10 +84,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # A task may still be running in a thread that cannot be interrupted; the worker's job
     # is over, so leave now rather than wait for it (no orphan outlives its cluster).
     logging.shutdown()
-    os._exit(0)
+    os._exit(1 if worker.stop_reason.startswith(IO_FAILED) else 0)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from actorpy.errors import AuthError
     from actorpy.runtime.membership import MANAGER_ID
     from actorpy.runtime.node import Node
     from actorpy.wire.kinds import CORE_SERVICE, Kind
@@ -93,9 +99,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     node_id = new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "s")
     node = Node(node_id, node_bind(args.manager, node_id), security, linger_ms=0).start()
     try:
-        node.add_peer(MANAGER_ID, args.manager, "manager")
+        node.add_peer(MANAGER_ID, args.manager, "manager", watch=True)
         rows = node.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": node.address},
                          timeout_s=args.timeout_s, what="status")
+    except AuthError as exc:
+        print(f"actorpy status: {exc}", file=sys.stderr)
+        return 1
     except ActorpyError as exc:
         print(f"actorpy status: no answer from {args.manager}: {exc}", file=sys.stderr)
         return 1
@@ -104,7 +113,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    alive = sum(r["state"] == "alive" for r in rows)
+    alive = sum(r["state"] in ("joining", "alive", "suspect") for r in rows)
     print(f"manager {args.manager}: {alive} alive, {len(rows) - alive} gone")
     print(f"{'NODE':<16} {'ROLE':<8} {'STATE':<6} {'HOST':<16} {'PID':>7} {'HEARTBEAT':>10}  ADDRESS")
     for r in sorted(rows, key=lambda r: (r["state"] != "alive", r["role"], r["node_id"])):

@@ -19,18 +19,29 @@ class Config:
 
     Attributes:
         workers: worker processes of the embedded local cluster (None: one per core).
-        heartbeat_interval_s: how often a node tells the manager it is alive.
-        dead_after_s: silence after which the manager declares a node dead.
-        manager_timeout_s: silence from the manager after which a worker exits.
+        heartbeat_interval_s: how often a node tells the manager it is alive (a Python
+            timer), and how often libzmq pings over the links the manager and members
+            watch (in C, without the GIL: see actorpy.runtime.liveness).
+        dead_after_s: a node whose connection to the manager is down (killed, stopped,
+            cut off) is declared dead within ``dead_after_s + 2 * heartbeat_interval_s``
+            (a killed one after about ``dead_after_s / 2``). Heartbeat silence alone (a
+            process holding the GIL in a long C call) only makes it *suspect* after
+            ``dead_after_s``.
+        silent_dead_after_s: heartbeat silence, on a connection that stays up, after which
+            a node is declared dead anyway (a process stuck for good); 0: never.
+        manager_timeout_s: a member leaves when its connection to the manager has been down
+            this long, or the manager has not answered a heartbeat for this long while the
+            member's own loop was running (how a node declared dead is fenced off).
         start_timeout_s: how long connect() waits for the cluster to come up.
         task_threads: tasks a worker runs at once.
         chunk_bytes: buffers and pickled bodies larger than this travel as several frames
             (None: 8 MiB under CURVE, 64 MiB over ipc, the faster choice for each in
             bench/transport.py, and never more than max_frame_bytes).
-        max_frame_bytes: a received frame larger than this is dropped with a WARNING naming
-            the sender. The check runs after receipt: only authenticated members can send
-            at all, and they can already run code on the cluster, so it guards against
-            mistakes, not attacks.
+        max_frame_bytes: a received frame larger than this is refused. libzmq checks it
+            before keeping any byte (``ZMQ_MAXMSGSIZE``, also during the CURVE handshake,
+            so an outsider cannot make a node buffer more); a frame a little over it from a
+            member is dropped with a WARNING naming the sender, a much bigger one closes
+            the connection. Senders split what they send so no frame exceeds it.
         linger_ms: how long closing sockets may flush pending messages.
         local_transport: "auto" (ipc where available), "ipc", or "tcp" (127.0.0.1 with
             CURVE and a fresh secret) for the embedded local cluster.
@@ -50,6 +61,7 @@ class Config:
     workers: int | None = None
     heartbeat_interval_s: float = 0.25
     dead_after_s: float = 2.0
+    silent_dead_after_s: float = 300.0
     manager_timeout_s: float = 5.0
     start_timeout_s: float = 30.0
     task_threads: int = 1
@@ -71,8 +83,12 @@ class Config:
                 raise ConfigError(f"{f.name} must be a finite number, got {value}")
         if self.workers is not None and self.workers < 0:
             raise ConfigError("workers must be >= 0")
-        if self.heartbeat_interval_s <= 0 or self.dead_after_s <= self.heartbeat_interval_s:
-            raise ConfigError("need 0 < heartbeat_interval_s < dead_after_s")
+        if self.heartbeat_interval_s <= 0 or self.dead_after_s <= 2 * self.heartbeat_interval_s:
+            raise ConfigError("need 0 < 2 * heartbeat_interval_s < dead_after_s")
+        if self.silent_dead_after_s < 0 or 0 < self.silent_dead_after_s <= self.dead_after_s:
+            raise ConfigError("silent_dead_after_s must be 0 (never) or more than dead_after_s")
+        if self.manager_timeout_s <= self.heartbeat_interval_s:
+            raise ConfigError("need manager_timeout_s > heartbeat_interval_s")
         # Unset, chunk_bytes follows the transport, never above max_frame_bytes (see Node).
         chunk = min(64 << 20, self.max_frame_bytes) if self.chunk_bytes is None else self.chunk_bytes
         if self.task_threads < 1 or chunk < 1 or self.max_frame_bytes < chunk:

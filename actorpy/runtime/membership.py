@@ -1,5 +1,13 @@
 """A node's membership in a cluster: register with the manager, keep the directory of peers
-current, heartbeat, and notice when the manager is gone. Workers and drivers share it."""
+current, heartbeat, and notice when the manager is gone. Workers and drivers share it.
+
+The link to the manager is *watched* (ZMTP heartbeats and a socket monitor, run by libzmq
+without the GIL): the manager is gone when that connection has been down for
+``manager_timeout_s``, or when it has not answered our heartbeats for that long while our own
+loop was running (a node the manager declared dead gets no answers: that is how a node that
+was only paused is fenced off). A task holding the GIL stalls our loop, not the manager: the
+stalled stretch is not counted (``liveness.StallGuard``).
+"""
 from __future__ import annotations
 
 import logging
@@ -7,18 +15,21 @@ import os
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from actorpy.config import Config
-from actorpy.errors import ActorpyError, ActorpyTimeout
+from actorpy.errors import ActorpyError, ActorpyTimeout, ProtocolError
 from actorpy.ids import NodeId
-from actorpy.runtime.node import Node
+from actorpy.runtime.liveness import StallGuard
+from actorpy.runtime.node import Node, decode_payload
 from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 log = logging.getLogger(__name__)
 
 MANAGER_ID = NodeId("manager")
+#: how a stop reason starts when this node's own I/O loop gave up (exit non-zero)
+IO_FAILED = "this node's I/O loop failed"
 
 
 class Membership:
@@ -29,8 +40,8 @@ class Membership:
         manager_address: the manager's endpoint.
         role: "worker", "driver", ...
         config: heartbeat and timeout settings.
-        on_manager_lost: called (on the I/O thread) when the manager stops answering or
-            orders this node to shut down.
+        on_manager_lost: called (on the I/O thread) when the manager is gone, orders this
+            node to shut down, or this node's I/O loop fails.
     """
 
     def __init__(self, node: Node, manager_address: str, role: str, config: Config,
@@ -40,33 +51,40 @@ class Membership:
         self.config = config
         self.slots = slots
         self._on_manager_lost = on_manager_lost
-        self._last_ack = time.monotonic()
+        self._unanswered_since: float | None = None
+        self._stall = StallGuard(config.heartbeat_interval_s, time.monotonic())
         self._changed = threading.Condition()
         self._lookups: set[NodeId] = set()
         self._gone = False
-        node.add_peer(MANAGER_ID, manager_address, "manager")
+        node.add_peer(MANAGER_ID, manager_address, "manager", watch=True)
         node.on(CORE_SERVICE, Kind.NODE_JOINED, self._from_manager(self._joined))
         node.on(CORE_SERVICE, Kind.NODE_DEAD, self._from_manager(self._dead))
         node.on(CORE_SERVICE, Kind.HEARTBEAT_ACK, self._from_manager(self._ack))
         node.on(CORE_SERVICE, Kind.SHUTDOWN, self._from_manager(self._shutdown))
         node.on_unknown_destination(self._lookup)
         node.on_node_lost(lambda _nid: self._notify())
+        node.on_fatal(lambda reason: self._lose(f"{IO_FAILED}: {reason}"))
 
     def join(self, timeout_s: float) -> None:
-        """Register and wait for the directory (raises ActorpyTimeout if no manager answers)."""
+        """Register and wait for the directory.
+
+        Raises:
+            ActorpyTimeout: no manager answered.
+            AuthError: the manager refused our handshake (the cluster secret differs).
+        """
         info = {"role": self.role, "address": self.node.address, "pid": os.getpid(),
                 "host": socket.gethostname(), "slots": self.slots}
         try:
             directory = self.node.call(MANAGER_ID, CORE_SERVICE, Kind.REGISTER, info,
                                        timeout_s=timeout_s, what="registration")
         except ActorpyTimeout:
-            raise ActorpyTimeout(f"no manager answered at {self.node.peer(MANAGER_ID).address} "
-                                 f"within {timeout_s} s; is `actorpy manager` running there, "
-                                 "and is the secret the same?") from None
+            peer = self.node.peer(MANAGER_ID)
+            raise ActorpyTimeout(f"no manager answered at {peer.address if peer else '?'} "
+                                 f"within {timeout_s} s; is `actorpy manager` running there?"
+                                 ) from None
         for node_id, address, role, slots in directory:
             if node_id != self.node.node_id:
                 self.node.add_peer(node_id, address, role, slots)
-        self._last_ack = time.monotonic()
         self._notify()
         self.node.call_later(0, self._heartbeat)
 
@@ -103,24 +121,47 @@ class Membership:
         with self._changed:
             self._changed.notify_all()
 
+    def _lose(self, reason: str) -> None:
+        if not self._gone:
+            self._gone = True
+            self._on_manager_lost(reason)
+
     def _heartbeat(self) -> None:
         if self.node.closed or self._gone:
             return
-        silence = time.monotonic() - self._last_ack
-        if silence > self.config.manager_timeout_s:
-            self._gone = True
-            log.warning("%s: no word from the manager for %.1f s; leaving", self.node.node_id,
-                        silence)
-            self._on_manager_lost("manager stopped answering")
+        now = time.monotonic()
+        stalled = self._stall.tick(now)
+        if stalled and self._unanswered_since is not None:
+            self._unanswered_since += stalled  # our own stall is not the manager's silence
+        limit = self.config.manager_timeout_s
+        down = self.node.link_down_for(MANAGER_ID) or 0.0
+        if down > limit:
+            log.warning("%s: the connection to the manager is down for %.1f s; leaving%s",
+                        self.node.node_id, down,
+                        f" ({self.node.auth_failure(MANAGER_ID)})"
+                        if self.node.auth_failure(MANAGER_ID) else "")
+            self._lose("manager stopped answering")
             return
-        self.node.send(MANAGER_ID, CORE_SERVICE, Kind.HEARTBEAT)
+        if self._unanswered_since is not None and now - self._unanswered_since > limit:
+            log.warning("%s: the manager has not answered for %.1f s; leaving",
+                        self.node.node_id, now - self._unanswered_since)
+            self._lose("manager stopped answering")
+            return
+        try:
+            self.node.send(MANAGER_ID, CORE_SERVICE, Kind.HEARTBEAT)
+        except ActorpyError:
+            if self.node.closed:  # closing meanwhile, from another thread
+                return
+            raise
+        if self._unanswered_since is None:
+            self._unanswered_since = now
         self.node.call_later(self.config.heartbeat_interval_s, self._heartbeat)
 
     def _ack(self, msg: wm.Message) -> None:
-        self._last_ack = time.monotonic()
+        self._unanswered_since = None
 
     def _joined(self, msg: wm.Message) -> None:
-        node_id, address, role, slots = msg.payload()
+        node_id, address, role, slots = _fields(msg, "NODE_JOINED", 4)
         if node_id != self.node.node_id:
             try:
                 self.node.add_peer(NodeId(node_id), address, role, slots)
@@ -130,7 +171,7 @@ class Membership:
         self._notify()
 
     def _dead(self, msg: wm.Message) -> None:
-        node_id, reason, state = msg.payload()
+        node_id, reason, state = _fields(msg, "NODE_DEAD", 3)
         if node_id == self.node.node_id:
             self._shutdown(msg)
             return
@@ -138,26 +179,35 @@ class Membership:
         self.node.mark_dead(NodeId(node_id), reason, left=state == "left")
 
     def _shutdown(self, msg: wm.Message) -> None:
-        if not self._gone:
-            self._gone = True
-            self._on_manager_lost("the manager asked this node to shut down")
+        self._lose("the manager asked this node to shut down")
 
     def _lookup(self, node_id: NodeId) -> None:
         if node_id in self._lookups or node_id == MANAGER_ID:
             return
         self._lookups.add(node_id)
         fut = self.node.request(MANAGER_ID, CORE_SERVICE, Kind.LOOKUP, node_id,
-                                what=f"lookup of {node_id}")
+                                what=f"lookup of {node_id}",
+                                timeout_s=max(5.0, self.config.manager_timeout_s))
 
         def learned(f: object) -> None:
+            self._lookups.discard(node_id)
             try:
                 found = fut.result(0)
+            except ActorpyTimeout:  # the manager is slow: the next send asks again
+                log.warning("lookup of %s got no answer from the manager", node_id)
+                return
             except ActorpyError as exc:
                 log.debug("lookup of %s failed: %s", node_id, exc)
                 found = None
-            self._lookups.discard(node_id)
             if found is None:
                 self.node.mark_dead(node_id, "unknown to the manager")
             else:
                 self.node.add_peer(node_id, *found)
         fut.add_done_callback(learned)
+
+
+def _fields(msg: wm.Message, what: str, n: int) -> tuple[Any, ...]:
+    value = decode_payload(msg, what)
+    if not isinstance(value, (tuple, list)) or len(value) != n:
+        raise ProtocolError(f"{what} from {msg.sender!r} is not a {n}-tuple")
+    return tuple(value)

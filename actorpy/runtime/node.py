@@ -2,88 +2,58 @@
 per peer for sending, and an I/O thread that receives, authenticates, validates and
 dispatches on ``(service, kind)``.
 
-Sending happens in the caller's thread (each peer's DEALER has a lock), so a message goes out
-with no thread hand-off; only the ROUTER is owned by the I/O thread. Handlers registered with
-``on()`` run on the I/O thread and must be quick; long work goes to the caller's executors.
-Replies to ``request()`` resolve a ``ReplyFuture`` that unpickles in the waiting thread.
+``Node`` is a facade over four parts, each in its own module:
+
+* ``directory.Directory`` — peers, the dead, parked messages, one link (DEALER) per peer,
+  membership events; sending with high-water marks that never block the I/O thread;
+* ``requests.RequestTable`` — requests waiting for replies, with deadlines;
+* ``timers.TimerQueue`` — ``call_later`` timers, run on the I/O thread;
+* ``loop.SocketLoop`` — the I/O thread itself (polls, never dies silently).
+
+Sending happens in the caller's thread, so a message goes out with no thread hand-off; only
+the ROUTER is owned by the I/O thread. Handlers registered with ``on()`` run on the I/O
+thread and must be quick; long work goes to the caller's executors. Replies to ``request()``
+resolve a ``ReplyFuture`` that unpickles in the waiting thread.
 """
 from __future__ import annotations
 
-import enum
-import heapq
-import itertools
 import logging
+import math
 import threading
 import time
-from collections import defaultdict, deque
-from dataclasses import dataclass
+from collections import deque
 from typing import Any, Callable
 
 import zmq
 
-from actorpy.errors import ConfigError, NodeLost, ProtocolError
 from actorpy.config import Config
+from actorpy.errors import AuthError, ConfigError, NodeLost
 from actorpy.ids import NodeId
-from actorpy.log import Throttle
 from actorpy.runtime import remote
+from actorpy.runtime.directory import RETRY_S, Directory
+from actorpy.runtime.events import NodeEvent, NodeEventKind, Peer, Subscription
+from actorpy.runtime.liveness import LivenessTimes, Verdict
+from actorpy.runtime.loop import SocketLoop
+from actorpy.runtime.receive import Handler, Receiver, decode_payload
 from actorpy.runtime.reply import ReplyFuture
+from actorpy.runtime.requests import RequestTable
+from actorpy.runtime.timers import TimerHandle, TimerQueue
 from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
+__all__ = ["Node", "Peer", "NodeEvent", "NodeEventKind", "Subscription", "TimerHandle",
+           "decode_payload"]
+
 log = logging.getLogger(__name__)
 
-Handler = Callable[[wm.Message], None]
-
-
-@dataclass(frozen=True)
-class Peer:
-    node_id: NodeId
-    address: str
-    role: str
-    slots: int = 1  # tasks the node runs at once (workers); 1 for the rest
-
-
-class NodeEventKind(enum.Enum):
-    JOINED = "joined"   # first seen (joined the cluster, or already there when we joined)
-    LEFT = "left"       # left on purpose
-    DEAD = "dead"       # declared dead (by the manager, or by us)
-
-
-@dataclass(frozen=True)
-class NodeEvent:
-    """A change in membership, as this node learned it."""
-
-    kind: NodeEventKind
-    node_id: NodeId
-    role: str
-    reason: str = ""
-
-
-class Subscription:
-    """What ``Node.subscribe`` returns: ``cancel()`` stops the deliveries (idempotent)."""
-
-    def __init__(self, listeners: dict[int, Callable[[NodeEvent], None]], key: int) -> None:
-        self._listeners, self._key = listeners, key
-
-    def cancel(self) -> None:
-        self._listeners.pop(self._key, None)
-
-
-class TimerHandle:
-    """A timer set with ``Node.call_later``; ``cancel()`` stops it if it has not run yet."""
-
-    __slots__ = ("callback", "cancelled")
-
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
+#: messages per queue before a sender waits (ZeroMQ high-water marks; counted in messages)
+SEND_HWM = 1000
+RECV_HWM = 1000
+#: request deadlines are checked on this grid, so a stream of requests does not wake the
+#: loop once per request (a deadline fires at most this late)
+DEADLINE_GRID_S = 0.05
 class Node:
     """A node on the cluster's wire (manager, worker and driver each have one).
 
@@ -92,11 +62,14 @@ class Node:
         bind: endpoint to bind, e.g. ``ipc:///dir/w-1`` or ``tcp://127.0.0.1:*``.
         security: how sockets authenticate (actorpy.wire.auth.Security).
         chunk_bytes, max_frame_bytes, linger_ms: see actorpy.config.Config.
+        liveness: ZMTP heartbeat timings of watched links (default: Config's defaults).
+        send_hwm, recv_hwm: ZeroMQ high-water marks of each link and of the ROUTER.
     """
 
     def __init__(self, node_id: NodeId, bind: str, security: Security, *,
                  chunk_bytes: int | None = None, max_frame_bytes: int = 1 << 30,
-                 linger_ms: int = 500) -> None:
+                 linger_ms: int = 500, liveness: LivenessTimes | None = None,
+                 send_hwm: int = SEND_HWM, recv_hwm: int = RECV_HWM) -> None:
         self.node_id = node_id
         self._sender = hdr.sender_bytes(node_id)
         self.security = security
@@ -108,7 +81,10 @@ class Node:
         self._auth = security.start_authenticator(self._ctx)
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
-        self._router.rcvhwm = 0
+        self._router.rcvhwm = recv_hwm
+        # Checked by libzmq before any byte is kept, also during the CURVE handshake: an
+        # outsider cannot make us buffer a frame bigger than a member could send.
+        self._router.maxmsgsize = max_frame_bytes + hdr.HEADER_BYTES + wm.INLINE_MAX_BYTES
         security.apply_server(self._router)
         try:
             self._router.bind(bind)
@@ -119,157 +95,160 @@ class Node:
             self._ctx.term()
             raise ConfigError(f"cannot bind {bind}: {exc}") from None
         self.address: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._closed = threading.Event()
+        self._fatal_listeners: list[Callable[[str], None]] = []
+        self._auth_failures: dict[NodeId, str] = {}
+        self._timers = TimerQueue()
+        self._requests = RequestTable()
+        self._flush_wanted = False
+        # Messages this node sends to itself (services on one node talking to each other:
+        # several P2P peers per worker), dispatched by the I/O thread like received ones.
+        self._loopback: deque[wm.Message] = deque()
+        self._planned_tick: float | None = None
+        self._receiver = Receiver(node_id, security, max_frame_bytes, self._requests,
+                                  self.reply_error)
+        self._loop = SocketLoop(self._ctx, self._router, f"actorpy-io-{node_id}",
+                                lambda: self._receiver.drain(self._router), self._tick,
+                                self._fatal)
+        self._loop.on_teardown = self._teardown
+        self._dir = Directory(self._ctx, security, self._sender, linger_ms=linger_ms,
+                              send_hwm=send_hwm, times=liveness or _default_liveness(),
+                              adopt=self._loop.adopt, release=self._loop.release,
+                              wants_flush=self._wants_flush, in_io_thread=self._loop.in_loop)
+        self._dir.on_verdict = self._verdict
         # With CURVE, peers that fail the handshake never reach us; log them (the ZAP
         # callback in wire.auth logs wrong keys, this catches wrong mechanisms too).
-        self._monitor = (self._router.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-            | zmq.EVENT_HANDSHAKE_FAILED_AUTH) if security.mode == "curve" else None)
-        self._wake_recv = self._ctx.socket(zmq.PAIR)
-        self._wake_recv.bind(f"inproc://wake-{id(self)}")
-        self._wake_send = self._ctx.socket(zmq.PAIR)
-        self._wake_send.connect(f"inproc://wake-{id(self)}")
-        self._wake_lock = threading.Lock()
-        self._handlers: dict[tuple[int, int], Handler] = {}
-        self._service_sink: Callable[[wm.Message], bool] | None = None
-        # The directory: peers, the dead, messages parked for peers not yet known, and one
-        # DEALER per peer. One lock guards all four, so a flush of parked messages and a new
-        # send cannot overtake each other. Lock order: _dir_lock, then a DEALER's own lock.
-        self._dir_lock = threading.Lock()
-        self._peers: dict[NodeId, Peer] = {}
-        self._dead: set[NodeId] = set()
-        self._dealers: dict[NodeId, tuple[zmq.Socket, threading.Lock]] = {}
-        self._parked: dict[NodeId, list[list[Any]]] = defaultdict(list)
-        self._pending: dict[int, ReplyFuture] = {}
-        self._pending_lock = threading.Lock()
-        self._request_ids = itertools.count(1)
-        self._timers: list[tuple[float, int, TimerHandle]] = []
-        self._timer_seq = itertools.count()
-        self._timers_lock = threading.Lock()
-        self._watch_fds: dict[int, Callable[[], None]] = {}
-        self._listeners: dict[int, Callable[[NodeEvent], None]] = {}
-        self._listener_ids = itertools.count()
-        self._unknown_dest: Callable[[NodeId], None] | None = None
-        self._closed = threading.Event()
-        # Messages this node sends to itself (services on one node talking to each other:
-        # several P2P peers per worker). Dispatched by the I/O thread like received ones.
-        self._loopback: deque[wm.Message] = deque()
-        self._throttle = Throttle()
-        #: bytes received so far (all frames), for tests and monitoring
-        self.bytes_in = 0
-        self._thread = threading.Thread(target=self._loop, name=f"actorpy-io-{node_id}",
-                                        daemon=True)
+        self._monitor: zmq.Socket | None = None
+        if security.mode == "curve":
+            self._monitor = self._router.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+            monitor = self._monitor
+            self._loop.adopt(monitor, lambda: self._receiver.log_handshake_failures(
+                monitor, self.address))
 
     @classmethod
     def from_config(cls, node_id: NodeId, bind: str, security: Security,
                     config: Config) -> Node:
-        """A node with the wire settings of ``config`` (what every process uses)."""
+        """A node with the wire and liveness settings of ``config`` (what every process uses)."""
         return cls(node_id, bind, security, chunk_bytes=config.chunk_bytes,
-                   max_frame_bytes=config.max_frame_bytes, linger_ms=config.linger_ms)
+                   max_frame_bytes=config.max_frame_bytes, linger_ms=config.linger_ms,
+                   liveness=LivenessTimes.of(config.heartbeat_interval_s, config.dead_after_s,
+                                             config.silent_dead_after_s))
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> Node:
-        self._thread.start()
+        self._loop.start()
         return self
 
     def close(self, linger_ms: int | None = None) -> None:
         """Stop the loop, fail pending requests and close every socket (idempotent).
 
-        ``linger_ms`` (default: the node's) bounds how long unsent messages may delay it."""
-        linger = self.linger_ms if linger_ms is None else linger_ms
+        ``linger_ms`` (default: the node's) bounds how long unsent messages may delay it.
+        Called from a handler (the I/O thread), the sockets close when the handler returns."""
         if self._closed.is_set():
             return
         self._closed.set()
-        self._wake()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
-        with self._pending_lock:
-            pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(NodeLost(self.node_id, f"node {self.node_id} closed"))
-        with self._dir_lock:
-            dealers, self._dealers = list(self._dealers.values()), {}
-        for sock, lock in dealers:
-            with lock:
-                sock.close(linger=linger)
+        self._requests.fail_all(lambda f: NodeLost(self.node_id, f"node {self.node_id} closed"))
+        self._dir.close(self.linger_ms if linger_ms is None else linger_ms)
+        if not self._loop.running:
+            if self._loop.thread.ident is None:  # never started
+                self._loop.close_unstarted()
+            return
+        self._loop.stop()
+        if not self._loop.in_loop():
+            self._loop.thread.join(timeout=10)
+            if self._loop.running:
+                log.warning("node %s: the I/O thread is still busy in a handler; its sockets "
+                            "close when it returns", self.node_id)
+
+    def _teardown(self) -> None:
+        """Close what the loop's thread owned (runs on it as it exits)."""
+        self._closed.set()
+        self._dir.close(0)
         if self._monitor is not None:
             self._router.disable_monitor()
-            self._monitor.close(linger=0)
-        for sock in (self._router, self._wake_recv, self._wake_send):
-            sock.close(linger=0)
+        self._router.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
         self._ctx.term()
 
     @property
+    def bytes_in(self) -> int:
+        """Bytes received so far (all frames), for tests and monitoring."""
+        return self._receiver.bytes_in
+
+    @property
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    def in_io_thread(self) -> bool:
+        """Whether the caller runs on this node's I/O thread (where waiting would deadlock)."""
+        return self._loop.in_loop()
+
+    def on_fatal(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` if the I/O loop has to give up (the node is then closed;
+        a server process should exit non-zero so its supervisor restarts it)."""
+        self._fatal_listeners.append(listener)
+
+    def _fatal(self, reason: str) -> None:
+        self._closed.set()
+        self._requests.fail_all(lambda f: NodeLost(self.node_id, f"node {self.node_id}: {reason}"))
+        for listener in list(self._fatal_listeners):
+            self._guard(lambda: listener(reason))
+
     # ----------------------------------------------------------------- directory
-    def add_peer(self, node_id: NodeId, address: str, role: str, slots: int = 1) -> None:
+    def add_peer(self, node_id: NodeId, address: str, role: str, slots: int = 1, *,
+                 watch: bool = False) -> None:
         """Learn where a node listens; messages parked for it go out now, before any newer one.
-        A node not known before is announced to subscribers as JOINED.
+        A node not known before is announced to subscribers as JOINED. With ``watch`` the
+        link to it is opened now, with ZMTP heartbeats and a monitor (``link_down_for``).
 
         Raises:
             ConfigError: ``address`` is not an endpoint ZeroMQ can connect to.
         """
-        with self._dir_lock:
-            is_new = node_id not in self._peers or node_id in self._dead
-            self._peers[node_id] = Peer(node_id, address, role, slots)
-            self._dead.discard(node_id)
-            parked = self._parked.pop(node_id, [])
-            if parked and node_id not in self._dealers:
-                sock, lock = self._new_dealer(node_id, address, held=True)
-                try:
-                    for frames in parked:
-                        self._write(sock, frames)
-                finally:
-                    lock.release()
-        if is_new:
-            self._publish(NodeEvent(NodeEventKind.JOINED, node_id, role))
+        self._dir.add_peer(node_id, address, role, slots, watch)
 
     def forget_peer(self, node_id: NodeId) -> None:
         """Drop a peer that was only passing by (e.g. a status client); what was sent to it
         may still flush for ``linger_ms``. Not a death: no listener hears of it."""
-        with self._dir_lock:
-            self._peers.pop(node_id, None)
-            entry = self._dealers.pop(node_id, None)
-        if entry is not None:
-            with entry[1]:
-                entry[0].close(linger=self.linger_ms)
+        self._dir.forget_peer(node_id)
+        self._auth_failures.pop(node_id, None)
 
     def peers(self, role: str | None = None) -> list[Peer]:
-        return [p for p in list(self._peers.values())
-                if p.node_id not in self._dead and (role is None or p.role == role)]
+        """Live peers (of ``role``)."""
+        return self._dir.peers(role)
 
     def peer(self, node_id: NodeId) -> Peer | None:
-        return self._peers.get(node_id)
+        """What is known of ``node_id`` (also of a recently dead one)."""
+        return self._dir.peer(node_id)
 
     def is_dead(self, node_id: NodeId) -> bool:
-        return node_id in self._dead
+        return self._dir.is_dead(node_id)
+
+    def link_down_for(self, node_id: NodeId) -> float | None:
+        """Seconds the watched link to ``node_id`` has been down (0: up; None: not watched)."""
+        return self._dir.link_down_for(node_id, time.monotonic())
+
+    def link_ever_up(self, node_id: NodeId) -> bool:
+        """Whether the watched link to ``node_id`` has completed a handshake yet."""
+        return self._dir.link_ever_up(node_id)
+
+    def auth_failure(self, node_id: NodeId) -> str | None:
+        """Why ``node_id`` refused our handshake (None: it did not, or it was forgotten)."""
+        return self._auth_failures.get(node_id)
 
     def mark_dead(self, node_id: NodeId, reason: str = "", left: bool = False) -> None:
         """Forget a node: fail requests waiting on it and tell the subscribers (LEFT when it
         left on purpose, else DEAD)."""
-        with self._dir_lock:
-            if node_id in self._dead:
-                return
-            self._dead.add(node_id)
-            self._parked.pop(node_id, None)
-            entry = self._dealers.pop(node_id, None)
-        if entry is not None:
-            with entry[1]:
-                entry[0].close(linger=0)
-        with self._pending_lock:
-            lost = [rid for rid, f in self._pending.items() if f.dest == node_id]
-            futures = [self._pending.pop(rid) for rid in lost]
-        for fut in futures:
-            if not fut.done():
-                fut.set_exception(NodeLost(node_id, f"node {node_id} was lost while running "
-                                                    f"{fut.what}{': ' + reason if reason else ''}"))
-        peer = self._peers.get(node_id)
-        self._publish(NodeEvent(NodeEventKind.LEFT if left else NodeEventKind.DEAD, node_id,
-                                peer.role if peer else "", reason))
+        fresh, role = self._dir.mark_dead(node_id)
+        self._auth_failures.pop(node_id, None)
+        suffix = f": {reason}" if reason else ""
+        self._requests.fail_dest(node_id, lambda f: NodeLost(
+            node_id, f"node {node_id} was lost while running {f.what}{suffix}"))
+        if fresh:
+            self._dir.events.publish(NodeEvent(NodeEventKind.LEFT if left else NodeEventKind.DEAD,
+                                        node_id, role, reason))
 
     def subscribe(self, listener: Callable[[NodeEvent], None]) -> Subscription:
         """Call ``listener(event)`` for every membership change (JOINED, LEFT, DEAD).
@@ -277,9 +256,7 @@ class Node:
         It runs on the thread that learned the news (usually the I/O thread), so it must be
         quick and never block; a listener that raises is logged and the others still run.
         """
-        key = next(self._listener_ids)
-        self._listeners[key] = listener
-        return Subscription(self._listeners, key)
+        return self._dir.events.subscribe(listener)
 
     def on_node_lost(self, listener: Callable[[NodeId], None]) -> Subscription:
         """Call ``listener(node_id)`` whenever a node dies or leaves (see ``subscribe``)."""
@@ -288,16 +265,22 @@ class Node:
                 listener(event.node_id)
         return self.subscribe(lost)
 
-    def _publish(self, event: NodeEvent) -> None:
-        for listener in list(self._listeners.values()):
-            try:
-                listener(event)
-            except Exception:  # one broken listener must not silence the others
-                log.exception("a membership listener failed on %s", event)
-
     def on_unknown_destination(self, callback: Callable[[NodeId], None]) -> None:
         """Called when a send targets a node whose address is not yet known."""
-        self._unknown_dest = callback
+        self._dir.on_unknown = callback
+
+    def _verdict(self, node_id: NodeId, verdict: Verdict, address: str) -> None:
+        if verdict is Verdict.AUTH_FAILED:
+            text = (f"authentication with {node_id} at {address} failed: it refused our CURVE "
+                    "handshake, so the cluster secret differs; use the same --secret-file "
+                    "(or ACTORPY_SECRET) on every node")
+        else:
+            text = (f"authentication with {node_id} at {address} failed: it speaks another "
+                    "security mechanism (CURVE on one side only?); check the address and "
+                    "the secret")
+        log.info("%s", text)  # whoever waits on it gets an AuthError saying the same
+        self._auth_failures[node_id] = text
+        self._requests.fail_dest(node_id, lambda f: AuthError(text))
 
     # ----------------------------------------------------------------- sending
     def send(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
@@ -305,41 +288,67 @@ class Node:
              snapshot: bool = False) -> None:
         """Send one message (thread-safe; serializes in the calling thread).
 
-        numpy/torch buffers in ``payload`` are sent without copying: do not modify them
-        until the request they belong to has been answered (or pass ``snapshot=True``:
-        they are copied first, see ``wire.message.assemble``). ``from_service`` names the
-        sending service on this node (0: the node itself); receivers see it as
-        ``msg.from_service``.
+        When ``dest`` does not keep up, this waits until its queue has room (the I/O thread
+        never waits). numpy/torch buffers in ``payload`` are sent without copying: do not
+        modify them until the request they belong to has been answered (or pass
+        ``snapshot=True``: they are copied first, see ``wire.message.assemble``).
+        ``from_service`` names the sending service on this node (0: the node itself);
+        receivers see it as ``msg.from_service``.
 
         Raises:
             SerializationError: the payload cannot be pickled or cannot fit max_frame_bytes.
         """
+        if self._closed.is_set():
+            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
         frames = wm.assemble(service, kind, self._sender, payload, request_id=request_id,
                              step=step, chunk_bytes=self.chunk_bytes,
                              max_frame_bytes=self.max_frame_bytes, snapshot=snapshot,
                              from_service=from_service)
-        self._send_frames(dest, frames)
+        if dest == self.node_id:
+            self._send_to_self(frames)
+        else:
+            self._dir.send(dest, frames)
+
+    def _send_to_self(self, frames: list[Any]) -> None:
+        """Loopback: a message to this node is dispatched by the I/O thread, as if received.
+        The frames are copied, so the receiver never shares a buffer with the sender (as on
+        the wire); the I/O thread decodes nothing, as for received messages."""
+        copied = [bytes(memoryview(f).cast("B")) for f in frames]
+        self._loopback.append(wm.Message.parse(copied, self.max_frame_bytes))
+        if not self._loop.in_loop():
+            self._loop.wake()
 
     def request(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
-                step: int = 0, what: str | None = None, from_service: int = 0) -> ReplyFuture:
+                step: int = 0, what: str | None = None, timeout_s: float | None = None,
+                from_service: int = 0) -> ReplyFuture:
         """Send a request; the returned future resolves with the reply (RESULT or ERROR).
-        Its ``request_id`` is the id the request travels under (a driver cancels a task by it)."""
-        if dest in self._dead:
-            fut = ReplyFuture(dest, what or f"request {kind}")
-            fut.set_exception(NodeLost(dest, f"node {dest} is dead"))
-            return fut
-        rid = next(self._request_ids)
+
+        With ``timeout_s`` the request is failed with ActorpyTimeout (and forgotten) at its
+        deadline, whether or not anyone waits on it. It fails with NodeLost when ``dest``
+        dies, AuthError when ``dest`` refuses our handshake. Its ``request_id`` is the id
+        the request travels under (a driver cancels a task by it).
+        """
+        if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
+            raise ConfigError(f"timeout_s must be a finite number >= 0, got {timeout_s}")
         fut = ReplyFuture(dest, what or f"request kind {int(kind)} (service {service})",
-                          self._thread)
+                          self._loop.thread, timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        rid = self._requests.add(fut, deadline)
         fut.request_id = rid
-        with self._pending_lock:
-            self._pending[rid] = fut
+        # After add: a concurrent mark_dead either saw this entry or is seen here.
+        if self._dir.is_dead(dest):
+            self._requests.fail(fut, NodeLost(dest, f"node {dest} is dead"))
+            return fut
+        if dest in self._auth_failures:
+            self._requests.fail(fut, AuthError(self._auth_failures[dest]))
+            return fut
+        if deadline is not None:
+            self._deadline_added(deadline)
         try:
             self.send(dest, service, kind, payload, request_id=rid, step=step,
                       from_service=from_service)
         except BaseException:
-            with self._pending_lock:
-                self._pending.pop(rid, None)
+            self._requests.discard(fut)
             raise
         return fut
 
@@ -348,7 +357,7 @@ class Node:
              from_service: int = 0) -> Any:
         """``request(...)`` and wait for the reply's value (at most ``timeout_s``)."""
         fut = self.request(dest, service, kind, payload, step=step, what=what,
-                           from_service=from_service)
+                           timeout_s=timeout_s, from_service=from_service)
         try:
             return fut.result(timeout_s)
         finally:
@@ -357,10 +366,7 @@ class Node:
 
     def forget(self, fut: ReplyFuture) -> None:
         """Stop waiting for a reply (a late one is then dropped)."""
-        with self._pending_lock:
-            for rid, f in list(self._pending.items()):
-                if f is fut:
-                    del self._pending[rid]
+        self._requests.discard(fut)
 
     def reply(self, msg: wm.Message, value: Any = None, *, from_service: int = 0) -> None:
         """Answer a request with a value (its arrays are copied first, so the replier may
@@ -374,159 +380,56 @@ class Node:
                   remote.capture(exc, self.node_id), request_id=msg.header.request_id,
                   from_service=from_service)
 
-    def _send_frames(self, dest: NodeId, frames: list[Any]) -> None:
-        if self._closed.is_set():
-            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
-        if dest == self.node_id:
-            self._send_to_self(frames)
-            return
-        entry = self._dealers.get(dest)
-        if entry is None:
-            with self._dir_lock:
-                if dest in self._dead:
-                    log.debug("dropping a message for dead node %s", dest)
-                    return
-                entry = self._dealers.get(dest)
-                if entry is None:
-                    peer = self._peers.get(dest)
-                    if peer is None:
-                        self._parked[dest].append(frames)
-                    else:
-                        entry = self._new_dealer(dest, peer.address)
-            if entry is None:
-                if self._unknown_dest is not None:
-                    self._unknown_dest(dest)
-                return
-        sock, lock = entry
-        with lock:
-            try:
-                self._write(sock, frames)
-            except zmq.ZMQError as exc:  # closed under us: the peer died or we are closing
-                if self._closed.is_set():
-                    raise NodeLost(self.node_id, f"node {self.node_id} is closed") from None
-                if dest in self._dead:
-                    log.debug("dropping a message for dead node %s", dest)
-                    return
-                raise NodeLost(dest, f"cannot send to {dest}: {exc}") from exc
-
-    def _send_to_self(self, frames: list[Any]) -> None:
-        """Loopback: a message to this node is dispatched by the I/O thread, as if received.
-        The frames are copied, so the receiver never shares a buffer with the sender (as on
-        the wire); the I/O thread decodes nothing, as for received messages."""
-        copied = [bytes(memoryview(f).cast("B")) for f in frames]
-        msg = wm.Message.parse(copied, self.max_frame_bytes)
-        self._loopback.append(msg)
-        self._wake()
-
-    @staticmethod
-    def _write(sock: zmq.Socket, frames: list[Any]) -> None:
-        last = len(frames) - 1
-        for i, frame in enumerate(frames):
-            big = not isinstance(frame, bytes) and memoryview(frame).nbytes >= wm.ZERO_COPY_MIN_BYTES
-            sock.send(frame, zmq.SNDMORE if i < last else 0, copy=not big)
-
-    def _new_dealer(self, dest: NodeId, address: str,
-                    held: bool = False) -> tuple[zmq.Socket, threading.Lock]:
-        """Create and register the DEALER to ``dest`` (caller holds ``_dir_lock``); with
-        ``held`` its send lock is returned already acquired."""
-        if self._closed.is_set():
-            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
-        sock = self._ctx.socket(zmq.DEALER)
-        try:
-            sock.setsockopt(zmq.IDENTITY, self._sender)
-            sock.sndhwm = 0
-            sock.linger = self.linger_ms
-            self.security.apply_client(sock)
-            sock.connect(address)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            raise ConfigError(f"cannot connect to {dest} at {address!r}: {exc}") from None
-        lock = threading.Lock()
-        if held:
-            lock.acquire()
-        self._dealers[dest] = (sock, lock)
-        return sock, lock
-
-    # ----------------------------------------------------------------- receiving
+    # ----------------------------------------------------------------- the loop
     def on(self, service: int, kind: int, handler: Handler) -> None:
         """Run ``handler(message)`` on the I/O thread for each message of ``(service, kind)``."""
-        self._handlers[(service, int(kind))] = handler
+        self._receiver.handlers[(service, int(kind))] = handler
 
     def set_service_sink(self, sink: Callable[[wm.Message], bool]) -> None:
         """Messages for services other than the core go to ``sink``; it returns False for an
-        unknown service (the message is then dropped with a warning)."""
-        self._service_sink = sink
+        unknown service (a request then gets an ERROR reply naming it)."""
+        self._receiver.service_sink = sink
 
     def watch_fd(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the I/O thread when ``fd`` becomes readable (or closes)."""
-        self._watch_fds[fd] = callback
-        self._wake()
+        self._loop.watch_fd(fd, callback)
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> TimerHandle:
         """Run ``callback`` on the I/O thread after ``delay_s`` seconds (``cancel()`` the
         returned handle to stop it)."""
-        handle = TimerHandle(callback)
-        with self._timers_lock:
-            heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._timer_seq),
-                                          handle))
-        if threading.current_thread() is not self._thread:
-            self._wake()
+        handle = self._timers.add(delay_s, callback)
+        if not self._loop.in_loop():
+            self._loop.wake()
         return handle
 
-    def _wake(self) -> None:
-        with self._wake_lock:
-            try:
-                self._wake_send.send(b"", zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+    def _deadline_added(self, deadline: float) -> None:
+        planned = self._planned_tick
+        if planned is None or _on_grid(deadline) < planned:
+            if not self._loop.in_loop():
+                self._loop.wake()
 
-    def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._wake_recv, zmq.POLLIN)
-        if self._monitor is not None:
-            poller.register(self._monitor, zmq.POLLIN)
-        watched: set[int] = set()
-        while not self._closed.is_set():
-            for fd in set(self._watch_fds) - watched:
-                poller.register(fd, zmq.POLLIN)
-                watched.add(fd)
-            timeout_ms = self._run_timers()
-            try:
-                events = dict(poller.poll(timeout_ms))
-            except zmq.ZMQError as exc:
-                if self._closed.is_set():
-                    break
-                log.error("poll failed on %s: %s", self.node_id, exc)
-                continue
-            if self._wake_recv in events:
-                while self._wake_recv.poll(0):
-                    self._wake_recv.recv()
-            while self._loopback:
-                self._dispatch(self._loopback.popleft())
-            if self._router in events:
-                self._drain_router()
-            if self._monitor is not None and self._monitor in events:
-                self._log_handshake_failures()
-            for fd in watched & set(events):
-                callback = self._watch_fds.pop(fd, None)
-                poller.unregister(fd)
-                watched.discard(fd)
-                if callback is not None:
-                    self._guard(callback)
+    def _wants_flush(self) -> None:
+        self._flush_wanted = True
+        if not self._loop.in_loop():
+            self._loop.wake()
 
-    def _run_timers(self) -> int | None:
-        while True:
-            with self._timers_lock:
-                if not self._timers:
-                    return None
-                due, _, handle = self._timers[0]
-                now = time.monotonic()
-                if due > now and not handle.cancelled:
-                    return max(1, int((due - now) * 1000))
-                heapq.heappop(self._timers)
-            if not handle.cancelled:
-                self._guard(handle.callback)
+    def _tick(self, now: float) -> float | None:
+        """Run due timers, expire requests, flush backlogs; returns when to run next."""
+        self._planned_tick = math.inf  # until decided below, every new deadline wakes us
+        while self._loopback:
+            self._guard(lambda msg=self._loopback.popleft(): self._receiver.dispatch(msg))
+        while (handle := self._timers.pop_due(now)) is not None:
+            self._guard(handle.callback)
+        nexts = [self._timers.next_due()]
+        deadline = self._requests.expire(now)
+        nexts.append(None if deadline is None else _on_grid(deadline))
+        if self._flush_wanted:
+            self._flush_wanted = self._dir.flush_backlogs()
+            if self._flush_wanted:
+                nexts.append(now + RETRY_S)
+        due = min((t for t in nexts if t is not None), default=None)
+        self._planned_tick = due
+        return due
 
     def _guard(self, callback: Callable[[], None]) -> None:
         try:
@@ -534,68 +437,12 @@ class Node:
         except Exception:  # a broken handler must not stop the node
             log.exception("callback failed on node %s", self.node_id)
 
-    def _log_handshake_failures(self) -> None:
-        from zmq.utils.monitor import recv_monitor_message
 
-        while self._monitor is not None and self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
-            name = zmq.Event(event["event"]).name
-            allowed, held = self._throttle.allow(name)
-            if allowed:
-                log.warning("rejected a connection to %s: handshake failed (%s, code %s); the peer "
-                            "is not a member of this cluster or speaks another protocol%s",
-                            self.address, name, event["value"],
-                            f" ({held} more since the last report)" if held else "")
+def _on_grid(t: float) -> float:
+    return math.ceil(t / DEADLINE_GRID_S) * DEADLINE_GRID_S
 
-    def _drain_router(self) -> None:
-        for _ in range(1000):  # bounded, so timers still run under a flood
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._receive(frames)
 
-    def _receive(self, frames: list[zmq.Frame]) -> None:
-        routing_id = frames[0].bytes
-        self.bytes_in += sum(len(f) for f in frames)
-        who = routing_id.decode("ascii", "replace")
-        if not self.security.is_trusted(frames[0]):
-            log.warning("dropped a message from %r: sender is not an authenticated member", who)
-            return
-        try:
-            msg = wm.Message.parse(frames[1:], self.max_frame_bytes)
-        except ProtocolError as exc:
-            log.warning("dropped a message from %r: %s", who, exc)
-            return
-        if msg.sender != who:
-            log.warning("dropped a message from %r: it claims to come from %r", who, msg.sender)
-            return
-        self._dispatch(msg)
-
-    def _dispatch(self, msg: wm.Message) -> None:
-        """Route a valid, authenticated message: replies, handlers, then services."""
-        who = msg.sender
-        service, kind = msg.header.service, msg.header.kind
-        if service == CORE_SERVICE and kind in (Kind.RESULT, Kind.ERROR):
-            with self._pending_lock:
-                fut = self._pending.get(msg.header.request_id)
-                if fut is not None and fut.dest == msg.sender:
-                    del self._pending[msg.header.request_id]
-            if fut is None:
-                log.debug("late or unknown reply %d from %s", msg.header.request_id, who)
-            elif fut.dest != msg.sender:
-                log.warning("dropped a reply from %r: request %d was sent to %r", who,
-                            msg.header.request_id, fut.dest)
-            elif not fut.done():
-                fut.set_result(msg)
-            return
-        handler = self._handlers.get((service, kind))
-        if handler is not None:
-            self._guard(lambda: handler(msg))
-        elif service != CORE_SERVICE and self._service_sink is not None:
-            if not self._service_sink(msg):
-                log.warning("dropped a message from %r: no service %d on this node", who, service)
-        else:
-            log.warning("dropped a message from %r: no handler for kind %d of service %d",
-                        who, kind, service)
-
+def _default_liveness() -> LivenessTimes:
+    defaults = Config()
+    return LivenessTimes.of(defaults.heartbeat_interval_s, defaults.dead_after_s,
+                            defaults.silent_dead_after_s)

@@ -36,14 +36,24 @@ def capture(exc: BaseException, node_id: str) -> RemoteFailure:
     return RemoteFailure(name, str(exc), text, node_id, pickled)
 
 
-def rebuild(failure: RemoteFailure) -> RemoteError:
-    """The RemoteError to raise, with the original exception chained as its cause."""
+def rebuild(failure: RemoteFailure, with_cause: bool = True) -> RemoteError:
+    """The RemoteError to raise, with the original exception chained as its cause (unless
+    ``with_cause`` is False: unpickling it may import user modules, so the I/O thread
+    leaves that to ``rebuild_cause`` in the thread that looks at the error)."""
     error = RemoteError(failure.type_name, failure.message, failure.traceback, failure.node_id)
-    if failure.pickled is not None:
-        try:
-            original = serde.loads(failure.pickled)
-        except Exception:  # the class may not exist here; the text still says everything
-            original = None
-        if isinstance(original, BaseException):
-            error.__cause__ = original
+    if with_cause:
+        cause = rebuild_cause(failure)
+        if cause is not None:
+            error.__cause__ = cause
     return error
+
+
+def rebuild_cause(failure: RemoteFailure) -> BaseException | None:
+    """The original exception, when it was pickled and can be rebuilt here."""
+    if failure.pickled is None:
+        return None
+    try:
+        original = serde.loads(failure.pickled)
+    except Exception:  # the class may not exist here; the text still says everything
+        return None
+    return original if isinstance(original, BaseException) else None

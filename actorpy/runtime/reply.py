@@ -1,4 +1,12 @@
-"""A reply on its way: a Future that unpickles in the waiting thread, not the I/O thread."""
+"""A reply on its way: a ``concurrent.futures.Future`` whose value is unpickled in the
+waiting thread, never on the I/O thread.
+
+A RESULT reply completes the future with the raw message; ``result()`` decodes it once, in
+the caller's thread. An ERROR reply completes it with the ``RemoteError`` itself, so
+``exception()`` returns it and ``concurrent.futures.wait(..., FIRST_EXCEPTION)`` returns
+early; the original exception (which may need the user's modules) is unpickled and chained
+as ``__cause__`` only when someone looks at it.
+"""
 from __future__ import annotations
 
 import threading
@@ -6,47 +14,105 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, ProtocolError
+from actorpy.errors import (ActorpyError, ActorpyTimeout, ProtocolError, RemoteError,
+                            SerializationError)
 from actorpy.ids import NodeId
 from actorpy.runtime import remote
-from actorpy.wire.kinds import CORE_SERVICE, Kind
+from actorpy.wire import message as wm
 
 
 class ReplyFuture(Future):
     """A reply on its way. ``result()`` unpickles it in the calling thread and raises
-    ``RemoteError`` when the remote side failed."""
+    ``RemoteError`` when the remote side failed (``NodeLost`` if the node died,
+    ``ActorpyTimeout`` at the request's deadline or the caller's timeout)."""
 
-    #: the id the request travelled under (set by ``Node.request``; 0 if never sent)
-    request_id: int = 0
-
-    def __init__(self, dest: NodeId, what: str, io_thread: threading.Thread | None = None) -> None:
+    def __init__(self, dest: NodeId, what: str, io_thread: threading.Thread | None = None,
+                 timeout_s: float | None = None) -> None:
         super().__init__()
         self.dest = dest
         self.what = what
+        #: set by the node's request table
+        self.request_id = 0
+        #: the request's own deadline, in seconds from sending (None: none)
+        self.timeout_s = timeout_s
         self._io_thread = io_thread
         self._lock = threading.Lock()
         self._decoded = False
         self._value: Any = None
+        self._failure: remote.RemoteFailure | None = None
 
+    # ------------------------------------------------------------- completed by the node
+    def set_reply(self, msg: wm.Message) -> None:
+        """Complete with a RESULT message (decoded later, by whoever asks)."""
+        if not self.done():
+            self.set_result(msg)
+
+    def set_failure(self, msg: wm.Message) -> None:
+        """Complete with an ERROR message: a ``RemoteError`` (small; decoded here)."""
+        try:
+            failure = msg.payload()
+        except Exception as exc:  # noqa: BLE001 - anything a bad pickle raises
+            failure = exc
+        if isinstance(failure, remote.RemoteFailure):
+            self._failure = failure
+            error: BaseException = remote.rebuild(failure, with_cause=False)
+        else:
+            error = ProtocolError(f"{self.dest} answered {self.what} with a malformed error "
+                                  f"({type(failure).__name__})")
+        if not self.done():
+            self.set_exception(error)
+
+    # ------------------------------------------------------------- read by the caller
     def result(self, timeout: float | None = None) -> Any:
-        if not self.done() and threading.current_thread() is self._io_thread:
-            raise ActorpyError(f"waiting for {self.what} on the node's I/O thread would deadlock: "
-                               "handlers and node-lost listeners must not block")
+        self._check_thread()
         try:
             msg = super().result(timeout)
-        except (TimeoutError, FutureTimeout):  # distinct classes before Python 3.11
-            if self.done():  # the request's own deadline passed (set_exception): keep its words
+        except (TimeoutError, FutureTimeout) as exc:  # distinct classes before Python 3.11
+            if isinstance(exc, ActorpyTimeout):
                 raise
             raise ActorpyTimeout(f"{self.what} on {self.dest} got no reply within {timeout} s; "
                                  "raise the timeout_s, or check the node's log") from None
+        except RemoteError as exc:
+            self._attach_cause(exc)
+            raise
         with self._lock:
             if not self._decoded:
-                if msg.kind == Kind.ERROR and msg.header.service == CORE_SERVICE:
-                    failure = msg.payload()
-                    if not isinstance(failure, remote.RemoteFailure):
-                        raise ProtocolError(f"{self.dest} answered {self.what} with a "
-                                            f"malformed error ({type(failure).__name__})")
-                    raise remote.rebuild(failure)
-                self._value = msg.payload()
+                self._value = self._decode(msg)
                 self._decoded = True
         return self._value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._check_thread()
+        try:
+            exc = super().exception(timeout)
+        except (TimeoutError, FutureTimeout):
+            raise ActorpyTimeout(f"{self.what} on {self.dest} got no reply within {timeout} s; "
+                                 "raise the timeout_s, or check the node's log") from None
+        if isinstance(exc, RemoteError):
+            self._attach_cause(exc)
+        return exc
+
+    def _check_thread(self) -> None:
+        if not self.done() and threading.current_thread() is self._io_thread:
+            raise ActorpyError(f"waiting for {self.what} on the node's I/O thread would deadlock: "
+                               "handlers and node-lost listeners must not block")
+
+    def _attach_cause(self, error: RemoteError) -> None:
+        with self._lock:
+            failure, self._failure = self._failure, None
+        if failure is not None and error.__cause__ is None:
+            cause = remote.rebuild_cause(failure)
+            if cause is not None:
+                error.__cause__ = cause
+
+    def _decode(self, msg: wm.Message) -> Any:
+        try:
+            return msg.payload()
+        except ProtocolError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - unpickling can raise nearly anything
+            raise SerializationError(
+                f"the result of {self.what} from {self.dest} arrived but could not be unpickled "
+                f"here: {type(exc).__name__}: {exc}. The driver needs every class the result "
+                "holds: make its module importable here (install it or add it to PYTHONPATH), "
+                "or return plain types") from exc

@@ -14,7 +14,6 @@ class Kind(IntEnum):
     """Messages of the core runtime (service 0)."""
 
     REGISTER = 1        # node -> manager: {role, address, pid, host, slots}
-    REGISTERED = 2      # manager -> node: directory of live nodes
     HEARTBEAT = 3       # node -> manager
     HEARTBEAT_ACK = 4   # manager -> node
     NODE_JOINED = 5     # manager -> all: (node id, address, role, slots)

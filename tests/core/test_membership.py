@@ -45,13 +45,13 @@ def net():
 
 def test_status_clients_leave_no_socket_behind(net):
     manager, node = net
-    before = len(manager.node._dealers)
+    before = manager.node._dir.link_count()
     for i in range(3):
         client, _ = node(f"s-{i}")
         rows = client.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": client.address},
                            timeout_s=10)
         assert rows == []
-        wait_until(lambda: len(manager.node._dealers) == before, 5,
+        wait_until(lambda: manager.node._dir.link_count() == before, 5,
                    "the manager to drop the status client's socket")
     assert manager.node.peers() == []
 
@@ -97,7 +97,7 @@ def test_a_reply_counts_only_from_the_node_asked(net, caplog):
     slow.add_peer(NodeId("a"), asker.address, "worker")
     fut = asker.request(NodeId("b"), 7, 1, "question")
     assert asked.wait(5)
-    rid = max(asker._pending)
+    rid = fut.request_id
     forger.send(NodeId("a"), CORE_SERVICE, Kind.RESULT, "forged answer", request_id=rid)
     wait_until(lambda: any("dropped a reply from 'c'" in r.getMessage() for r in caplog.records),
                5, "the forged reply to be dropped")
@@ -112,3 +112,30 @@ def test_unreachable_addresses_fail_cleanly(net):
     with pytest.raises(ConfigError, match="cannot connect"):
         n.add_peer(NodeId("y"), "tcp://no-port-here", "worker")
         n.send(NodeId("y"), 7, 1, "hello")
+
+
+def test_stop_from_another_thread_tells_every_member(net):
+    manager, node = net
+    members = [node(f"w-{i}", "worker") for i in range(3)]
+    wait_until(lambda: len(manager.node.peers()) == 3, 5, "three members")
+    stopper = threading.Thread(target=manager.stop)  # as a signal handler would, off-loop
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive() and manager.stopped.is_set()
+    for _, membership in members:
+        assert membership.lost.wait(5), "a member was not told to shut down"
+
+
+def test_records_of_gone_nodes_are_pruned(net, monkeypatch):
+    from actorpy.runtime import manager as manager_module
+
+    manager, node = net
+    monkeypatch.setattr(manager_module, "MAX_GONE_RECORDS", 2)
+    for i in range(4):
+        n, membership = node(f"g-{i}", "worker")
+        membership.leave()
+        wait_until(lambda i=i: manager.node.is_dead(NodeId(f"g-{i}")), 5, f"g-{i} to leave")
+    survivor, _ = node("w-last", "worker")
+    rows = survivor.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": survivor.address},
+                         timeout_s=10)
+    assert sorted(r["node_id"] for r in rows) == ["g-2", "g-3", "w-last"]

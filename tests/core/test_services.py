@@ -298,7 +298,7 @@ class TestTimersAndEvents:
     def test_stop_cancels_timers_and_subscriptions(self, pair):
         a, _ = pair
         fired = threading.Event()
-        before = len(a.node._listeners)
+        before = len(a.node._dir.events._listeners)
 
         class Watcher(Service):
             def __init__(self, ctx: ServiceContext) -> None:
@@ -311,13 +311,13 @@ class TestTimersAndEvents:
             def log(self, _: None, env: Envelope) -> Any:
                 return self.events
         ref = a.start(Watcher)
-        assert len(a.node._listeners) == before + 1
+        assert len(a.node._dir.events._listeners) == before + 1
         a.node.add_peer(NodeId("x"), f"ipc://{private_dir()}/x", "worker")
         a.node.mark_dead(NodeId("x"), "killed")
         assert a.call(ref, LOG, timeout_s=10) == [(NodeEventKind.JOINED, "x", "worker"),
                                                  (NodeEventKind.DEAD, "x", "worker")]
         assert a.stop_service(ref) is True
-        wait_until(lambda: len(a.node._listeners) == before, 5, "the subscription to go")
+        wait_until(lambda: len(a.node._dir.events._listeners) == before, 5, "the subscription to go")
         marker = threading.Event()
         a.node.call_later(0.5, marker.set)  # due after the service's timer would have been
         assert marker.wait(10)

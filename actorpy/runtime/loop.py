@@ -1,0 +1,218 @@
+"""A node's I/O loop: one thread polls the node's ROUTER, a wake-up socket, the monitor
+sockets of watched links and watched file descriptors, and runs the node's ``tick`` (timers,
+request deadlines, backlog flushes) after the I/O of each round.
+
+The loop must never die silently: an error in a round is logged (throttled) and the loop
+carries on. Only when rounds keep failing for ``FATAL_AFTER_S`` does it give up: it calls
+``on_fatal(reason)`` so the process can exit and be restarted by its supervisor. Nothing is
+imported lazily on these paths (an import opens files, which fails when file descriptors
+run out).
+
+Sockets the loop polls are owned by the loop's thread: other threads hand monitor sockets in
+with ``adopt`` and back with ``release``; the loop registers, unregisters and closes them.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import zmq
+
+from actorpy.log import Throttle
+
+log = logging.getLogger(__name__)
+
+#: consecutive failing rounds, for this long, make the loop give up
+FATAL_AFTER_S = 10.0
+_BACKOFF_MS = 100
+
+
+class SocketLoop:
+    """The I/O thread of one node.
+
+    Args:
+        ctx: the node's ZeroMQ context.
+        router: the node's bound ROUTER (owned by this loop from ``start`` on).
+        name: the thread's name.
+        on_router: drains the ROUTER (called when it is readable).
+        tick: runs what is due; returns when it next wants to run (monotonic s) or None.
+        on_fatal: called once with a reason if the loop has to give up.
+    """
+
+    def __init__(self, ctx: zmq.Context, router: zmq.Socket, name: str,
+                 on_router: Callable[[], None], tick: Callable[[float], float | None],
+                 on_fatal: Callable[[str], None]) -> None:
+        self._router, self._on_router = router, on_router
+        self._tick, self._on_fatal = tick, on_fatal
+        self._wake_recv = ctx.socket(zmq.PAIR)
+        self._wake_recv.linger = 0
+        self._wake_recv.bind(f"inproc://wake-{id(self)}")
+        self._wake_send = ctx.socket(zmq.PAIR)
+        self._wake_send.linger = 0
+        self._wake_send.connect(f"inproc://wake-{id(self)}")
+        self._wake_lock = threading.Lock()
+        self._handoff_lock = threading.Lock()
+        self._adopted: list[tuple[zmq.Socket, Callable[[], None]]] = []
+        self._released: list[zmq.Socket] = []
+        self._fds: dict[int, Callable[[], None]] = {}
+        self._sockets: dict[zmq.Socket, Callable[[], None]] = {}
+        self._stopping = threading.Event()
+        self._state = "new"  # "running", then "done" (guarded by the hand-off lock)
+        self._throttle = Throttle(10.0)
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.on_teardown: Callable[[], None] | None = None
+
+    # ------------------------------------------------------------- any thread
+    def start(self) -> None:
+        with self._handoff_lock:
+            self._state = "running"
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.wake()
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def in_loop(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    def wake(self) -> None:
+        with self._wake_lock:
+            try:
+                self._wake_send.send(b"", zmq.NOBLOCK)
+            except zmq.ZMQError:  # queue full (a wake-up is pending anyway) or closed
+                pass
+
+    def adopt(self, sock: zmq.Socket, callback: Callable[[], None]) -> None:
+        """Poll ``sock`` from now on; ``callback()`` runs on the loop when it is readable."""
+        with self._handoff_lock:
+            if self._state == "done":
+                sock.close(linger=0)
+                return
+            self._adopted.append((sock, callback))
+        if not self.in_loop():
+            self.wake()
+
+    def release(self, sock: zmq.Socket) -> None:
+        """Stop polling ``sock`` and close it (on the loop's thread, or here if it is gone)."""
+        with self._handoff_lock:
+            if self._state != "running":  # never polled, or the loop is gone: close here
+                self._adopted = [(s, c) for s, c in self._adopted if s is not sock]
+                sock.close(linger=0)
+                return
+            self._released.append(sock)
+        if not self.in_loop():
+            self.wake()
+
+    def watch_fd(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once on the loop when ``fd`` becomes readable (or closes)."""
+        with self._handoff_lock:
+            self._fds[fd] = callback
+        self.wake()
+
+    # ------------------------------------------------------------- the loop's thread
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_recv, zmq.POLLIN)
+        watched: set[int] = set()
+        failing_since: float | None = None
+        timeout_ms: int | None = 0
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._handoffs(poller, watched)
+                    events = dict(poller.poll(timeout_ms))
+                    self._dispatch(events, poller, watched)
+                    timeout_ms = self._run_tick()
+                    failing_since = None
+                except Exception as exc:  # the loop must survive anything a round raises
+                    now = time.monotonic()
+                    failing_since = failing_since or now
+                    self._report(exc)
+                    if now - failing_since > FATAL_AFTER_S:
+                        self._give_up(f"the I/O loop failed for {FATAL_AFTER_S:.0f} s: "
+                                      f"{type(exc).__name__}: {exc}")
+                        return
+                    timeout_ms = _BACKOFF_MS
+        except BaseException as exc:  # e.g. MemoryError in the handler above: last resort
+            self._give_up(f"the I/O loop died: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self._teardown(poller)
+
+    def _handoffs(self, poller: zmq.Poller, watched: set[int]) -> None:
+        with self._handoff_lock:
+            adopted, self._adopted = self._adopted, []
+            released, self._released = self._released, []
+            fds = set(self._fds) - watched
+        for sock, callback in adopted:
+            self._sockets[sock] = callback
+            poller.register(sock, zmq.POLLIN)
+        for sock in released:
+            if self._sockets.pop(sock, None) is not None:
+                poller.unregister(sock)
+            sock.close(linger=0)
+        for fd in fds:
+            poller.register(fd, zmq.POLLIN)
+            watched.add(fd)
+
+    def _dispatch(self, events: dict, poller: zmq.Poller, watched: set[int]) -> None:
+        if self._wake_recv in events:
+            while self._wake_recv.poll(0):
+                self._wake_recv.recv()
+        for sock, callback in list(self._sockets.items()):  # connection news first
+            if sock in events:
+                callback()
+        if self._router in events:
+            self._on_router()
+        for fd in watched & set(events):
+            with self._handoff_lock:
+                callback = self._fds.pop(fd, None)
+            poller.unregister(fd)
+            watched.discard(fd)
+            if callback is not None:
+                callback()
+
+    def _run_tick(self) -> int | None:
+        due = self._tick(time.monotonic())
+        if due is None:
+            return None
+        return max(0, int((due - time.monotonic()) * 1000) + 1)
+
+    def _report(self, exc: Exception) -> None:
+        allowed, held = self._throttle.allow(type(exc))
+        if allowed:
+            log.error("the I/O loop hit %s: %s; carrying on%s", type(exc).__name__, exc,
+                      f" ({held} more since the last report)" if held else "",
+                      exc_info=not held)
+
+    def _give_up(self, reason: str) -> None:
+        log.critical("%s; this node stops (restart it)", reason)
+        try:
+            self._on_fatal(reason)
+        except Exception:
+            log.exception("the fatal-error callback failed")
+
+    def _teardown(self, poller: zmq.Poller) -> None:
+        with self._handoff_lock:
+            self._state = "done"
+            leftover = [s for s, _ in self._adopted] + self._released
+            self._adopted, self._released = [], []
+        for sock in [*self._sockets, *leftover]:
+            sock.close(linger=0)
+        self._sockets.clear()
+        with self._wake_lock:
+            for sock in (self._wake_recv, self._wake_send):
+                sock.close(linger=0)
+        if self.on_teardown is not None:
+            self.on_teardown()
+
+    def close_unstarted(self) -> None:
+        """Release the loop's own sockets when its thread never ran."""
+        self._teardown(zmq.Poller())

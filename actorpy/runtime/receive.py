@@ -1,0 +1,188 @@
+"""A node's receive path, run on its I/O thread: drain the ROUTER, authenticate, validate,
+then ``dispatch`` — one function that routes every message: a reply to its future, else the
+handler of ``(service, kind)``, else the service sink, else an ERROR reply naming what is
+missing (so a caller never waits for its timeout on a service that is not there).
+
+Member garbage (a payload that fails to decode in a handler) is one WARNING, not a
+traceback; a failing handler is logged with its traceback; nothing stops the loop.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Any, Callable
+
+import zmq
+
+from actorpy.errors import ActorpyError, ProtocolError
+from actorpy.log import Throttle
+from actorpy.runtime.requests import RequestTable
+from actorpy.wire import message as wm
+from actorpy.wire import serde
+from actorpy.wire.auth import Security
+from actorpy.wire.kinds import CORE_SERVICE, Kind
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[wm.Message], None]
+
+#: messages taken from the ROUTER per wake-up (so timers still run under a flood)
+DRAIN_BATCH = 1000
+_REPLY_KINDS = frozenset({int(Kind.RESULT), int(Kind.ERROR)})
+_DECODE_CODE = frozenset(c for c in (
+    getattr(getattr(wm.Message, "payload", None), "__code__", None),
+    serde.decode.__code__, serde.loads.__code__) if c is not None)
+_EVENT = struct.Struct("=HI")  # a monitor event's first frame: event id, value
+
+
+def decode_payload(msg: wm.Message, what: str) -> Any:
+    """``msg.payload()``, or ProtocolError naming ``what`` and the sender if it does not decode
+    (a core handler then logs one WARNING, not a traceback)."""
+    try:
+        return msg.payload()
+    except ProtocolError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unpickling garbage raises nearly anything
+        raise ProtocolError(f"{what} from {msg.sender!r} does not decode: "
+                            f"{type(exc).__name__}: {exc}") from None
+
+
+class Receiver:
+    """Everything a node does with what arrives on its ROUTER.
+
+    Args:
+        node_id: the node's id (for messages).
+        security: decides which frames come from members.
+        max_frame_bytes: frames above this are dropped with a WARNING.
+        requests: where replies find their futures.
+        reply_error: answers a request with an exception.
+    """
+
+    def __init__(self, node_id: str, security: Security, max_frame_bytes: int,
+                 requests: RequestTable,
+                 reply_error: Callable[[wm.Message, BaseException], None]) -> None:
+        self.node_id, self.security, self.max_frame_bytes = node_id, security, max_frame_bytes
+        self._requests, self._reply_error = requests, reply_error
+        self.handlers: dict[tuple[int, int], Handler] = {}
+        self.service_sink: Callable[[wm.Message], bool] | None = None
+        self._throttle = Throttle()
+        #: bytes received so far (all frames)
+        self.bytes_in = 0
+
+    def drain(self, router: zmq.Socket) -> None:
+        for _ in range(DRAIN_BATCH):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self.receive(frames)
+            except Exception:  # never let one message stop the loop
+                log.exception("node %s failed to process a message", self.node_id)
+
+    def receive(self, frames: list[zmq.Frame]) -> None:
+        routing_id = frames[0].bytes
+        self.bytes_in += sum(len(f) for f in frames)
+        who = routing_id.decode("ascii", "replace")
+        if not self.security.is_trusted(frames[0]):
+            log.warning("dropped a message from %r: sender is not an authenticated member", who)
+            return
+        try:
+            msg = wm.Message.parse(frames[1:], self.max_frame_bytes)
+        except ProtocolError as exc:
+            log.warning("dropped a message from %r: %s", who, exc)
+            return
+        if msg.sender != who:
+            log.warning("dropped a message from %r: it claims to come from %r", who, msg.sender)
+            return
+        self.dispatch(msg)
+
+    def dispatch(self, msg: wm.Message) -> None:
+        """Route one authenticated, validated message: a reply to its future, else to the
+        handler of ``(service, kind)``, else to the service sink, else an ERROR reply."""
+        service, kind = msg.header.service, msg.header.kind
+        if service == CORE_SERVICE and kind in _REPLY_KINDS:
+            self._resolve(msg)
+            return
+        handler = self.handlers.get((service, kind))
+        if handler is not None:
+            self._run_handler(handler, msg)
+        elif service != CORE_SERVICE and self.service_sink is not None \
+                and self.service_sink(msg):
+            return
+        elif service != CORE_SERVICE:
+            self._refuse(msg, f"no service {service} on node {self.node_id} (it was stopped, "
+                              "or never started here)")
+        else:
+            self._refuse(msg, f"node {self.node_id} has no handler for kind {kind} of service "
+                              f"{service}")
+
+    def _resolve(self, msg: wm.Message) -> None:
+        rid = msg.header.request_id
+        fut, ours = self._requests.take(rid, msg.sender)
+        if fut is None:
+            log.debug("late or unknown reply %d from %s", rid, msg.sender)
+        elif not ours:
+            log.warning("dropped a reply from %r: request %d was sent to %r", msg.sender, rid,
+                        fut.dest)
+        elif msg.kind == Kind.RESULT:
+            fut.set_reply(msg)
+        else:
+            fut.set_failure(msg)
+
+    def _run_handler(self, handler: Handler, msg: wm.Message) -> None:
+        try:
+            handler(msg)
+        except Exception as exc:  # a broken handler must not stop the node
+            if isinstance(exc, ProtocolError):
+                log.warning("dropped a message from %r (kind %d of service %d): %s",
+                            msg.sender, msg.kind, msg.header.service, exc)
+            elif _raised_decoding(exc):
+                log.warning("dropped a message from %r (kind %d of service %d): its payload "
+                            "does not decode: %s: %s", msg.sender, msg.kind, msg.header.service,
+                            type(exc).__name__, exc)
+            else:
+                log.exception("callback failed on node %s for kind %d of service %d from %r",
+                              self.node_id, msg.kind, msg.header.service, msg.sender)
+
+    def _refuse(self, msg: wm.Message, text: str) -> None:
+        """No one here takes ``msg``: a request gets an ERROR naming why; a cast a WARNING."""
+        if not msg.header.request_id:
+            log.warning("dropped a message from %r: %s", msg.sender, text)
+            return
+        log.debug("refused a request from %r: %s", msg.sender, text)
+        try:
+            self._reply_error(msg, ActorpyError(text))
+        except ActorpyError as exc:
+            log.debug("could not refuse %r: %s", msg.sender, exc)
+
+    def log_handshake_failures(self, monitor: zmq.Socket, address: str) -> None:
+        """Report connections the ROUTER refused (CURVE: wrong mechanism or key)."""
+        while True:
+            try:
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return
+            if len(frames[0]) != _EVENT.size:
+                continue
+            event, value = _EVENT.unpack(frames[0])
+            allowed, held = self._throttle.allow(event)
+            if allowed:
+                try:
+                    name = zmq.Event(event).name
+                except ValueError:
+                    name = str(event)
+                log.warning("rejected a connection to %s: handshake failed (%s, code 0x%x); "
+                            "the peer is not a member of this cluster or speaks another "
+                            "protocol%s", address, name, value,
+                            f" ({held} more since the last report)" if held else "")
+
+
+def _raised_decoding(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while unpickling a payload (a member sent garbage)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in _DECODE_CODE:
+            return True
+        tb = tb.tb_next
+    return False

@@ -1,0 +1,107 @@
+"""Outsiders on loopback, without the secret: a huge handshake frame does not grow the
+receiver's memory, and file descriptors run out without killing the I/O loop. Loops bounded."""
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+from actorpy.config import Config
+from actorpy.ids import NodeId
+from actorpy.runtime.node import Node
+from actorpy.wire.auth import Security
+from tests.conftest import wait_until
+
+SECRET = b"hostile-tests-cluster-secret-0123456789"
+#: a ZMTP 3.0 greeting announcing CURVE, as a client
+GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"CURVE".ljust(20, b"\0") + b"\0" * 32
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_huge_handshake_frame_from_an_outsider_is_refused_before_it_is_buffered():
+    security = Security.curve(SECRET)
+    config = Config(chunk_bytes=1 << 20, max_frame_bytes=1 << 20)
+    server = Node.from_config(NodeId("srv"), "tcp://127.0.0.1:*", security, config).start()
+    client = Node.from_config(NodeId("cli"), "tcp://127.0.0.1:*", security, config).start()
+    try:
+        server.on(9, 1, lambda msg: server.reply(msg, msg.payload()))
+        client.add_peer(NodeId("srv"), server.address, "worker")
+        server.add_peer(NodeId("cli"), client.address, "driver")
+        port = int(server.address.rsplit(":", 1)[1])
+        before = _rss()
+        sent, cut = 0, False
+        chunk = b"\0" * (1 << 20)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as outsider:
+            outsider.sendall(GREETING)
+            # A command frame (flags: command, long size) announcing 256 MiB, then its bytes.
+            outsider.sendall(b"\x06" + struct.pack("!Q", 256 << 20))
+            try:
+                for _ in range(64):  # at most 64 MiB: bounded either way
+                    outsider.sendall(chunk)
+                    sent += len(chunk)
+                cut = outsider.recv(1) == b""
+            except OSError:  # reset or broken pipe: the receiver hung up on us
+                cut = True
+        grown = _rss() - before
+        assert cut, f"the receiver took {sent >> 20} MiB of one pre-handshake frame"
+        assert grown < 16 << 20, f"the receiver grew by {grown >> 20} MiB"
+        assert client.call(NodeId("srv"), 9, 1, "member", timeout_s=30) == "member"
+    finally:
+        client.close()
+        server.close()
+
+
+def _limit_files(n: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+def test_the_io_loop_survives_running_out_of_file_descriptors(tmp_path):
+    secret = tmp_path / "cluster.secret"
+    secret.write_text(SECRET.decode())
+    secret.chmod(0o600)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    manager = subprocess.Popen(
+        [sys.executable, "-m", "actorpy", "manager", "--bind", "tcp://127.0.0.1:*",
+         "--secret-file", str(secret)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, preexec_fn=_limit_files(96))
+    idle: list[socket.socket] = []
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(manager.stderr), daemon=True)
+    reader.start()
+    try:
+        address = manager.stdout.readline().strip().rsplit(" ", 1)[-1]
+        port = int(address.rsplit(":", 1)[1])
+        for _ in range(150):  # more idle connections than the manager may open files
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        wait_until(lambda: len(os.listdir(f"/proc/{manager.pid}/fd")) >= 90, 10,
+                   "the manager to run out of file descriptors")
+        # One of them fails its handshake now (a NULL greeting to a CURVE server): the loop
+        # must report it while no file can be opened.
+        idle[0].sendall(GREETING.replace(b"CURVE", b"NULL\0"))
+        wait_until(lambda: any("rejected a connection" in line or "Traceback" in line
+                               for line in err), 20, "the manager to notice the failed handshake")
+        for s in idle:
+            s.close()
+        idle.clear()
+        status = subprocess.run([sys.executable, "-m", "actorpy", "status", "--manager", address,
+                                 "--secret-file", str(secret), "--json", "--timeout-s", "20"],
+                                capture_output=True, text=True, timeout=60, env=env)
+        assert status.returncode == 0, status.stderr
+        assert manager.poll() is None
+    finally:
+        for s in idle:
+            s.close()
+        manager.terminate()
+        manager.wait(20)
+        reader.join(10)
+        manager.stdout.close()
+        manager.stderr.close()
+    assert not any("Traceback" in line for line in err), "".join(err)
