@@ -53,11 +53,13 @@ class Node:
 
 @dataclass(eq=False)
 class TextSource(Node):
-    """Lines of text files, one partition per split."""
+    """Lines of text files (or, with ``raw``, undecoded blocks of lines), one partition per
+    split."""
 
     splits: tuple[Split, ...]
     errors: str
     where: str
+    raw: bool = False
 
     def __post_init__(self) -> None:
         self.partitions = len(self.splits)

@@ -220,7 +220,7 @@ class Job:
         if isinstance(node, P.Narrow):
             return NarrowSpec(self._spec(node.parent, part, reads, False), node.ops)
         if isinstance(node, P.TextSource):
-            return ReadSplit(node.splits[part], node.errors)
+            return ReadSplit(node.splits[part], node.errors, node.raw)
         if isinstance(node, P.ItemsSource):
             return ReadItems(node.chunks[part])
         if isinstance(node, P.Union):

@@ -60,9 +60,12 @@ class Sink(Protocol):
 class ReadSplit:
     split: Split
     errors: str
+    raw: bool = False  # items are undecoded blocks of whole lines
 
     def items(self, env: TaskEnv) -> Iterator[Any]:
         env.bytes_in += self.split.end - self.split.start
+        if self.raw:
+            return io.read_split_bytes(self.split, self.errors)
         return chain.from_iterable(self._blocks(env))
 
     def _blocks(self, env: TaskEnv) -> Iterator[list[str]]:
