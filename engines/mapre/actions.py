@@ -54,12 +54,13 @@ def _stream(job: Job, stage: Stage, part: int, sink_for: Callable[[int], Any]) -
             yield from payload
             break
         try:
-            fut = cluster.fetch_async(worker, f"{key}/{done}") if done < payload else None
-            while fut is not None:
-                data = unpack(fut.result(job.left_s()))
-                done += 1
-                fut = cluster.fetch_async(worker, f"{key}/{done}") if done < payload else None
-                yield from data
+            # one segment (about one packed chunk) at a time, the next already on its way
+            for i, chunk in enumerate(cluster.fetch_iter(worker, f"{key}/b",
+                                                         timeout_s=job.left_s())):
+                if i >= done:  # after a re-run: skip what was already yielded
+                    data = unpack(chunk)
+                    done += 1
+                    yield from data
             job.engine.delete([worker], (key + "/",), wait_s=None)
             break
         except (NodeLost, RemoteError) as exc:  # the holder died (or lost the block)

@@ -30,6 +30,19 @@ def unbind(token: contextvars.Token[Any]) -> None:
     _task_ctx.reset(token)
 
 
+def store_stats() -> Any:
+    """The ``StoreStats`` of the worker running the current task (for monitoring from a
+    user function, e.g. how much of a shuffle spilled).
+
+    Raises:
+        MapreError: called outside a map-reduce task.
+    """
+    ctx = _task_ctx.get(None)
+    if ctx is None:
+        raise MapreError("store_stats() works only inside a map-reduce task")
+    return ctx.store.stats()
+
+
 class _Put:
     """Task: keep ``value`` in this worker's store under ``key``."""
 

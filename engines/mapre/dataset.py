@@ -7,7 +7,6 @@ recomputed by running them again.
 """
 from __future__ import annotations
 
-import logging
 import os
 import weakref
 from operator import itemgetter
@@ -16,11 +15,9 @@ from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar
 from actorpy.errors import ConfigError
 from engines.mapre import actions
 from engines.mapre import plan as P
-from engines.mapre.engine import Engine
+from engines.mapre.engine import Engine, release_cache
 from engines.mapre.errors import ArgumentError, MapreError
 from engines.mapre.ops import Step
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -268,7 +265,7 @@ class Dataset(Generic[T]):
         if isinstance(self._node, P.Cache) and not self._node.job_scoped:
             return self
         node = P.Cache(self._node, P.new_cache_prefix(self._engine.owner))
-        finalizer = weakref.finalize(node, _release_cache, weakref.ref(self._engine),
+        finalizer = weakref.finalize(node, release_cache, weakref.ref(self._engine),
                                      node.key_prefix, node.locations)
         finalizer.atexit = False
         return self._then(node)
@@ -392,15 +389,3 @@ class Dataset(Generic[T]):
 
 _first = itemgetter(0)
 _second = itemgetter(1)
-
-
-def _release_cache(engine_ref: Any, prefix: str, locations: dict[int, Any]) -> None:
-    """When a cached dataset is garbage collected, free its partitions (best effort)."""
-    engine = engine_ref()
-    holders = {node for node, _ in list(locations.values())}
-    if engine is None or not holders:
-        return
-    try:
-        engine.delete(holders, (prefix + "/",), wait_s=None)
-    except Exception as exc:  # the cluster may be gone already: nothing left to free
-        log.debug("could not free cache %s: %s", prefix, exc)

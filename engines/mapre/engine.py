@@ -105,3 +105,15 @@ class Engine:
                 fut.result(wait_s)
             except ActorpyError as exc:  # a worker that died holds nothing any more
                 log.debug("delete of %s on %s failed: %s", prefixes, fut.dest, exc)
+
+
+def release_cache(engine_ref: Any, prefix: str, locations: dict[int, Any]) -> None:
+    """When a cached dataset is garbage collected, free its partitions (best effort)."""
+    engine = engine_ref()
+    holders = {node for node, _ in list(locations.values())}
+    if engine is None or not holders:
+        return
+    try:
+        engine.delete(holders, (prefix + "/",), wait_s=None)
+    except Exception as exc:  # the cluster may be gone already: nothing left to free
+        log.debug("could not free cache %s: %s", prefix, exc)

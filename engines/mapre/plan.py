@@ -53,11 +53,13 @@ class Node:
 
 @dataclass(eq=False)
 class TextSource(Node):
-    """Lines of text files, one partition per split."""
+    """Lines of text files (or, with ``raw``, undecoded blocks of lines), one partition per
+    split."""
 
     splits: tuple[Split, ...]
     errors: str
     where: str
+    raw: bool = False
 
     def __post_init__(self) -> None:
         self.partitions = len(self.splits)
@@ -263,3 +265,37 @@ def count_stages(node: Node) -> int:
                     visit(parent)
     visit(node)
     return total
+
+
+def shuffle_readers(final: Node, result: int) -> dict[int, set[int]]:
+    """For each shuffle (by ``id``), the stages that read its blocks: ``id(shuffle)`` of a
+    map stage that reads it, or ``result`` for the action's own stage."""
+    readers: dict[int, set[int]] = {}
+    for shuffle in input_shuffles(final):
+        readers.setdefault(id(shuffle), set()).add(result)
+    for node in walk(final):
+        if isinstance(node, Shuffle):
+            for parent in node.parents:
+                for shuffle in input_shuffles(parent):
+                    readers.setdefault(id(shuffle), set()).add(id(node))
+    return readers
+
+
+def unique_shuffles(shuffles: Iterator[Shuffle]) -> list[Shuffle]:
+    """``shuffles`` without repeats (by identity), in first-seen order."""
+    seen: dict[int, Shuffle] = {}
+    for s in shuffles:
+        seen.setdefault(id(s), s)
+    return list(seen.values())
+
+
+def walk(node: Node) -> Iterator[Node]:
+    """Every node reachable from ``node`` (itself included), each once."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if id(current) not in seen:
+            seen.add(id(current))
+            yield current
+            stack.extend(current.children())

@@ -14,7 +14,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from actorpy.barrier import BSP, FullView
 from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError
@@ -91,7 +91,7 @@ class Job:
         self._result_stages: list[Stage] = []
         self._caches: dict[int, P.Cache] = {}      # handle -> cache (user caches and shadows)
         self._shadows: dict[int, P.Cache] = {}     # id(job-scoped cache node) -> this job's copy
-        self._user_caches = [n for n in _walk(final) if isinstance(n, P.Cache) and not n.job_scoped]
+        self._user_caches = [n for n in P.walk(final) if isinstance(n, P.Cache) and not n.job_scoped]
         self.suspects: set[NodeId] = set()
         self._absorbed: set[NodeId] = set()
         self.stored_on: set[NodeId] = set()
@@ -115,7 +115,7 @@ class Job:
         in ``stage.outputs[(0, part)]`` when it returns. With ``release`` the shuffle
         blocks it read are deleted right away (pass False to run more parts later)."""
         if self._consumers is None:
-            self._consumers = _consumers(node)
+            self._consumers = P.shuffle_readers(node, _RESULT)
         parts = list(range(node.partitions)) if parts is None else parts
         stage = Stage(next(self._stage_ids), name, (node,), [(0, p) for p in parts])
         self._result_stages.append(stage)
@@ -145,7 +145,7 @@ class Job:
             self._absorb_losses()
             if not stage.waiting_on():  # the barrier opens: the next stage may start
                 return
-            for shuffle in _unique(s for n in stage.inputs for s in P.input_shuffles(n)):
+            for shuffle in P.unique_shuffles(s for n in stage.inputs for s in P.input_shuffles(n)):
                 self._ensure_shuffle(shuffle)
             missing = [k for k in stage.keys if k not in stage.outputs]
             self._run_tasks(stage, missing, build)
@@ -220,7 +220,7 @@ class Job:
         if isinstance(node, P.Narrow):
             return NarrowSpec(self._spec(node.parent, part, reads, False), node.ops)
         if isinstance(node, P.TextSource):
-            return ReadSplit(node.splits[part], node.errors)
+            return ReadSplit(node.splits[part], node.errors, node.raw)
         if isinstance(node, P.ItemsSource):
             return ReadItems(node.chunks[part])
         if isinstance(node, P.Union):
@@ -384,35 +384,3 @@ class Job:
                 del stage.outputs[key]
         for cache in [*self._user_caches, *self._caches.values()]:
             cache.forget(gone)
-
-
-def _consumers(final: P.Node) -> dict[int, set[int]]:
-    """For each shuffle, the stages that read its blocks: id(shuffle) of a map stage that
-    reads it, or _RESULT for the action's own stage."""
-    readers: dict[int, set[int]] = {}
-    for shuffle in P.input_shuffles(final):
-        readers.setdefault(id(shuffle), set()).add(_RESULT)
-    for node in _walk(final):
-        if isinstance(node, P.Shuffle):
-            for parent in node.parents:
-                for shuffle in P.input_shuffles(parent):
-                    readers.setdefault(id(shuffle), set()).add(id(node))
-    return readers
-
-
-def _unique(shuffles: Iterator[P.Shuffle]) -> list[P.Shuffle]:
-    seen: dict[int, P.Shuffle] = {}
-    for s in shuffles:
-        seen.setdefault(id(s), s)
-    return list(seen.values())
-
-
-def _walk(node: P.Node) -> Iterator[P.Node]:
-    seen: set[int] = set()
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if id(current) not in seen:
-            seen.add(id(current))
-            yield current
-            stack.extend(current.children())

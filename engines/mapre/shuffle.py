@@ -1,15 +1,19 @@
 """Shuffles on the workers: the map side combines and buckets a partition's output, the
 reduce side fetches its bucket from every map output, worker to worker, and merges.
 
-Blocks are stored as lists of at most ``BLOCK_ITEMS`` items under
-``<prefix>/<reduce partition>/<chunk>``, so no single pickle is large. ``fetch_blocks`` is
-the one place that reads them; it keeps a few fetches in flight (and reads local blocks
-from the worker's own store) and is the seam where a streaming ``fetch_iter`` plugs in.
+A block (one map output's bucket for one reduce partition, a stored result, a cached
+partition) is one stream in the worker's object store (``ctx.put_stream`` under
+``<key>/b``) whose items are packed chunks of at most ``BLOCK_ITEMS`` items and about
+``BLOCK_BYTES``: the store keeps or spills each ~1 MB segment as it is written, and
+``fetch_blocks``, the one place that reads blocks, fetches a one-chunk block whole (a few
+fetches in flight) and a bigger one segment by segment (``ctx.fetch_iter``), so a reducer
+merging buckets many times the store's budget holds about two segments per block it reads.
 """
 from __future__ import annotations
 
 import functools
 import operator
+import pickle
 from collections import deque
 from dataclasses import dataclass
 from itertools import chain
@@ -22,8 +26,12 @@ from engines.mapre.partition import (bucket_by_ids, bucket_keys, bucket_pairs, k
                                      range_ids)
 from engines.mapre.plan import ShuffleKind
 
-#: Items per stored block: a few MB of small tuples, quick to pickle in one go.
+#: Items per stored chunk at most: a few MB of small tuples, quick to pickle in one go.
 BLOCK_ITEMS = 100_000
+#: Pickled bytes per stored chunk, about (estimated from a sample of the items).
+BLOCK_BYTES = 1 << 20
+#: Items pickled to estimate the bytes per item.
+_SAMPLE = 64
 #: Fetches a reduce task keeps in flight.
 FETCH_WINDOW = 4
 
@@ -33,7 +41,7 @@ _DICT_ITEMS = type(iter({}.items()))
 
 @dataclass(frozen=True)
 class Block:
-    """One map output's bucket for one reduce partition: ``chunks`` lists under ``key``."""
+    """A stored block on ``node``: a stream of ``chunks`` packed chunks under ``key``/b."""
 
     node: str
     key: str
@@ -100,11 +108,39 @@ def bucket(spec: ShuffleSpec, items: Iterator[Any], map_part: int) -> list[list[
     return bucket_pairs(items if isinstance(items, list) else list(items), n)
 
 
-def chunked(items: Sequence[Any], size: int = BLOCK_ITEMS) -> list[Any]:
-    """``items`` cut into stored blocks of at most ``size`` items (at least one block)."""
+def chunk_items(items: Sequence[Any]) -> int:
+    """Items per stored chunk for ``items``: at most ``BLOCK_ITEMS`` and about
+    ``BLOCK_BYTES`` pickled, judged from an evenly spaced sample (big records get small
+    chunks, so a chunk, and the store segment holding it, stays near 1 MB)."""
+    n = len(items)
+    if n <= 1:
+        return 1
+    step = max(1, n // _SAMPLE)
+    sample = items[::step][:_SAMPLE]
+    try:
+        per_item = len(pickle.dumps(sample, pickle.HIGHEST_PROTOCOL)) / len(sample)
+    except Exception:  # unpicklable items fail (with a clear error) when stored
+        return BLOCK_ITEMS
+    return max(1, min(BLOCK_ITEMS, int(BLOCK_BYTES / max(per_item, 1.0))))
+
+
+def chunked(items: Sequence[Any], size: int | None = None) -> Iterator[Any]:
+    """``items`` cut into packed chunks of ``size`` items (default ``chunk_items``), at
+    least one."""
+    size = chunk_items(items) if size is None else size
     if len(items) <= size:
-        return [pack(items)]
-    return [pack(items[i:i + size]) for i in range(0, len(items), size)]
+        yield pack(items)
+        return
+    for i in range(0, len(items), size):
+        yield pack(items[i:i + size])
+
+
+def store_block(ctx: Any, key: str, items: Sequence[Any]) -> int:
+    """Store ``items`` as the block under ``key`` (a stream of packed chunks, spilled
+    segment by segment past the store's budget); returns the number of chunks."""
+    size = chunk_items(items)
+    ctx.put_stream(f"{key}/b", chunked(items, size))
+    return max(1, -(-len(items) // size))
 
 
 def merge(spec: ShuffleSpec, sides: Sequence[Iterator[list[Any]]]) -> Iterator[Any]:
@@ -178,42 +214,52 @@ def _probe(left_chunks: Iterator[list[Any]], table: dict[Any, list[Any]],
 
 
 def fetch_blocks(ctx: Any, blocks: Sequence[Block], timeout_s: float) -> Iterator[list[Any]]:
-    """Every chunk of ``blocks``, in order: local ones from this worker's store, remote ones
-    fetched worker to worker with up to ``FETCH_WINDOW`` requests in flight.
+    """Every chunk of ``blocks``, in order: local ones from this worker's store, one segment
+    at a time; remote one-chunk blocks fetched whole worker to worker with up to
+    ``FETCH_WINDOW`` requests in flight; remote bigger blocks streamed with ``fetch_iter``
+    (about two segments in memory).
 
     Raises:
         FetchFailed: a holder died or no longer has the block (the scheduler recomputes it).
     """
     me = ctx.node_id
-    wanted = deque((b.node, f"{b.key}/{c}") for b in blocks for c in range(b.chunks))
-    inflight: deque[tuple[str, str, Any]] = deque()
+    wanted = deque(blocks)
+    inflight: deque[tuple[Block, Any]] = deque()
 
     def launch() -> None:
         while wanted and len(inflight) < FETCH_WINDOW:
-            node, key = wanted.popleft()
-            if node == me:
-                inflight.append((node, key, None))
+            block = wanted.popleft()
+            if block.node == me or block.chunks > 1:
+                inflight.append((block, None))
             else:
                 try:
-                    inflight.append((node, key, ctx.fetch_async(node, key)))
+                    inflight.append((block, ctx.fetch_async(block.node, f"{block.key}/b")))
                 except ActorpyError as exc:
-                    raise FetchFailed(node, key, str(exc)) from None
+                    raise FetchFailed(block.node, block.key, str(exc)) from None
 
     launch()
     while inflight:
-        node, key, fut = inflight.popleft()
-        yield _fetch_block(ctx, node, key, fut, timeout_s)
+        block, fut = inflight.popleft()
+        yield from _read_block(ctx, block, fut, timeout_s)
         launch()
 
 
-def _fetch_block(ctx: Any, node: str, key: str, fut: Any, timeout_s: float) -> list[Any]:
-    """One stored chunk (the seam for a streaming ``ctx.fetch_iter``)."""
+def _read_block(ctx: Any, block: Block, fut: Any, timeout_s: float) -> Iterator[list[Any]]:
+    """The chunks of one stored block, unpacked."""
+    key = f"{block.key}/b"
     try:
-        return unpack(ctx.get(key) if fut is None else fut.result(timeout_s))
+        if fut is not None:
+            packed: Iterable[Any] = fut.result(timeout_s)
+        elif block.node == ctx.node_id:
+            packed = ctx.get_iter(key)
+        else:
+            packed = ctx.fetch_iter(block.node, key, timeout_s=timeout_s)
+        for chunk in packed:
+            yield unpack(chunk)
     except KeyError:
-        raise FetchFailed(node, key, "not in this worker's store") from None
+        raise FetchFailed(block.node, key, "not in this worker's store") from None
     except (NodeLost, ActorpyTimeout, RemoteError) as exc:
-        raise FetchFailed(node, key, f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+        raise FetchFailed(block.node, key, f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
 
 
 def reduce_values(values: Iterable[Any], op: Callable[[Any, Any], Any]) -> tuple[bool, Any]:

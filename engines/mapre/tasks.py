@@ -20,8 +20,8 @@ from engines.mapre.broadcast import bind as bind_task_context
 from engines.mapre.broadcast import unbind as unbind_task_context
 from engines.mapre.ops import Op, apply_ops
 from engines.mapre.plan import Split
-from engines.mapre.shuffle import (Block, ShuffleSpec, bucket, chunked, fetch_blocks, merge,
-                                   reduce_values)
+from engines.mapre.shuffle import (Block, ShuffleSpec, bucket, fetch_blocks, merge, reduce_values,
+                                   store_block)
 
 
 @dataclass
@@ -60,9 +60,12 @@ class Sink(Protocol):
 class ReadSplit:
     split: Split
     errors: str
+    raw: bool = False  # items are undecoded blocks of whole lines
 
     def items(self, env: TaskEnv) -> Iterator[Any]:
         env.bytes_in += self.split.end - self.split.start
+        if self.raw:
+            return io.read_split_bytes(self.split, self.errors)
         return chain.from_iterable(self._blocks(env))
 
     def _blocks(self, env: TaskEnv) -> Iterator[list[str]]:
@@ -119,10 +122,7 @@ class WriteCache:
 
     def items(self, env: TaskEnv) -> Iterator[Any]:
         data = list(self.child.items(env))
-        pieces = chunked(data)
-        for c, piece in enumerate(pieces):
-            env.ctx.put(f"{self.key}/{c}", piece)
-        env.cached.append((self.cache, self.part, len(pieces)))
+        env.cached.append((self.cache, self.part, store_block(env.ctx, self.key, data)))
         return iter(data)
 
 
@@ -155,10 +155,7 @@ class WriteShuffle:
                 counts.append(0)
                 continue
             rows += len(bucket_items)
-            pieces = chunked(bucket_items)
-            for c, piece in enumerate(pieces):
-                env.ctx.put(f"{self.prefix}/{r}/{c}", piece)
-            counts.append(len(pieces))
+            counts.append(store_block(env.ctx, f"{self.prefix}/{r}", bucket_items))
         return tuple(counts), rows
 
 
@@ -175,10 +172,7 @@ class Collect:
         # sizes are shallow (sys.getsizeof), enough to keep big items out of the reply
         if len(data) <= self.inline_items and sum(map(sys.getsizeof, data)) <= self.inline_bytes:
             return ("inline", data), len(data)
-        pieces = chunked(data)
-        for c, piece in enumerate(pieces):
-            env.ctx.put(f"{self.key}/{c}", piece)
-        return ("stored", len(pieces)), len(data)
+        return ("stored", store_block(env.ctx, self.key, data)), len(data)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,15 @@ def test_partition_counter_matches_split_then_lower():
     assert got == expected
 
 
+def test_byte_block_counter_matches_the_str_counter():
+    lines = ["İstanbul ǅemal ŉ ΣΑΣ Cat cat CAT", "a\u2028b\x1cc", "x\u00a0y \u2003", "The\x85end"]
+    blocks = ["\n".join(lines[:2]).encode() + b"\n", "\n".join(lines[2:]).encode()]
+    got = dict(wordcount.count_blocks(iter(blocks)))
+    assert got == dict(wordcount.count_partition(iter(lines)))
+    assert got["cat"] == 3 and got["b"] == 1 and got["c"] == 1
+    assert dict(wordcount.count_blocks(iter([]))) == {}
+
+
 def test_demo_section_prints_the_top_words(capsys):
     wordcount.demo()
     out = capsys.readouterr().out
