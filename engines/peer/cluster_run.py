@@ -34,7 +34,8 @@ class RunResult:
         model: key -> final value, read from the overlay. clocks: key -> its version clock.
         steps: peer address -> steps it completed (lost peers: their last report).
         seconds: wall time from starting the runners until every live peer stopped.
-        updates: pushes folded in by the owners still alive, over all keys.
+        updates: pushes folded in by the owners, over all keys (a lost owner: up to its
+            last report).
         lost: addresses of peers whose worker went away during the run.
         rejected: overlay messages the peers dropped as malformed or unauthenticated.
     """
@@ -82,11 +83,14 @@ class ClusterRun:
         data: ``data(index)`` -> what peer ``index`` finds in ``ctx.data`` (shipped to it).
         timeout_s: give up (``ActorpyTimeout``) after this long.
         poll_s: how often the driver asks the peers how far they are.
+        on_poll: ``on_poll(run, seconds)`` after each poll while training (a monitor: it
+            may read keys with ``run.read``); its cost delays only the driver.
     """
 
     def __init__(self, job: Any, cluster: Any, peers: int, init: dict[str, Any], *,
                  data: Callable[[int], Any] | None = None, timeout_s: float = 300.0,
-                 poll_s: float = 0.05) -> None:
+                 poll_s: float = 0.05,
+                 on_poll: Callable[[ClusterRun, float], None] | None = None) -> None:
         if peers < 1:
             raise ActorpyError(f"a P2P job needs at least one peer, got {peers}")
         self.job = job
@@ -101,6 +105,8 @@ class ClusterRun:
         self.addresses: list[str] = []
         self.lost: set[int] = set()
         self.last: dict[int, dict[str, Any]] = {}
+        self.on_poll = on_poll
+        self.started = 0.0
         self._stop = threading.Event()
 
     def start_peers(self) -> None:
@@ -122,7 +128,7 @@ class ClusterRun:
             self.cluster.call(self.refs[0], PeerKind.SEED, self.init, timeout_s=CALL_S)
             for name in self.init:      # the seed is on its holders before anyone reads it
                 self._wait(lambda n=name: self.read(n) is not None, deadline, f"seed {name}")
-            started = time.monotonic()
+            started = self.started = time.monotonic()
             for ref in self.refs:
                 self.cluster.call(ref, PeerKind.START, False, timeout_s=CALL_S)
             self._wait(self._finished, deadline, "every peer to stop")
@@ -136,8 +142,7 @@ class ClusterRun:
             live = [s for i, s in self.last.items() if i not in self.lost]
             return RunResult(model=model, clocks=clocks,
                              steps={s["address"]: s["step"] for s in self.last.values()},
-                             seconds=seconds,
-                             updates=sum(sum(s["applied"].values()) for s in live),
+                             seconds=seconds, updates=self.updates(),
                              lost=[self.addresses[i] for i in sorted(self.lost)],
                              rejected=sum(s["rejected"] for s in live))
         finally:
@@ -176,7 +181,14 @@ class ClusterRun:
             if s["phase"] == Phase.FAILED:
                 kind, message, trace = s["error"] or ("Error", "failed", "")
                 raise RemoteError(kind, message, trace, s["address"])
-        return all(s["phase"] == Phase.DONE for s in live.values())
+        done = all(s["phase"] == Phase.DONE for s in live.values())
+        if self.on_poll is not None and not done:
+            self.on_poll(self, time.monotonic() - self.started)
+        return done
+
+    def updates(self) -> int:
+        """Pushes folded in so far by every owner (a lost one: up to its last report)."""
+        return sum(sum(s["applied"].values()) for s in self.last.values())
 
     def _wait(self, done: Callable[[], bool], deadline: float, what: str) -> None:
         while not done():

@@ -138,7 +138,8 @@ class Job:
         return SimRun(self, peers, init, **options).run()
 
     def run(self, cluster: Any, peers: int, init: dict[str, Any], *,
-            data: Callable[[int], Any] | None = None, timeout_s: float = 300.0) -> Any:
+            data: Callable[[int], Any] | None = None, timeout_s: float = 300.0,
+            on_poll: Callable[[Any, float], None] | None = None) -> Any:
         """Run the job on ``peers`` core services on ``cluster``'s workers (several per worker
         when there are more peers than workers) and return its ``RunResult``: the final
         model read from the overlay, steps, seconds, updates (``cluster_run.ClusterRun``).
@@ -148,5 +149,6 @@ class Job:
         """
         from .cluster_run import ClusterRun
 
-        return ClusterRun(self, cluster, peers, init, data=data, timeout_s=timeout_s).run()
+        return ClusterRun(self, cluster, peers, init, data=data, timeout_s=timeout_s,
+                          on_poll=on_poll).run()
 
