@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -97,8 +97,9 @@ class Trace:
                                                     / np.linalg.norm(self.w_star))})
 
 
-def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[str, Any], list]:
-    """One training run: the JSON fields and the trace."""
+def train(cluster: Any, args: argparse.Namespace, barrier: Any,
+          on_poll: Callable[[Any, float], None] | None = None) -> tuple[dict[str, Any], list]:
+    """One training run: the JSON fields and the trace (``on_poll``: see ``Job.run``)."""
     job = peer.Job(f"p2p-sgd-{args.model}", barrier=barrier, replication=args.replication,
                    seed=args.seed, rpc_timeout_s=args.rpc_timeout)
     job.register_schedule(lambda ctx: ["w"])
@@ -106,10 +107,16 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
     job.register_pull(Pull(args.lr, args.decay))
     job.register_stop(StopAfter(args.steps))
     trace = Trace(args.seed, args.features, args.model, 0.2) if args.plot else None
+
+    def poll(run: Any, seconds: float) -> None:
+        if trace is not None:
+            trace(run, seconds)
+        if on_poll is not None:
+            on_poll(run, seconds)
     result = job.run(cluster, peers=args.peers,
                      init={"w": np.zeros(args.features, dtype=np.float32)},
                      data=PeerData(args.seed, args.rows, args.peers, args.features, args.model),
-                     timeout_s=args.timeout, on_poll=trace)
+                     timeout_s=args.timeout, on_poll=poll)
     w = result.model["w"]
     w_star = true_weights(args.seed, args.features, args.model)
     x, y = generate(np.random.default_rng([args.seed, 1299709]), 5000, w_star, args.model)
