@@ -52,6 +52,7 @@ class PeerKind(IntEnum):
     STATUS = 7    # driver -> peer: dict of phase, step, updates applied, error
     LEAVE = 8     # driver -> peer: hand stored keys on, tell every contact; reply: done
     SEED = 9      # driver -> peer: init dict, stored at clock 0
+    FIND = 10     # driver -> peer: id to look up; reply: (contacts found, rounds, seconds)
 
 
 def address_of(ref: ServiceRef) -> str:
@@ -182,6 +183,11 @@ class PeerService(Service):
         def answer(done: Done) -> tuple[Any, int] | None:
             return None if done.blob is None else (np.array(done.value), done.clock)
         self._op(env, self.peer.node.get(key_id(name), self.clock.now(), newest=True), answer)
+
+    @handles(PeerKind.FIND)
+    def find(self, target: int, env: Envelope) -> None:
+        self._op(env, self.peer.node.find_node(KadId(target), self.clock.now()),
+                 lambda done: (len(done.contacts), done.rounds, done.elapsed_s))
 
     @handles(PeerKind.START)
     def start(self, catch_up: bool, env: Envelope) -> None:
