@@ -3,8 +3,9 @@
 Run: ``python bench/peer_wire.py [--workers 2] [--peers 64] [--lookups 200] [--steps 300]``
 
 1. Lookups: ``--peers`` peers (``PeerService``, several per worker) joined into one overlay,
-   20 keys stored; FIND_NODE of random ids from random peers, latency on the asking peer's
-   clock (median, p95) and rounds; then 25 % of the peers stopped at once (their services
+   20 keys stored; FIND_VALUE of those keys from random peers (as the simulated bench),
+   latency on the asking peer's clock (median, p95) and rounds, and FIND_NODE of random
+   ids (which must hear from, or time out on, all k closest); then 25 % of the peers stopped at once (their services
    vanish without a goodbye, as a crash would look to the overlay), 1 s for replica checks,
    the lookups again, and every key read back (lost: no live copy).
 2. Training: ``actorpy p2p-sgd``'s problem (the SGD app's linear regression, 100 features)
@@ -57,19 +58,25 @@ def lookup_rows(cluster: Any, peers: int, count: int, seed: int) -> list[str]:
                 live = [i for i in live if i not in doomed]
                 time.sleep(1.0)                 # replica checks notice the dead holders
             started = time.monotonic()
-            times, rounds, failed = [], [], 0
+            times, rounds, failed, node_times = [], [], 0, []
             for _ in range(count):
                 found, hops, seconds = cluster.call(
-                    refs[rng.choice(live)], PeerKind.FIND, rng.getrandbits(160),
+                    refs[rng.choice(live)], PeerKind.LOOKUP, rng.choice(keys),
                     timeout_s=CALL_S)
-                failed += found == 0
+                failed += not found
                 times.append(seconds)
                 rounds.append(hops)
+            for _ in range(max(1, count // 4)):
+                _, _, seconds = cluster.call(refs[rng.choice(live)], PeerKind.FIND,
+                                             rng.getrandbits(160), timeout_s=CALL_S)
+                node_times.append(seconds)
             lost = sum(cluster.call(refs[live[0]], PeerKind.GET, name, timeout_s=CALL_S)
                        is None for name in keys)
             rows.append(f"{peers:>5} {dead_pct:>4}% {statistics.median(times) * 1e3:>9.2f} "
                         f"{pct(times, 0.95) * 1e3:>9.2f} {statistics.mean(rounds):>6.2f} "
-                        f"{failed:>7} {lost:>5} {time.monotonic() - started:>7.1f}")
+                        f"{failed:>7} {lost:>5} {statistics.median(node_times) * 1e3:>9.2f} "
+                        f"{pct(node_times, 0.95) * 1e3:>9.2f} "
+                        f"{time.monotonic() - started:>7.1f}")
     finally:
         for i in live:
             cluster.stop_service(refs[i])
@@ -109,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with actorpy.connect(workers=args.workers, task_threads=2) as cluster:
-        print(f"1. FIND_NODE among {args.peers} peers on {args.workers} workers (real wire, "
-              "timeout 250 ms, 2 misses evict), 20 keys, replication 3")
+        print(f"1. FIND_VALUE of stored keys among {args.peers} peers on {args.workers} "
+              "workers (real wire, timeout 250 ms, 2 misses evict), 20 keys, replication 3; "
+              "node med/p95: FIND_NODE of random ids (ms)")
         print(f"{'N':>5} {'dead':>5} {'median ms':>9} {'p95 ms':>9} {'rounds':>6} "
-              f"{'failed':>7} {'lost':>5} {'wall s':>7}")
+              f"{'failed':>7} {'lost':>5} {'node med':>9} {'node p95':>9} {'wall s':>7}")
         for line in lookup_rows(cluster, args.peers, args.lookups, args.seed):
             print(line, flush=True)
         print(f"\n2. linear regression (d=100, batch 32, lr 0.1), {args.steps} steps per "

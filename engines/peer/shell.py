@@ -53,6 +53,8 @@ class PeerKind(IntEnum):
     LEAVE = 8     # driver -> peer: hand stored keys on, tell every contact; reply: done
     SEED = 9      # driver -> peer: init dict, stored at clock 0
     FIND = 10     # driver -> peer: id to look up; reply: (contacts found, rounds, seconds)
+    LOOKUP = 11   # driver -> peer: key name (FIND_VALUE, first copy found); reply:
+                  # (found, rounds, seconds)
 
 
 def address_of(ref: ServiceRef) -> str:
@@ -188,6 +190,11 @@ class PeerService(Service):
     def find(self, target: int, env: Envelope) -> None:
         self._op(env, self.peer.node.find_node(KadId(target), self.clock.now()),
                  lambda done: (len(done.contacts), done.rounds, done.elapsed_s))
+
+    @handles(PeerKind.LOOKUP)
+    def lookup(self, name: str, env: Envelope) -> None:
+        self._op(env, self.peer.node.get(key_id(name), self.clock.now()),
+                 lambda done: (done.blob is not None, done.rounds, done.elapsed_s))
 
     @handles(PeerKind.START)
     def start(self, catch_up: bool, env: Envelope) -> None:
