@@ -9,8 +9,10 @@ drives one ``Peer`` (its Kademlia node and, in a job, its runner).
   buffers are uint8 arrays, which the core's serde sends out of band (no copy, no pickle).
 - Each ``SetTimer`` becomes a ``ctx.schedule`` timer on the service thread; stale timers are
   no-ops in the node, so none is ever cancelled.
-- A message that the node refuses (``ProtocolError``: malformed, impostor, unsolicited) is
-  dropped with one WARNING naming the sender; the routing table is left as it was.
+- A message that the node refuses (``ProtocolError``: malformed, oversize, impostor) is
+  dropped with one WARNING naming the sender. A sender that is in the routing table (a
+  peer answering with garbage) is dropped from it too; any other sender leaves the table as
+  it was. An unsolicited answer (mostly one after its RPC timeout) is only counted.
 - The driver's control kinds (``INFO``, ``JOIN``, ``SET``, ``GET``, ``START``, ``STATUS``,
   ``LEAVE``) are requests answered when the node's operation is ``Done`` (deferred replies).
 """
@@ -150,7 +152,11 @@ class PeerService(Service):
                 log.debug("peer %s dropped a message from %s: %s", self.address, sender, exc)
                 return
             self.rejected += 1
-            log.warning("peer %s dropped a message from %s: %s", self.address, sender, exc)
+            now = self.clock.now()
+            was_contact, eff = self.peer.node.drop_contact(sender, now)
+            log.warning("peer %s dropped a message from %s%s: %s", self.address, sender,
+                        " and dropped it from the routing table" if was_contact else "", exc)
+            self.perform(self.peer.route(eff, now))
             return
         self.perform(eff)
 

@@ -14,6 +14,7 @@ from engines.peer.kademlia import rpc
 from engines.peer.kademlia.events import KademliaConfig
 from engines.peer.kademlia.ids import key_id
 from engines.peer.kademlia.messages import Ping
+from actorpy.runtime.service import handles
 from engines.peer.shell import PeerKind, PeerService, address_of, ref_of, wire_payload
 from tests.conftest import wait_until
 from tests.peer.test_job import init, linreg, shard, weight_error
@@ -136,3 +137,37 @@ class TestJobRun:
         assert result.updates == 5 * 60 * 4          # every push folded in once per key
         assert len({a.split("/")[0] for a in result.steps}) == 2   # spread over both workers
         assert result.lost == [] and result.rejected == 0
+
+
+class Rogue(PeerService):
+    """A joined peer that, on request, sends garbage to another peer (kind 99)."""
+
+    @handles(99)
+    def send_garbage(self, target, env):
+        self.ctx.cast(target, PeerKind.OVERLAY, (("garbage",), []))
+
+
+class TestGarbageFromAContact:
+    def test_a_contact_sending_garbage_is_dropped_from_the_table(self, cluster, caplog):
+        refs, infos = start_peers(cluster, 2, CONFIG, seed=4, name="rogue")
+        target = cluster.start_service(PeerService, CONFIG, 4, 7, node=cluster.node_id,
+                                       name="peer/rogue/target")
+        rogue = cluster.start_service(Rogue, CONFIG, 4, 8, node=cluster.node_id,
+                                      name="peer/rogue/rogue")
+        try:
+            cluster.call(target, PeerKind.JOIN, infos[0], timeout_s=CALL_S)
+            rogue_info = cluster.call(rogue, PeerKind.INFO, timeout_s=CALL_S)
+            cluster.call(target, PeerKind.JOIN, rogue_info, timeout_s=CALL_S)
+            assert rogue_info[1] in _status(cluster, target)["table"]
+            with caplog.at_level(logging.WARNING, logger="engines.peer.shell"):
+                cluster.cast(rogue, 99, target)
+                wait_until(lambda: _status(cluster, target)["rejected"] == 1, 20,
+                           "the garbage rejected")
+            after = _status(cluster, target)["table"]
+            assert rogue_info[1] not in after
+            assert set(after) == {infos[0][1], infos[1][1]}       # the others stay
+            [warning] = [r for r in caplog.records if "dropped a message" in r.getMessage()]
+            assert "dropped it from the routing table" in warning.getMessage()
+        finally:
+            for ref in [*refs, target, rogue]:
+                cluster.stop_service(ref)
