@@ -148,6 +148,30 @@ class ClusterRun:
         finally:
             self.stop()
 
+    def add_peer(self, node: Any = None) -> str:
+        """A new peer joins the overlay (through a live peer) and the running job, catching
+        up to the highest step it finds; returns its address. Call it from ``on_poll``.
+
+        Raises:
+            ActorpyError: no live peer to join through.
+        """
+        live = [i for i in range(len(self.refs)) if i not in self.lost]
+        if not live:
+            raise ActorpyError("no live peer to join the job through")
+        workers = self.cluster.workers()
+        index = len(self.refs)
+        ref = self.cluster.start_service(
+            PeerService, self.job.config, self.job.seed, index, self.spec, self.data,
+            node=node if node is not None else workers[index % len(workers)],
+            name=f"peer/{self.spec.name}/{id(self):x}/{index}")
+        contact = self.cluster.call(self.refs[live[0]], PeerKind.INFO, timeout_s=CALL_S)
+        self.cluster.call(ref, PeerKind.JOIN, contact, timeout_s=CALL_S)
+        _, address = self.cluster.call(ref, PeerKind.INFO, timeout_s=CALL_S)
+        self.refs.append(ref)
+        self.addresses.append(address)
+        self.cluster.call(ref, PeerKind.START, True, timeout_s=CALL_S)
+        return address
+
     def read(self, name: str) -> tuple[Any, int] | None:
         """``(value, clock)`` of key ``name`` read through a live peer, or None."""
         for i, ref in enumerate(self.refs):

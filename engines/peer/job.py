@@ -143,6 +143,8 @@ class Job:
         """Run the job on ``peers`` core services on ``cluster``'s workers (several per worker
         when there are more peers than workers) and return its ``RunResult``: the final
         model read from the overlay, steps, seconds, updates (``cluster_run.ClusterRun``).
+        ``on_poll(run, seconds)`` runs on the driver after each progress poll; it may read
+        keys (``run.read``) or add a peer to the running job (``run.add_peer()``).
 
         Raises:
             RemoteError: a peer's callback raised. ActorpyTimeout: not done in ``timeout_s``.

@@ -171,3 +171,20 @@ class TestGarbageFromAContact:
         finally:
             for ref in [*refs, target, rogue]:
                 cluster.stop_service(ref)
+
+
+class TestJoinMidRun:
+    def test_a_fifth_peer_joining_mid_run_takes_part(self, cluster):
+        job = linreg(PSP(sample=2, staleness=2), steps=150)
+        joined: list[str] = []
+
+        def join_once(run, seconds):
+            if not joined and run.last and min(s["step"] for s in run.last.values()) >= 20:
+                joined.append(run.add_peer())
+
+        result = job.run(cluster, peers=4, init=init(), data=shard, timeout_s=120,
+                         on_poll=join_once)
+        assert joined and joined[0] in result.steps
+        assert result.steps[joined[0]] == 150           # it caught up and finished
+        assert weight_error(result.model) < 0.02
+        assert result.updates > 4 * 150 * 4            # its pushes were folded in too
