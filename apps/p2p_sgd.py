@@ -43,11 +43,18 @@ class PeerData:
 
 
 class Push:
-    def __init__(self, model: str, batch: int) -> None:
-        self.model, self.batch = model, batch
+    """Each peer's gradient step; with a ``target`` it also remembers how far the w it last
+    read is from w* (known to this generated problem), for ``StopAfter``."""
+
+    def __init__(self, model: str, batch: int, w_star: np.ndarray | None = None) -> None:
+        self.model, self.batch, self.w_star = model, batch, w_star
+        self.error = float("inf")
 
     def __call__(self, ctx: peer.PeerContext, values: dict[str, Any]) -> dict[str, Any]:
         x, y = ctx.data
+        if self.w_star is not None:
+            self.error = float(np.linalg.norm(values["w"] - self.w_star)
+                               / np.linalg.norm(self.w_star))
         i = ctx.rng.integers(0, len(y), self.batch)
         return {"w": gradient(values["w"], x[i], y[i], self.model)}
 
@@ -65,11 +72,18 @@ class Pull:
 
 
 class StopAfter:
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
+    """After ``steps`` steps, or once the w this peer last read is within ``target``
+    (``push`` is the same peer's ``Push``: shipped together, they stay one object)."""
+
+    def __init__(self, steps: int, push: Push | None = None,
+                 target: float | None = None) -> None:
+        self.steps, self.push, self.target = steps, push, target
 
     def __call__(self, ctx: peer.PeerContext) -> bool:
-        return ctx.step >= self.steps
+        if ctx.step >= self.steps:
+            return True
+        return (self.target is not None and self.push is not None
+                and self.push.error < self.target)
 
 
 class Trace:
@@ -103,9 +117,11 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
     job = peer.Job(f"p2p-sgd-{args.model}", barrier=barrier, replication=args.replication,
                    seed=args.seed, rpc_timeout_s=args.rpc_timeout)
     job.register_schedule(lambda ctx: ["w"])
-    job.register_push(Push(args.model, args.batch))
+    w_star = true_weights(args.seed, args.features, args.model)
+    push = Push(args.model, args.batch, w_star if args.target is not None else None)
+    job.register_push(push)
     job.register_pull(Pull(args.lr, args.decay))
-    job.register_stop(StopAfter(args.steps))
+    job.register_stop(StopAfter(args.steps, push, args.target))
     trace = Trace(args.seed, args.features, args.model, 0.2) if args.plot else None
 
     def poll(run: Any, seconds: float) -> None:
@@ -118,7 +134,6 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
                      data=PeerData(args.seed, args.rows, args.peers, args.features, args.model),
                      timeout_s=args.timeout, on_poll=poll)
     w = result.model["w"]
-    w_star = true_weights(args.seed, args.features, args.model)
     x, y = generate(np.random.default_rng([args.seed, 1299709]), 5000, w_star, args.model)
     out = {"loss": loss(w, x, y, args.model),
            "weight_error": float(np.linalg.norm(w - w_star) / np.linalg.norm(w_star)),
@@ -152,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
     parser.add_argument("--features", type=int, default=100, help="default 100")
+    parser.add_argument("--target", type=float, default=None,
+                        help="a peer stops early once the w it last read has a weight error "
+                             "below this")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
     parser.add_argument("--plot", metavar="FILE", help="save the training curves (png)")
     apputil.add_cluster_arguments(parser, default_workers=2)

@@ -1,6 +1,7 @@
 """P2P engine benchmark over the real wire: peers as core services on an embedded cluster.
 
-Run: ``python bench/peer_wire.py [--workers 2] [--peers 64] [--lookups 200] [--steps 300]``
+Run: ``python bench/peer_wire.py [--workers 2] [--peers 64] [--lookups 200] [--steps 300]
+[--target 0.01]``
 
 1. Lookups: ``--peers`` peers (``PeerService``, several per worker) joined into one overlay,
    20 keys stored; FIND_VALUE of those keys from random peers (as the simulated bench),
@@ -10,8 +11,8 @@ Run: ``python bench/peer_wire.py [--workers 2] [--peers 64] [--lookups 200] [--s
    the lookups again, and every key read back (lost: no live copy).
 2. Training: ``actorpy p2p-sgd``'s problem (the SGD app's linear regression, 100 features)
    on ``--train-peers`` peers under pBSP, pSSP, BSP, ASP, beside the PS engine's ASP and BSP
-   (``actorpy sgd``) with as many workers: seconds for ``--steps`` steps per worker/peer,
-   and the final weight error. Same data generation, lr and batch in every row.
+   (``actorpy sgd``) with as many workers: seconds for ``--steps`` steps per worker/peer
+   (or, with ``--target E``, until the weight error is under E), and the final error. Same data generation, lr and batch in every row.
 """
 from __future__ import annotations
 
@@ -83,9 +84,12 @@ def lookup_rows(cluster: Any, peers: int, count: int, seed: int) -> list[str]:
     return rows
 
 
-def sgd_rows(cluster: Any, peers: int, steps: int, seed: int) -> list[str]:
+def sgd_rows(cluster: Any, peers: int, steps: int, seed: int,
+             target: float | None) -> list[str]:
     rows = []
     common = ["--steps", str(steps), "--seed", str(seed)]
+    if target is not None:
+        common += ["--target", str(target)]
     for spec in ("pbsp:2", "pssp:2:4", "bsp", "asp"):
         name, *nums = spec.split(":")
         extra = (["--sample", nums[0]] if nums else []) + (["--staleness", nums[1]]
@@ -113,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookups", type=int, default=200)
     parser.add_argument("--train-peers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--target", type=float, default=None,
+                        help="stop at this weight error (time to target) instead of after "
+                             "--steps")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with actorpy.connect(workers=args.workers, task_threads=2) as cluster:
@@ -127,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
               f"peer/worker: {args.train_peers} P2P peers vs the PS engine on "
               f"{args.workers} workers")
         print(f"{'run':>14} {'seconds':>8} {'w error':>9} {'updates':>7} {'steps':>10}")
-        for line in sgd_rows(cluster, args.train_peers, args.steps, args.seed):
+        if args.target is not None:
+            print(f"   (stopping at weight error {args.target}, at most {args.steps} steps)")
+        for line in sgd_rows(cluster, args.train_peers, args.steps, args.seed, args.target):
             print(line, flush=True)
     return 0
 

@@ -21,6 +21,13 @@ class TestCli:
         assert out["updates"] == 4 * 150            # each push folded into w once
         assert out["weight_error"] < 0.05 and out["seconds"] > 0
 
+    def test_target_stops_the_peers_early(self, capsys):
+        assert p2p_sgd.main(["--peers", "3", "--steps", "5000", "--target", "0.02",
+                             "--barrier", "asp", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert max(out["steps_per_worker"]) < 5000     # stopped on the target, not steps
+        assert out["weight_error"] < 0.03               # the model read after they stopped
+
 
 class TestKilledPeer:
     def test_owner_sigkilled_mid_run_and_training_still_reaches_the_target(self):
