@@ -14,6 +14,8 @@ Files:
     peer.py     Peer: node + runner as the one object a shell drives
     job.py      Job: the PS engine's vocabulary (register_schedule/push/pull/barrier/stop)
     simrun.py   SimRun: a job on N in-process peers (SimNetwork, virtual time, kills, joins)
+    shell.py    PeerService: a core service driving one Peer over the real wire (PeerKind)
+    cluster_run.py  ClusterRun (Job.run): N peer services on a cluster's workers, start_peers
 
 >>> from actorpy.barrier import PSP
 >>> Job("demo", barrier=PSP(sample=2, staleness=1)).config.replication

@@ -136,3 +136,21 @@ class Job:
         from .simrun import SimRun  # the simulator is only needed here
 
         return SimRun(self, peers, init, **options).run()
+
+    def run(self, cluster: Any, peers: int, init: dict[str, Any], *,
+            data: Callable[[int], Any] | None = None, timeout_s: float = 300.0,
+            on_poll: Callable[[Any, float], None] | None = None) -> Any:
+        """Run the job on ``peers`` core services on ``cluster``'s workers (several per worker
+        when there are more peers than workers) and return its ``RunResult``: the final
+        model read from the overlay, steps, seconds, updates (``cluster_run.ClusterRun``).
+        ``on_poll(run, seconds)`` runs on the driver after each progress poll; it may read
+        keys (``run.read``) or add a peer to the running job (``run.add_peer()``).
+
+        Raises:
+            RemoteError: a peer's callback raised. ActorpyTimeout: not done in ``timeout_s``.
+        """
+        from .cluster_run import ClusterRun
+
+        return ClusterRun(self, cluster, peers, init, data=data, timeout_s=timeout_s,
+                          on_poll=on_poll).run()
+

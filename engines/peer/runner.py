@@ -36,6 +36,7 @@ class Timer(IntEnum):
     COMPUTED = 1      # a simulated compute time is over
     RECHECK = 2       # check the barrier again
     RETRY = 3         # ask again for the key in the token's slot
+    NEXT = 4          # the barrier let us advance: begin the next step
 
 
 class Phase(IntEnum):
@@ -144,6 +145,8 @@ class PeerRunner:
             self._push_all(now, eff)
         elif kind == Timer.RECHECK and token == self._epoch and self.phase == Phase.BARRIER:
             self._check_barrier(now, eff)
+        elif kind == Timer.NEXT and token == self._epoch and self.phase == Phase.BARRIER:
+            self._begin_step(now, eff)
         elif kind == Timer.RETRY:
             retry = self._retries.pop(token, None)
             if retry is not None and self.phase not in (Phase.DONE, Phase.FAILED):
@@ -265,8 +268,11 @@ class PeerRunner:
         if self.phase != Phase.BARRIER:
             return
         if decision.advance:
+            # the next step begins from a timer due at once, not from here: a peer that owns
+            # every key it works on would otherwise run all its steps in one call (deep
+            # recursion), and a shell would serve no other message meanwhile
             self.waiting_on = frozenset()
-            self._begin_step(now, eff)
+            eff.timers.append(SetTimer(0.0, Timer.NEXT, self._epoch))
         else:
             self.waits += 1
             self.waiting_on = frozenset(decision.waiting_on)

@@ -220,6 +220,17 @@ class KademliaNode(NodeOps):
         watchers, self.watchers = list(self.watchers.values()), {}
         return watchers
 
+    def drop_contact(self, address: str, now: float) -> tuple[bool, Effects]:
+        """Forget the contact at ``address`` (a peer that answered with garbage, as its
+        shell judged it): evicted as a dead one would be, its keys re-replicated. Returns
+        whether it was in the table, and the effects."""
+        eff = Effects()
+        node_id = self.routing.id_at(address)
+        if node_id is None:
+            return False, eff
+        self._evict(node_id, now, eff)
+        return True, eff
+
     def size_estimate(self) -> float:
         """Network size estimated from id density in our routing table (this node counted)."""
         return table_size_estimate(self.routing)

@@ -1,0 +1,224 @@
+"""``actorpy p2p-sgd``: the SGD app's regression trained with no server, by peers on a
+Kademlia overlay (``engines.peer``); the model lives on the overlay (each key on its
+``replication`` closest peers) and the barrier samples peers through it.
+
+    actorpy p2p-sgd --peers 4 --barrier pssp --sample 2 --staleness 4 --json
+    actorpy p2p-sgd --peers 8 --barrier bsp --model logistic --plot curves.png
+
+The problem is ``actorpy sgd``'s (same data generation, w*, loss and gradient); each peer
+generates its own ``rows / peers`` rows. With ``--json`` stdout holds only ``{"loss",
+"weight_error", "steps_per_worker", "updates", "seconds"}`` with the same meanings as
+``actorpy sgd``: held-out loss and ``|w - w*| / |w*|`` of the model read from the overlay,
+steps each peer completed, pushes folded into w, seconds of training.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from actorpy import apputil
+from actorpy.errors import ConfigError
+from apps.sgd import generate, gradient, loss, true_weights
+from apps.training import barriers_from_args, plot_curves
+from engines import peer
+
+BARRIERS = ("pbsp", "pssp", "asp", "bsp", "ssp")
+
+
+class PeerData:
+    """``data(index)``: peer ``index``'s share of the rows, made on that peer."""
+
+    def __init__(self, seed: int, rows: int, peers: int, features: int, model: str) -> None:
+        self.seed, self.rows, self.peers = seed, rows, peers
+        self.features, self.model = features, model
+
+    def __call__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        w = true_weights(self.seed, self.features, self.model)
+        rng = np.random.default_rng([self.seed, 31, index])
+        return generate(rng, max(1, self.rows // self.peers), w, self.model)
+
+
+class Push:
+    """Each peer's gradient step; with a ``target`` it also remembers how far the w it last
+    read is from w* (known to this generated problem), for ``StopAfter``."""
+
+    def __init__(self, model: str, batch: int, w_star: np.ndarray | None = None) -> None:
+        self.model, self.batch, self.w_star = model, batch, w_star
+        self.error = float("inf")
+
+    def __call__(self, ctx: peer.PeerContext, values: dict[str, Any]) -> dict[str, Any]:
+        x, y = ctx.data
+        if self.w_star is not None:
+            self.error = float(np.linalg.norm(values["w"] - self.w_star)
+                               / np.linalg.norm(self.w_star))
+        i = ctx.rng.integers(0, len(y), self.batch)
+        return {"w": gradient(values["w"], x[i], y[i], self.model)}
+
+
+class Pull:
+    """On w's owner: ``w -= lr_t * g``, ``lr_t = lr / sqrt(1 + clock / decay)``."""
+
+    def __init__(self, lr: float, decay: float | None = None) -> None:
+        self.lr, self.decay = lr, decay
+
+    def __call__(self, store: peer.OwnerStore, updates: dict[str, Any]) -> None:
+        w, clock = store.get("w")
+        lr = self.lr if not self.decay else self.lr / np.sqrt(1.0 + clock / self.decay)
+        store.set("w", w - np.float32(lr) * updates["w"])
+
+
+class StopAfter:
+    """After ``steps`` steps, or once the w this peer last read is within ``target``
+    (``push`` is the same peer's ``Push``: shipped together, they stay one object)."""
+
+    def __init__(self, steps: int, push: Push | None = None,
+                 target: float | None = None) -> None:
+        self.steps, self.push, self.target = steps, push, target
+
+    def __call__(self, ctx: peer.PeerContext) -> bool:
+        if ctx.step >= self.steps:
+            return True
+        return (self.target is not None and self.push is not None
+                and self.push.error < self.target)
+
+
+class Trace:
+    """The driver's monitor: every ``every_s`` reads w from the overlay and records the
+    held-out loss and weight error (for ``--plot``)."""
+
+    def __init__(self, seed: int, features: int, model: str, every_s: float) -> None:
+        self.model, self.every_s = model, every_s
+        self.w_star = true_weights(seed, features, model)
+        self.x, self.y = generate(np.random.default_rng([seed, 104729]), 2000, self.w_star,
+                                  model)
+        self.rows: list[dict[str, float]] = []
+        self._next = 0.0
+
+    def __call__(self, run: Any, seconds: float) -> None:
+        if seconds < self._next:
+            return
+        self._next = seconds + self.every_s
+        got = run.read("w")
+        if got is not None:
+            w = got[0]
+            self.rows.append({"t": seconds, "updates": run.updates(),
+                              "loss": loss(w, self.x, self.y, self.model),
+                              "weight_error": float(np.linalg.norm(w - self.w_star)
+                                                    / np.linalg.norm(self.w_star))})
+
+
+def train(cluster: Any, args: argparse.Namespace, barrier: Any,
+          on_poll: Callable[[Any, float], None] | None = None) -> tuple[dict[str, Any], list]:
+    """One training run: the JSON fields and the trace (``on_poll``: see ``Job.run``)."""
+    job = peer.Job(f"p2p-sgd-{args.model}", barrier=barrier, replication=args.replication,
+                   seed=args.seed, rpc_timeout_s=args.rpc_timeout)
+    job.register_schedule(lambda ctx: ["w"])
+    w_star = true_weights(args.seed, args.features, args.model)
+    push = Push(args.model, args.batch, w_star if args.target is not None else None)
+    job.register_push(push)
+    job.register_pull(Pull(args.lr, args.decay))
+    job.register_stop(StopAfter(args.steps, push, args.target))
+    trace = Trace(args.seed, args.features, args.model, 0.2) if args.plot else None
+
+    def poll(run: Any, seconds: float) -> None:
+        if trace is not None:
+            trace(run, seconds)
+        if on_poll is not None:
+            on_poll(run, seconds)
+    result = job.run(cluster, peers=args.peers,
+                     init={"w": np.zeros(args.features, dtype=np.float32)},
+                     data=PeerData(args.seed, args.rows, args.peers, args.features, args.model),
+                     timeout_s=args.timeout, on_poll=poll)
+    w = result.model["w"]
+    x, y = generate(np.random.default_rng([args.seed, 1299709]), 5000, w_star, args.model)
+    out = {"loss": loss(w, x, y, args.model),
+           "weight_error": float(np.linalg.norm(w - w_star) / np.linalg.norm(w_star)),
+           "steps_per_worker": list(result.steps.values()), "updates": result.updates,
+           "seconds": result.seconds}
+    return out, trace.rows if trace is not None else []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="actorpy p2p-sgd",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, default=4, help="peers (default 4); several "
+                        "per worker when there are more peers than workers")
+    parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
+    group = parser.add_argument_group("barrier")
+    group.add_argument("--barrier", choices=BARRIERS, default="pssp", help="default pssp")
+    group.add_argument("--staleness", type=int, default=4, help="s for ssp, pssp (default 4)")
+    group.add_argument("--sample", type=int, default=2,
+                       help="peers sampled by pbsp and pssp (default 2)")
+    parser.add_argument("--steps", type=int, default=300, help="steps per peer (default 300)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default 0.1 linear, 1.0 logistic)")
+    parser.add_argument("--decay", type=float, default=None,
+                        help="lr / sqrt(1 + updates of w / DECAY) (default: none for linear, "
+                             "100 for logistic)")
+    parser.add_argument("--batch", type=int, default=32, help="minibatch per peer (default 32)")
+    parser.add_argument("--replication", type=int, default=3,
+                        help="peers holding each key (default 3)")
+    parser.add_argument("--rpc-timeout", type=float, default=0.5,
+                        help="overlay RPC timeout in seconds (default 0.5)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
+    parser.add_argument("--features", type=int, default=100, help="default 100")
+    parser.add_argument("--target", type=float, default=None,
+                        help="a peer stops early once the w it last read has a weight error "
+                             "below this")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+    parser.add_argument("--plot", metavar="FILE", help="save the training curves (png)")
+    apputil.add_cluster_arguments(parser, default_workers=2)
+    return parser
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.lr is None:
+        args.lr = 0.1 if args.model == "linear" else 1.0
+    if args.decay is None and args.model == "logistic":
+        args.decay = 100.0
+    if min(args.peers, args.steps, args.batch, args.rows, args.features) < 1:
+        raise ConfigError("--peers, --steps, --batch, --rows and --features must be >= 1")
+    args.compare, args.high = None, None
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    [(label, barrier)] = barriers_from_args(args)
+    with apputil.connect_from_args(args, task_threads=2) as cluster:
+        result, trace = train(cluster, args, barrier)
+    if args.plot:
+        plot_curves(args.plot, [(label, trace)], "loss", "held-out loss")
+    if args.json:
+        apputil.print_json(result)
+    else:
+        print(f"{label} on {args.peers} peers: loss {result['loss']:.4g}  weight error "
+              f"{result['weight_error']:.4f}  updates {result['updates']}  "
+              f"{result['seconds']:.2f} s  steps per peer {result['steps_per_worker']}",
+              file=sys.stdout)
+    return 0
+
+
+def demo() -> None:
+    """`actorpy demo`: P2P SGD on 4 peers, no server."""
+    import actorpy
+
+    print("\npeer-to-peer: linear regression on 4 peers over a Kademlia overlay, no server")
+    args = parse(["--peers", "4", "--steps", "150", "--barrier", "pssp"])
+    started = time.monotonic()
+    with actorpy.connect(workers=2, task_threads=2) as cluster:
+        result, _ = train(cluster, args, barriers_from_args(args)[0][1])
+    print(f"  pssp:2:4 weight error {result['weight_error']:.4f}  {result['updates']} updates "
+          f"in {result['seconds']:.2f} s ({time.monotonic() - started:.1f} s in all)  "
+          f"steps per peer {result['steps_per_worker']}")
+    print("  (try `actorpy p2p-sgd --peers 8 --barrier bsp`)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

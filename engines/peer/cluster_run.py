@@ -1,0 +1,230 @@
+"""A P2P job on a cluster's workers: ``Job.run(cluster, peers=N, init=...)``.
+
+The driver only places and starts the peers and reads the result: it starts N
+``PeerService``s round-robin over the workers (several per worker when N exceeds them),
+joins each through the first one, stores the initial model on the overlay, starts every
+runner, waits until every live peer's stop said so, and reads the model back from the
+overlay (newest copy among each key's holders). Training itself never touches the driver.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, RemoteError
+
+from .context import JobSpec
+from .kademlia.events import KademliaConfig
+from .runner import Phase
+from .shell import PeerKind, PeerService
+
+log = logging.getLogger(__name__)
+
+CALL_S = 30.0
+
+
+@dataclass
+class RunResult:
+    """What a job on a cluster ends with.
+
+    Attributes:
+        model: key -> final value, read from the overlay. clocks: key -> its version clock.
+        steps: peer address -> steps it completed (lost peers: their last report).
+        seconds: wall time from starting the runners until every live peer stopped.
+        updates: pushes folded in by the owners, over all keys (a lost owner: up to its
+            last report).
+        lost: addresses of peers whose worker went away during the run.
+        rejected: overlay messages the peers dropped as malformed or unauthenticated.
+    """
+
+    model: dict[str, Any]
+    clocks: dict[str, int]
+    steps: dict[str, int]
+    seconds: float
+    updates: int
+    lost: list[str]
+    rejected: int
+
+
+def start_peers(cluster: Any, n: int, config: KademliaConfig, seed: int = 0,
+                spec: JobSpec | None = None, data: Callable[[int], Any] | None = None, *,
+                name: str = "overlay") -> tuple[list[Any], list[tuple[int, str]]]:
+    """Start ``n`` ``PeerService``s round-robin over the cluster's workers and join them
+    into one overlay; returns their refs and ``(kademlia id, address)``s.
+
+    Raises:
+        ActorpyError: the cluster has no workers.
+    """
+    workers = cluster.workers()
+    if not workers:
+        raise ActorpyError("the cluster has no workers: add some (cluster.add_workers)")
+    refs = [cluster.start_service(PeerService, config, seed, i, spec, data,
+                                  node=workers[i % len(workers)], name=f"peer/{name}/{i}")
+            for i in range(n)]
+    infos = [cluster.call(r, PeerKind.INFO, timeout_s=CALL_S) for r in refs]
+    for ref in refs[1:]:
+        cluster.call(ref, PeerKind.JOIN, infos[0], timeout_s=CALL_S)
+    if n > 2:   # the first peers learn of the later ones too
+        cluster.call(refs[0], PeerKind.JOIN, infos[-1], timeout_s=CALL_S)
+    return refs, infos
+
+
+class ClusterRun:
+    """A ``peer.Job`` on a running cluster (see the module docstring).
+
+    Args:
+        job: the ``peer.Job``.
+        cluster: a driver ``Cluster`` (embedded or joined).
+        peers: how many peers.
+        init: key -> initial value.
+        data: ``data(index)`` -> what peer ``index`` finds in ``ctx.data`` (shipped to it).
+        timeout_s: give up (``ActorpyTimeout``) after this long.
+        poll_s: how often the driver asks the peers how far they are.
+        on_poll: ``on_poll(run, seconds)`` after each poll while training (a monitor: it
+            may read keys with ``run.read``); its cost delays only the driver.
+    """
+
+    def __init__(self, job: Any, cluster: Any, peers: int, init: dict[str, Any], *,
+                 data: Callable[[int], Any] | None = None, timeout_s: float = 300.0,
+                 poll_s: float = 0.05,
+                 on_poll: Callable[[ClusterRun, float], None] | None = None) -> None:
+        if peers < 1:
+            raise ActorpyError(f"a P2P job needs at least one peer, got {peers}")
+        self.job = job
+        self.spec = job.spec()
+        self.cluster = cluster
+        self.n = peers
+        self.init = dict(init)
+        self.data = data
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.refs: list[Any] = []
+        self.addresses: list[str] = []
+        self.lost: set[int] = set()
+        self.last: dict[int, dict[str, Any]] = {}
+        self.on_poll = on_poll
+        self.started = 0.0
+        self._stop = threading.Event()
+
+    def start_peers(self) -> None:
+        """Start the services and build the overlay (each joins through peer 0)."""
+        self.refs, infos = start_peers(self.cluster, self.n, self.job.config, self.job.seed,
+                                       self.spec, self.data, name=f"{self.spec.name}/{id(self):x}")
+        self.addresses = [a for _, a in infos]
+
+    def run(self) -> RunResult:
+        """Place the peers, seed the model, train, read the model back.
+
+        Raises:
+            RemoteError: a peer's callback raised (its type, message and traceback).
+            ActorpyTimeout: not finished within ``timeout_s``.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            self.start_peers()
+            self.cluster.call(self.refs[0], PeerKind.SEED, self.init, timeout_s=CALL_S)
+            for name in self.init:      # the seed is on its holders before anyone reads it
+                self._wait(lambda n=name: self.read(n) is not None, deadline, f"seed {name}")
+            started = self.started = time.monotonic()
+            for ref in self.refs:
+                self.cluster.call(ref, PeerKind.START, False, timeout_s=CALL_S)
+            self._wait(self._finished, deadline, "every peer to stop")
+            seconds = time.monotonic() - started
+            model, clocks = {}, {}
+            for name in self.init:
+                got = self.read(name)
+                if got is None:
+                    raise ActorpyError(f"key {name!r} is on no live peer: lost")
+                model[name], clocks[name] = got
+            live = [s for i, s in self.last.items() if i not in self.lost]
+            return RunResult(model=model, clocks=clocks,
+                             steps={s["address"]: s["step"] for s in self.last.values()},
+                             seconds=seconds, updates=self.updates(),
+                             lost=[self.addresses[i] for i in sorted(self.lost)],
+                             rejected=sum(s["rejected"] for s in live))
+        finally:
+            self.stop()
+
+    def add_peer(self, node: Any = None) -> str:
+        """A new peer joins the overlay (through a live peer) and the running job, catching
+        up to the highest step it finds; returns its address. Call it from ``on_poll``.
+
+        Raises:
+            ActorpyError: no live peer to join through.
+        """
+        live = [i for i in range(len(self.refs)) if i not in self.lost]
+        if not live:
+            raise ActorpyError("no live peer to join the job through")
+        workers = self.cluster.workers()
+        index = len(self.refs)
+        ref = self.cluster.start_service(
+            PeerService, self.job.config, self.job.seed, index, self.spec, self.data,
+            node=node if node is not None else workers[index % len(workers)],
+            name=f"peer/{self.spec.name}/{id(self):x}/{index}")
+        contact = self.cluster.call(self.refs[live[0]], PeerKind.INFO, timeout_s=CALL_S)
+        self.cluster.call(ref, PeerKind.JOIN, contact, timeout_s=CALL_S)
+        _, address = self.cluster.call(ref, PeerKind.INFO, timeout_s=CALL_S)
+        self.refs.append(ref)
+        self.addresses.append(address)
+        self.cluster.call(ref, PeerKind.START, True, timeout_s=CALL_S)
+        return address
+
+    def read(self, name: str) -> tuple[Any, int] | None:
+        """``(value, clock)`` of key ``name`` read through a live peer, or None."""
+        for i, ref in enumerate(self.refs):
+            if i in self.lost:
+                continue
+            try:
+                return self.cluster.call(ref, PeerKind.GET, name, timeout_s=CALL_S)
+            except (NodeLost, RemoteError) as exc:
+                log.info("reading %r through peer %d failed (%s); trying another", name, i, exc)
+                self.lost.add(i)
+        raise ActorpyError(f"no live peer left to read {name!r} from")
+
+    def status(self) -> dict[int, dict[str, Any]]:
+        """Every live peer's report; a peer whose worker went away is marked lost."""
+        for i, ref in enumerate(self.refs):
+            if i in self.lost:
+                continue
+            try:
+                self.last[i] = self.cluster.call(ref, PeerKind.STATUS, timeout_s=CALL_S)
+            except (NodeLost, RemoteError, TimeoutError) as exc:
+                log.warning("peer %s is gone (%s); the job goes on without it",
+                            self.addresses[i] if self.addresses else i, exc)
+                self.lost.add(i)
+        return {i: s for i, s in self.last.items() if i not in self.lost}
+
+    def _finished(self) -> bool:
+        live = self.status()
+        if not live:
+            raise ActorpyError("every peer of the job is gone")
+        for s in live.values():
+            if s["phase"] == Phase.FAILED:
+                kind, message, trace = s["error"] or ("Error", "failed", "")
+                raise RemoteError(kind, message, trace, s["address"])
+        done = all(s["phase"] == Phase.DONE for s in live.values())
+        if self.on_poll is not None and not done:
+            self.on_poll(self, time.monotonic() - self.started)
+        return done
+
+    def updates(self) -> int:
+        """Pushes folded in so far by every owner (a lost one: up to its last report)."""
+        return sum(sum(s["applied"].values()) for s in self.last.values())
+
+    def _wait(self, done: Callable[[], bool], deadline: float, what: str) -> None:
+        while not done():
+            if time.monotonic() > deadline or self._stop.wait(self.poll_s):
+                raise ActorpyTimeout(f"P2P job {self.spec.name!r}: timed out waiting for "
+                                     f"{what}; steps: {[s['step'] for s in self.last.values()]}")
+
+    def stop(self) -> None:
+        """Stop every peer service still running."""
+        for i, ref in enumerate(self.refs):
+            if i not in self.lost:
+                try:
+                    self.cluster.stop_service(ref)
+                except Exception as exc:  # noqa: BLE001 - best effort at the end
+                    log.debug("stopping peer %d: %s", i, exc)

@@ -1,0 +1,232 @@
+"""The one place where a peer meets the runtime: ``PeerService``, a core service that
+drives one ``Peer`` (its Kademlia node and, in a job, its runner).
+
+- Its overlay address is ``"<node id>/<service id>"``. A received overlay message is handed
+  to the node under the address built from the envelope's *authenticated* sender node and
+  sender service, never from anything in the payload.
+- Overlay messages travel as ``PeerKind.OVERLAY`` casts whose payload is
+  ``(rpc.encode(message), [value buffers])``: the tuple holds only plain values and the
+  buffers are uint8 arrays, which the core's serde sends out of band (no copy, no pickle).
+- Each ``SetTimer`` becomes a ``ctx.schedule`` timer on the service thread; stale timers are
+  no-ops in the node, so none is ever cancelled.
+- A message that the node refuses (``ProtocolError``: malformed, oversize, impostor) is
+  dropped with one WARNING naming the sender. A sender that is in the routing table (a
+  peer answering with garbage) is dropped from it too; any other sender leaves the table as
+  it was. An unsolicited answer (mostly one after its RPC timeout) is only counted.
+- The driver's control kinds (``INFO``, ``JOIN``, ``SET``, ``GET``, ``START``, ``STATUS``,
+  ``LEAVE``) are requests answered when the node's operation is ``Done`` (deferred replies).
+"""
+from __future__ import annotations
+
+import logging
+import random
+from enum import IntEnum
+from typing import Any, Callable
+
+import numpy as np
+
+from actorpy.errors import ActorpyError, ProtocolError
+from actorpy.ids import NodeId
+from actorpy.runtime.context import ServiceRef
+from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
+
+from .context import JobSpec
+from .kademlia import rpc
+from .kademlia.events import Done, Effects, KademliaConfig
+from .kademlia.ids import KadId, key_id, random_id
+from .kademlia.node import KademliaNode
+from .kademlia.routing import Contact
+from .peer import Peer
+from .runner import PeerRunner, Phase
+
+log = logging.getLogger(__name__)
+
+
+class PeerKind(IntEnum):
+    """Messages to a peer service."""
+
+    OVERLAY = 1   # peer -> peer (cast): (rpc.encode(msg), [value buffers])
+    INFO = 2      # driver -> peer: (kademlia id, overlay address)
+    JOIN = 3      # driver -> peer: join through (id, address); reply: contacts found
+    SET = 4       # driver -> peer: (name, value); reply: the clock written
+    GET = 5       # driver -> peer: name; reply: (value, clock) or None (newest copy)
+    START = 6     # driver -> peer: catch_up; start the job's runner
+    STATUS = 7    # driver -> peer: dict of phase, step, updates applied, error
+    LEAVE = 8     # driver -> peer: hand stored keys on, tell every contact; reply: done
+    SEED = 9      # driver -> peer: init dict, stored at clock 0
+    FIND = 10     # driver -> peer: id to look up; reply: (contacts found, rounds, seconds)
+    LOOKUP = 11   # driver -> peer: key name (FIND_VALUE, first copy found); reply:
+                  # (found, rounds, seconds)
+
+
+def address_of(ref: ServiceRef) -> str:
+    """A service's overlay address: ``"<node id>/<service id>"``."""
+    return f"{ref.node}/{ref.service}"
+
+
+def ref_of(address: str) -> ServiceRef:
+    """The service behind an overlay address (the inverse of ``address_of``)."""
+    node, _, service = address.rpartition("/")
+    return ServiceRef(NodeId(node), int(service))
+
+
+def wire_payload(message: Any) -> tuple[tuple, list[np.ndarray]]:
+    """What an overlay cast carries: the plain tuple and the value buffers (zero-copy)."""
+    return rpc.encode(message), [np.frombuffer(f, dtype=np.uint8)
+                                 for f in rpc.value_frames(message)]
+
+
+class PeerService(Service):
+    """One peer on a worker (see the module docstring).
+
+    Args:
+        ctx: the service context.
+        config: the overlay's settings.
+        seed: seeds this peer's Kademlia id and its node's rng (with ``index``).
+        index: the peer's index in its job (its runner's rng and data).
+        spec: the job to run, or None for a bare overlay peer.
+        data: ``data(index)`` -> what the runner finds in ``ctx.data``.
+    """
+
+    def __init__(self, ctx: ServiceContext, config: KademliaConfig, seed: int = 0,
+                 index: int = 0, spec: JobSpec | None = None,
+                 data: Callable[[int], Any] | None = None) -> None:
+        super().__init__(ctx)
+        self.clock = ctx.clock
+        self.address = address_of(ctx.ref)
+        rng = random.Random(f"{seed}/{index}/{self.address}")
+        node = KademliaNode(random_id(rng), self.address, config,
+                            rng=random.Random(rng.getrandbits(64)), now=self.clock.now())
+        runner = None
+        if spec is not None:
+            runner = PeerRunner(spec, node, index, data(index) if data is not None else None)
+        self.peer = Peer(node, runner)
+        self.rejected = 0       # malformed or unauthenticated overlay messages dropped
+        self.late = 0           # unsolicited answers (mostly after their rpc timeout)
+        self._waiting: dict[int, tuple[Reply, Callable[[Done], Any]]] = {}
+        self.perform(node.start(self.clock.now()))
+
+    # ------------------------------------------------------------------ effects
+    def perform(self, eff: Effects) -> None:
+        """Send, arm timers, and answer the driver's operations that finished."""
+        for send in eff.sends:
+            try:
+                ref = ref_of(send.address)
+            except ValueError:
+                log.warning("%s: no such peer address %r; message dropped", self.address,
+                            send.address)
+                continue
+            self.ctx.cast(ref, PeerKind.OVERLAY, wire_payload(send.message))
+        for timer in eff.timers:
+            self.ctx.schedule(timer.delay_s, self._fire, timer.kind, timer.token)
+        for done in eff.done:
+            waiting = self._waiting.pop(done.op_id, None)
+            if waiting is not None:
+                reply, answer = waiting
+                try:
+                    reply.send(answer(done))
+                except Exception as exc:  # noqa: BLE001 - the driver gets the error
+                    reply.fail(exc)
+
+    def _fire(self, kind: Any, token: int) -> None:
+        self.perform(self.peer.on_timer(kind, token, self.clock.now()))
+
+    def _op(self, env: Envelope, started: tuple[int, Effects],
+            answer: Callable[[Done], Any]) -> None:
+        op_id, eff = started
+        self._waiting[op_id] = (env.defer(), answer)
+        self.perform(self.peer.route(eff, self.clock.now()))
+
+    # ------------------------------------------------------------------ overlay
+    @handles(PeerKind.OVERLAY)
+    def overlay(self, payload: Any, env: Envelope) -> None:
+        sender = address_of(env.sender_ref)   # authenticated: the header, not the payload
+        try:
+            if type(payload) is not tuple or len(payload) != 2 or type(payload[1]) is not list:
+                raise ProtocolError("an overlay message is (wire tuple, [value buffers])")
+            eff = self.peer.receive(sender, payload[0], self.clock.now(), payload[1])
+        except ProtocolError as exc:
+            if str(exc).startswith("unsolicited"):
+                # most often an answer that came after its rpc timeout: not an attack
+                self.late += 1
+                log.debug("peer %s dropped a message from %s: %s", self.address, sender, exc)
+                return
+            self.rejected += 1
+            now = self.clock.now()
+            was_contact, eff = self.peer.node.drop_contact(sender, now)
+            log.warning("peer %s dropped a message from %s%s: %s", self.address, sender,
+                        " and dropped it from the routing table" if was_contact else "", exc)
+            self.perform(self.peer.route(eff, now))
+            return
+        self.perform(eff)
+
+    # ------------------------------------------------------------------ driver
+    @handles(PeerKind.INFO)
+    def info(self, _: Any, env: Envelope) -> tuple[int, str]:
+        return int(self.peer.node.node_id), self.address
+
+    @handles(PeerKind.JOIN)
+    def join(self, contact: tuple[int, str], env: Envelope) -> None:
+        node_id, address = contact
+        self._op(env, self.peer.node.join([Contact(KadId(node_id), address)],
+                                          self.clock.now()),
+                 lambda done: len(done.contacts))
+
+    @handles(PeerKind.SET)
+    def set(self, item: tuple[str, Any], env: Envelope) -> None:
+        name, value = item
+        self._op(env, self.peer.node.set(key_id(name), value, self.clock.now()),
+                 lambda done: done.clock)
+
+    @handles(PeerKind.SEED)
+    def seed(self, init: dict[str, Any], env: Envelope) -> int:
+        now = self.clock.now()
+        for name, value in init.items():
+            op_id, eff = self.peer.node.set(key_id(name), value, now, clock=0)
+            self.perform(self.peer.route(eff, now))
+        return len(init)
+
+    @handles(PeerKind.GET)
+    def get(self, name: str, env: Envelope) -> None:
+        def answer(done: Done) -> tuple[Any, int] | None:
+            return None if done.blob is None else (np.array(done.value), done.clock)
+        self._op(env, self.peer.node.get(key_id(name), self.clock.now(), newest=True), answer)
+
+    @handles(PeerKind.FIND)
+    def find(self, target: int, env: Envelope) -> None:
+        self._op(env, self.peer.node.find_node(KadId(target), self.clock.now()),
+                 lambda done: (len(done.contacts), done.rounds, done.elapsed_s))
+
+    @handles(PeerKind.LOOKUP)
+    def lookup(self, name: str, env: Envelope) -> None:
+        self._op(env, self.peer.node.get(key_id(name), self.clock.now()),
+                 lambda done: (done.blob is not None, done.rounds, done.elapsed_s))
+
+    @handles(PeerKind.START)
+    def start(self, catch_up: bool, env: Envelope) -> None:
+        runner = self._runner()
+        now = self.clock.now()
+        self.perform(self.peer.route(runner.start(now, bool(catch_up)), now))
+
+    @handles(PeerKind.STATUS)
+    def status(self, _: Any, env: Envelope) -> dict[str, Any]:
+        runner = self.peer.runner
+        node = self.peer.node
+        return {"address": self.address, "rejected": self.rejected, "late": self.late,
+                "table": sorted(c.address for c in node.routing.contacts()),
+                "keys": sorted(int(k) for k in node.storage.keys()),
+                "phase": int(runner.phase) if runner else int(Phase.IDLE),
+                "step": runner.step if runner else 0,
+                "applied": dict(runner.owner.applied) if runner else {},
+                "error": runner.error if runner else None}
+
+    @handles(PeerKind.LEAVE)
+    def leave(self, _: Any, env: Envelope) -> None:
+        if self.peer.runner is not None:
+            self.peer.runner.phase = Phase.DONE
+        self._op(env, self.peer.node.leave(self.clock.now()), lambda done: len(done.stored_on))
+
+    def _runner(self) -> PeerRunner:
+        if self.peer.runner is None:
+            raise ActorpyError(f"peer {self.address} runs no job: start it with a JobSpec")
+        return self.peer.runner

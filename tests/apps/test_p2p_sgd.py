@@ -1,0 +1,54 @@
+"""``actorpy p2p-sgd`` in real worker processes: the CLI's JSON, and training that reaches
+the target although the worker of the peer owning the model is SIGKILLed mid-run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import actorpy
+from apps import p2p_sgd
+from apps.training import barriers_from_args
+
+
+class TestCli:
+    def test_json_has_exactly_the_sgd_fields(self, capsys):
+        assert p2p_sgd.main(["--peers", "4", "--steps", "150", "--barrier", "pssp",
+                             "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert set(out) == {"loss", "weight_error", "steps_per_worker", "updates", "seconds"}
+        assert out["steps_per_worker"] == [150] * 4
+        assert out["updates"] == 4 * 150            # each push folded into w once
+        assert out["weight_error"] < 0.05 and out["seconds"] > 0
+
+    def test_target_stops_the_peers_early(self, capsys):
+        assert p2p_sgd.main(["--peers", "3", "--steps", "5000", "--target", "0.02",
+                             "--barrier", "asp", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert max(out["steps_per_worker"]) < 5000     # stopped on the target, not steps
+        assert out["weight_error"] < 0.03               # the model read after they stopped
+
+
+class TestKilledPeer:
+    def test_owner_sigkilled_mid_run_and_training_still_reaches_the_target(self):
+        args = p2p_sgd.parse(["--peers", "4", "--steps", "400", "--barrier", "pssp",
+                              "--timeout", "120"])
+        killed: dict[str, str] = {}
+
+        def kill_the_owner(run, seconds):
+            if killed or not run.last or min(s["step"] for s in run.last.values()) < 60:
+                return
+            owner = max(run.last, key=lambda i: sum(run.last[i]["applied"].values()))
+            ref = run.refs[owner]
+            pids = {r["node_id"]: r["pid"] for r in run.cluster.nodes()}
+            killed["address"] = run.addresses[owner]
+            os.kill(pids[ref.node], signal.SIGKILL)
+
+        with actorpy.connect(workers=4, dead_after_s=1.0) as cluster:
+            barrier = barriers_from_args(args)[0][1]
+            result, _ = p2p_sgd.train(cluster, args, barrier, on_poll=kill_the_owner)
+        assert killed, "the owner was never killed"
+        assert result["weight_error"] < 0.02           # the model key was not lost
+        steps = sorted(result["steps_per_worker"])
+        assert steps[1:] == [400, 400, 400]             # the survivors finished
+        assert 60 <= steps[0] < 400                     # the victim died mid-run

@@ -1,0 +1,190 @@
+"""The shell on a real (embedded) cluster: peers as core services, the overlay over the wire,
+keys surviving lost holders, hostile messages dropped, a job trained through ``Job.run``."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import actorpy
+from actorpy.barrier import PSP
+from engines.peer.cluster_run import start_peers
+from engines.peer.kademlia import rpc
+from engines.peer.kademlia.events import KademliaConfig
+from engines.peer.kademlia.ids import key_id
+from engines.peer.kademlia.messages import Ping
+from actorpy.runtime.service import handles
+from engines.peer.shell import PeerKind, PeerService, address_of, ref_of, wire_payload
+from tests.conftest import wait_until
+from tests.peer.test_job import init, linreg, shard, weight_error
+
+CONFIG = KademliaConfig(rpc_timeout_s=0.5, replica_check_s=0.3, replication=3,
+                        refresh_on_join=False)
+CALL_S = 30
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with actorpy.connect(workers=2) as c:
+        yield c
+
+
+def _status(cluster, ref):
+    return cluster.call(ref, PeerKind.STATUS, timeout_s=CALL_S)
+
+
+class TestAddresses:
+    def test_address_round_trips_to_the_service(self):
+        ref = ref_of("w-0123abcd/7")
+        assert (ref.node, ref.service) == ("w-0123abcd", 7)
+        assert address_of(ref) == "w-0123abcd/7"
+
+
+class TestOverlay:
+    def test_value_set_from_one_peer_is_read_from_every_other(self, cluster):
+        refs, infos = start_peers(cluster, 6, CONFIG, seed=1, name="read-all")
+        try:
+            value = np.arange(1000, dtype=np.float32).reshape(10, 100)
+            clock = cluster.call(refs[2], PeerKind.SET, ("model", value), timeout_s=CALL_S)
+            assert clock == 0                      # the first version of the key
+            for ref in refs:
+                got, got_clock = cluster.call(ref, PeerKind.GET, "model", timeout_s=CALL_S)
+                np.testing.assert_array_equal(got, value)
+                assert got_clock == clock
+            assert cluster.call(refs[0], PeerKind.GET, "absent", timeout_s=CALL_S) is None
+        finally:
+            for ref in refs:
+                cluster.stop_service(ref)
+
+    def test_key_survives_losing_replication_minus_one_holders(self, cluster):
+        refs, _ = start_peers(cluster, 7, CONFIG, seed=2, name="survive")
+        stopped = set()
+        try:
+            value = np.linspace(0, 1, 64)
+            cluster.call(refs[0], PeerKind.SET, ("w", value), timeout_s=CALL_S)
+            kid = int(key_id("w"))
+
+            def holders(live):
+                return [i for i in live if kid in _status(cluster, refs[i])["keys"]]
+            first = wait_until(lambda: (h := holders(range(7))) and len(h) >= 3 and h,
+                               20, "three holders")
+            assert isinstance(first, list)
+            for i in first[:CONFIG.replication - 1]:     # replication - 1 holders vanish
+                cluster.stop_service(refs[i])
+                stopped.add(i)
+            live = [i for i in range(7) if i not in stopped]
+            for i in live:
+                got, _clock = cluster.call(refs[i], PeerKind.GET, "w", timeout_s=CALL_S)
+                np.testing.assert_array_equal(got, value)
+            # the survivors' replica checks put it back on `replication` live peers
+            wait_until(lambda: len(holders(live)) >= CONFIG.replication, 30,
+                       "the key re-replicated on three live peers")
+        finally:
+            for i, ref in enumerate(refs):
+                if i not in stopped:
+                    cluster.stop_service(ref)
+
+
+class TestHostileMessages:
+    def test_malformed_and_impostor_messages_are_dropped_with_a_warning(self, cluster,
+                                                                        caplog):
+        refs, infos = start_peers(cluster, 3, CONFIG, seed=3, name="hostile")
+        # the target runs on the driver's node, so its log records reach this process
+        target = cluster.start_service(PeerService, CONFIG, 3, 9, node=cluster.node_id,
+                                       name="peer/hostile/target")
+        try:
+            cluster.call(target, PeerKind.JOIN, infos[0], timeout_s=CALL_S)
+            before = _status(cluster, target)
+            assert len(before["table"]) == 3
+            known_id, known_address = infos[1]
+            garbage = [
+                b"not a tuple", None, 7, {"a": 1}, ((), []), ("x", "y"),
+                ((rpc.PROTOCOL_VERSION,), []),
+                ((99, 1, 1, b"\x00" * 20, 0), []),                  # unknown version
+                ((rpc.PROTOCOL_VERSION, 1, 1, b"\x01", 0), []),     # short id
+                ((rpc.PROTOCOL_VERSION, 1, 1, b"\x00" * 20, 0), [np.zeros(3, np.uint8)]),
+                [[] for _ in range(3)],
+                # a well-formed PING claiming a known peer's id from another address
+                wire_payload(Ping(rpc_id=5, sender_id=known_id, step=0)),
+            ]
+            with caplog.at_level(logging.WARNING, logger="engines.peer.shell"):
+                for payload in garbage:
+                    cluster.cast(target, PeerKind.OVERLAY, payload)
+                wait_until(lambda: _status(cluster, target)["rejected"] == len(garbage), 20,
+                           "every hostile message rejected")
+            after = _status(cluster, target)
+            assert after["table"] == before["table"]
+            assert known_address in after["table"]
+            warnings = [r for r in caplog.records if r.levelno == logging.WARNING
+                        and "dropped a message" in r.getMessage()]
+            assert len(warnings) == len(garbage)
+            # and it still serves the overlay
+            cluster.call(refs[0], PeerKind.SET, ("after", np.ones(4)), timeout_s=CALL_S)
+            got, _ = cluster.call(target, PeerKind.GET, "after", timeout_s=CALL_S)
+            np.testing.assert_array_equal(got, np.ones(4))
+        finally:
+            for ref in [*refs, target]:
+                cluster.stop_service(ref)
+
+
+class TestJobRun:
+    def test_psp_job_on_more_peers_than_workers_trains_to_the_target(self, cluster):
+        job = linreg(PSP(sample=2, staleness=1), steps=60)
+        result = job.run(cluster, peers=5, init=init(), data=shard, timeout_s=120)
+        assert weight_error(result.model) < 0.02
+        assert sorted(result.steps.values()) == [60] * 5
+        assert result.updates == 5 * 60 * 4          # every push folded in once per key
+        assert len({a.split("/")[0] for a in result.steps}) == 2   # spread over both workers
+        assert result.lost == [] and result.rejected == 0
+
+
+class Rogue(PeerService):
+    """A joined peer that, on request, sends garbage to another peer (kind 99)."""
+
+    @handles(99)
+    def send_garbage(self, target, env):
+        self.ctx.cast(target, PeerKind.OVERLAY, (("garbage",), []))
+
+
+class TestGarbageFromAContact:
+    def test_a_contact_sending_garbage_is_dropped_from_the_table(self, cluster, caplog):
+        refs, infos = start_peers(cluster, 2, CONFIG, seed=4, name="rogue")
+        target = cluster.start_service(PeerService, CONFIG, 4, 7, node=cluster.node_id,
+                                       name="peer/rogue/target")
+        rogue = cluster.start_service(Rogue, CONFIG, 4, 8, node=cluster.node_id,
+                                      name="peer/rogue/rogue")
+        try:
+            cluster.call(target, PeerKind.JOIN, infos[0], timeout_s=CALL_S)
+            rogue_info = cluster.call(rogue, PeerKind.INFO, timeout_s=CALL_S)
+            cluster.call(target, PeerKind.JOIN, rogue_info, timeout_s=CALL_S)
+            assert rogue_info[1] in _status(cluster, target)["table"]
+            with caplog.at_level(logging.WARNING, logger="engines.peer.shell"):
+                cluster.cast(rogue, 99, target)
+                wait_until(lambda: _status(cluster, target)["rejected"] == 1, 20,
+                           "the garbage rejected")
+            after = _status(cluster, target)["table"]
+            assert rogue_info[1] not in after
+            assert set(after) == {infos[0][1], infos[1][1]}       # the others stay
+            [warning] = [r for r in caplog.records if "dropped a message" in r.getMessage()]
+            assert "dropped it from the routing table" in warning.getMessage()
+        finally:
+            for ref in [*refs, target, rogue]:
+                cluster.stop_service(ref)
+
+
+class TestJoinMidRun:
+    def test_a_fifth_peer_joining_mid_run_takes_part(self, cluster):
+        job = linreg(PSP(sample=2, staleness=2), steps=150)
+        joined: list[str] = []
+
+        def join_once(run, seconds):
+            if not joined and run.last and min(s["step"] for s in run.last.values()) >= 20:
+                joined.append(run.add_peer())
+
+        result = job.run(cluster, peers=4, init=init(), data=shard, timeout_s=120,
+                         on_poll=join_once)
+        assert joined and joined[0] in result.steps
+        assert result.steps[joined[0]] == 150           # it caught up and finished
+        assert weight_error(result.model) < 0.02
+        assert result.updates > 4 * 150 * 4            # its pushes were folded in too
