@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any, TextIO
 
-from actorpy.errors import ConfigError
+from actorpy.errors import ActorpyError, ConfigError, RemoteError
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, *, default_workers: int = 2,
@@ -64,3 +65,12 @@ def print_json(value: Any, out: TextIO | None = None) -> None:
     out.write(json.dumps(value, ensure_ascii=False))
     out.write("\n")
     out.flush()
+
+
+def error_line(exc: ActorpyError) -> str:
+    """An error as a command-line user wants it: a remote failure without its remote
+    traceback, unless logging is at DEBUG (where the traceback helps)."""
+    if isinstance(exc, RemoteError) and not logging.getLogger().isEnabledFor(logging.DEBUG):
+        return (f"{exc.remote_type}: {exc.remote_message} (on node {exc.node_id}; "
+                "--log-level DEBUG shows the remote traceback)")
+    return str(exc)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from actorpy import log as alog
 from actorpy.config import Config
+from actorpy import apputil
 from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import new_node_id
 from actorpy.runtime.address import node_bind, security_for
@@ -238,7 +239,7 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"actorpy {argv[word]}: {exc}", file=sys.stderr)
             return 2
         except ActorpyError as exc:
-            print(f"actorpy {argv[word]}: {exc}", file=sys.stderr)
+            print(f"actorpy {argv[word]}: {apputil.error_line(exc)}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             return 130

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             result = kmeans(cluster, points, args.k, partitions=args.partitions,
                             iterations=args.iterations, seed=args.seed)
     except ActorpyError as exc:
-        print(f"actorpy kmeans: {exc}", file=sys.stderr)
+        print(f"actorpy kmeans: {apputil.error_line(exc)}", file=sys.stderr)
         return 1
     error = centre_error(result["centres"], true)
     if args.json:

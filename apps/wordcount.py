@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         with apputil.connect_from_args(args) as cluster:
             counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s)
     except ActorpyError as exc:
-        print(f"actorpy wordcount: {exc}", file=sys.stderr)
+        print(f"actorpy wordcount: {apputil.error_line(exc)}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - t0
     if args.json:

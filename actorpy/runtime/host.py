@@ -30,6 +30,9 @@ from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 log = logging.getLogger(__name__)
 
+#: how the reason of a service stopped on purpose reads (not a death: casts to it are quiet)
+_STOPPED = " was stopped ("
+
 _NAME_MAX = 200
 
 
@@ -134,7 +137,7 @@ class ServiceHost:
         if runner is None:
             return False
         log.info("stopping service %s: %s", runner.label, why)
-        runner.reason = f"service {runner.label} was stopped ({why})"
+        runner.reason = f"service {runner.label}{_STOPPED}{why})"
         self._ids.release(sid, runner.reason)
         self._unbind(runner)
         runner.stop()
@@ -219,7 +222,8 @@ class ServiceHost:
             reason = self._ids.reason(sid)
             if reason is None:
                 return False  # never heard of it: the node reports an unknown service
-            self._refuse(msg, sid, ServiceDead(reason))
+            # A cast to a service stopped on purpose (a job ended) is normal: not a warning.
+            self._refuse(msg, sid, ServiceDead(reason), quiet=_STOPPED in reason)
             return True
         outcome = runner.mailbox.offer(msg, sum(len(f) for f in msg.frames))
         if outcome is Offer.FULL:
@@ -233,12 +237,15 @@ class ServiceHost:
                                                or f"service {runner.label} is stopping"))
         return True
 
-    def _refuse(self, msg: wm.Message, sid: int, exc: Exception) -> None:
+    def _refuse(self, msg: wm.Message, sid: int, exc: Exception, quiet: bool = False) -> None:
         if msg.header.request_id:
             try:
                 self.node.reply_error(msg, exc, from_service=sid)
             except ActorpyError as err:
                 log.debug("could not refuse a request from %s: %s", msg.sender, err)
+            return
+        if quiet:
+            log.debug("dropped a cast of kind %d from %s: %s", msg.kind, msg.sender, exc)
             return
         allowed, held = self._throttle.allow((sid, type(exc)))
         if allowed:

@@ -41,3 +41,16 @@ def test_print_json_is_one_document():
                                          (["--log-level", "INFO"], None), ([], None)])
 def test_command_word_skips_global_options(argv, index):
     assert _command_index(argv) == index
+
+
+def test_remote_errors_are_one_line_unless_debugging(caplog):
+    import logging
+
+    from actorpy.errors import RemoteError
+    exc = RemoteError("ValueError", "bad input", "Traceback ...\n  File x\n", "w-1")
+    with caplog.at_level(logging.WARNING, logger=""):
+        line = apputil.error_line(exc)
+    assert "\n" not in line and "bad input" in line and "--log-level DEBUG" in line
+    with caplog.at_level(logging.DEBUG, logger=""):
+        assert "Traceback" in apputil.error_line(exc)
+    assert apputil.error_line(ConfigError("x")) == "x"

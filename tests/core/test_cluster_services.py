@@ -231,3 +231,23 @@ class TestCancel:
         assert stream.future.cancel() is True
         # The task returns once flagged; the next task on the same thread runs at once.
         assert cluster.submit_to(w, lambda: "next").result(20) == "next"
+
+
+def test_late_casts_to_a_stopped_service_are_quiet_to_a_dead_one_loud(cluster, caplog):
+    """A job that ends stops its services on purpose, and casts still on their way to them
+    are normal (DEBUG); casts to a service that died are a WARNING."""
+    import logging
+
+    stopped = cluster.start_service(Counter, node=cluster.node_id)
+    died = cluster.start_service(Counter, node=cluster.node_id)
+    assert cluster.stop_service(stopped)
+    with pytest.raises((RemoteError, ServiceDead)):
+        cluster.call(died, DIE, None, timeout_s=10)
+    with caplog.at_level(logging.DEBUG, logger="actorpy.runtime.host"):
+        cluster.cast(stopped, ADD, 1)
+        cluster.cast(died, ADD, 1)
+        wait_until(lambda: sum("dropped a cast" in r.getMessage() for r in caplog.records) >= 2,
+                   10, "both casts to be refused")
+    levels = {("was stopped" in r.getMessage()): r.levelno for r in caplog.records
+              if "dropped a cast" in r.getMessage()}
+    assert levels == {True: logging.DEBUG, False: logging.WARNING}

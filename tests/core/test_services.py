@@ -463,3 +463,4 @@ class TestDispatch:
         assert a.call(ref, ECHO, "hi", timeout_s=10) == "HI"
         a.cast(ref, PING, 3)
         wait_until(lambda: a.call(ref, LOG, timeout_s=10), 5, "the inherited PING handler")
+
