@@ -22,7 +22,8 @@ import numpy as np
 
 from actorpy import apputil
 from actorpy.errors import ConfigError
-from apps.sgd import generate, gradient, loss, true_weights
+# Pull is the PS app's: an owner's store has the same get/set as the server's.
+from apps.sgd import Pull, generate, gradient, loss, true_weights
 from apps.training import barriers_from_args, plot_curves
 from engines import peer
 
@@ -57,18 +58,6 @@ class Push:
                                / np.linalg.norm(self.w_star))
         i = ctx.rng.integers(0, len(y), self.batch)
         return {"w": gradient(values["w"], x[i], y[i], self.model)}
-
-
-class Pull:
-    """On w's owner: ``w -= lr_t * g``, ``lr_t = lr / sqrt(1 + clock / decay)``."""
-
-    def __init__(self, lr: float, decay: float | None = None) -> None:
-        self.lr, self.decay = lr, decay
-
-    def __call__(self, store: peer.OwnerStore, updates: dict[str, Any]) -> None:
-        w, clock = store.get("w")
-        lr = self.lr if not self.decay else self.lr / np.sqrt(1.0 + clock / self.decay)
-        store.set("w", w - np.float32(lr) * updates["w"])
 
 
 class StopAfter:
