@@ -15,15 +15,16 @@ from actorpy.ids import NodeId
 
 
 class ParamKind(IntEnum):
-    """Messages to a server shard (and, for SHARDS, to the job's driver)."""
+    """Messages to a server shard, and (SHARDS, CANCEL) to the job's conductor on the
+    driver."""
 
     JOIN = 1      # worker -> shard: enter the barrier; reply: Reply (deferred at the start)
     PUSH = 2      # worker -> shard: Push; reply: Reply, deferred until the barrier allows
-    LEAVE = 3     # driver -> shard (cast): a worker ended, died or was released
     HALT = 4      # driver -> shard: stop now; every held worker is answered FINISH
     MODEL = 5     # driver -> shard: the shard's keys -> values (halts first if asked to)
     STATS = 6     # driver/tests -> shard: steps table and counters
-    SHARDS = 7    # worker -> driver: the shard refs, once newer than a generation
+    SHARDS = 7    # worker -> conductor: the shard refs, once newer than a generation
+    CANCEL = 8    # Run.cancel -> conductor (cast): stop the job now
 
 
 class Status(IntEnum):
