@@ -113,7 +113,7 @@ class Conductor(Service):
             self._statuses[worker] = result.status.name
             if result.status == Status.FINISH:
                 self._stopped = True
-                self._halt_shards()
+                self._halt_shards(result.stopped_at)
             elif result.status == Status.RELEASED:
                 log.warning("job %s: worker %s released as a persistent straggler",
                             self.name, worker)
@@ -165,7 +165,8 @@ class Conductor(Service):
                                  "survive this"))
             return
         live = [w for w in self.ctx.workers() if w != run.hosts[i]]
-        spare = [w for w in live if w not in run.hosts] or live
+        free = [w for w in live if w not in run.hosts]
+        spare = [w for w in free if w not in self._running] or free or live
         if not spare:
             self._fail(JobFailed(f"server shard {i} was lost and no live worker can host it"))
             return
@@ -196,14 +197,16 @@ class Conductor(Service):
                 keep.append((generation, reply))
         self._parked = keep
 
-    def _halt_shards(self) -> None:
+    def _halt_shards(self, at_step: int | None = None) -> None:
+        """Stop every shard: at once, or (the job met its stop condition at ``at_step``)
+        once their workers reached that step, so all shards end on the same round."""
         if self._halted:
             return
         self._halted = True
         for ref in self.run.shards:
             if not self.ctx.node.is_dead(ref.node):
                 try:
-                    self.ctx.cast(ref, ParamKind.HALT)
+                    self.ctx.cast(ref, ParamKind.HALT, at_step)
                 except ActorpyError as exc:
                     log.debug("could not tell shard %s: %s", ref, exc)
 

@@ -20,7 +20,7 @@ class ParamKind(IntEnum):
 
     JOIN = 1      # worker -> shard: enter the barrier; reply: Reply (deferred at the start)
     PUSH = 2      # worker -> shard: Push; reply: Reply, deferred until the barrier allows
-    HALT = 4      # driver -> shard: stop now; every held worker is answered FINISH
+    HALT = 4      # conductor -> shard: stop (now, or once every worker reached a step)
     MODEL = 5     # driver -> shard: the shard's keys -> values (halts first if asked to)
     STATS = 6     # driver/tests -> shard: steps table and counters
     SHARDS = 7    # worker -> conductor: the shard refs, once newer than a generation
@@ -60,15 +60,12 @@ class Reply:
     step: int = 0
     values: dict[str, Any] | None = None
     batch: int | None = None      # a new batch size (LB-BSP), None to keep the current one
+    stopped_at: int | None = None  # FINISH: the shard's step when it stopped
 
-    def wire(self) -> tuple[int, int, dict[str, Any] | None, int | None]:
+    def wire(self) -> tuple[int, int, dict[str, Any] | None, int | None, int | None]:
         """A plain tuple for the wire (an IntEnum would pickle as a call)."""
-        return (int(self.status), self.step, self.values, self.batch)
+        return (int(self.status), self.step, self.values, self.batch, self.stopped_at)
 
-    @classmethod
-    def from_wire(cls, raw: tuple[int, int, Any, Any]) -> Reply:
-        status, step, values, batch = raw
-        return cls(Status(status), step, values, batch)
 
 
 @dataclass(frozen=True, slots=True)

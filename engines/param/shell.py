@@ -28,6 +28,10 @@ from engines.param.store import Store
 
 log = logging.getLogger(__name__)
 
+#: How long a request for the final model waits for a stop that is due at a step (the
+#: pushes completing that round are already on their way) before the shard stops anyway.
+HALT_WAIT_S = 10.0
+
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -83,6 +87,8 @@ class ShardService(Service):
         self._halted_at: float | None = None
         self._first_push_wall: float | None = None
         self._waiting: dict[NodeId, Reply] = {}
+        self._model_waiting: list[Reply] = []
+        self._force: Any = None
         self._failure: BaseException | None = None
         ctx.subscribe(self._membership)
         for w in sorted(c.expected):   # an expected worker that died before we subscribed
@@ -105,21 +111,29 @@ class ShardService(Service):
         return self._answer(worker, env, lambda: self.core.push(worker, push))
 
     @handles(ParamKind.HALT)
-    def halt(self, _: Any, env: Envelope) -> bool:
-        """Stop now: every held worker is answered FINISH (a request gets True)."""
+    def halt(self, at_step: int | None, env: Envelope) -> bool:
+        """Stop, now (``None``) or once every worker completed ``at_step`` steps (the step
+        where another shard met the stop condition); a request gets True."""
         if self._failure is None:
-            self._guarded(self.core.halt)
+            self._guarded(lambda: self.core.halt(at_step=at_step))
         return True
 
     @handles(ParamKind.MODEL)
-    def model(self, halt_first: bool, env: Envelope) -> dict[str, Any]:
-        """The shard's values; with a true payload halt first (and save a final
-        checkpoint)."""
+    def model(self, halt_first: bool, env: Envelope) -> Any:
+        """The shard's values; with a true payload stop first (and save a final
+        checkpoint). A stop due at a step is waited for, at most ``HALT_WAIT_S``."""
         if halt_first and self._failure is None and self.core.halted is None:
-            self._guarded(self.core.halt)
-            if self._path is not None and self._failure is None:
-                self._save(self.core.snapshot())
+            if self.core.halting:
+                self._model_waiting.append(env.defer())
+                if self._force is None:
+                    self._force = self.ctx.schedule(HALT_WAIT_S, self._halt_now)
+                return None
+            self._halt_now()
         return self.core.model()
+
+    def _halt_now(self) -> None:
+        if self._failure is None and self.core.halted is None:
+            self._guarded(self.core.halt)
 
     @handles(ParamKind.STATS)
     def stats(self, _: Any, env: Envelope) -> dict[str, Any]:
@@ -171,8 +185,6 @@ class ShardService(Service):
         """Send what the core decided; returns ``current``'s own answer, if among them."""
         if self._started_at is None and self.core.started:
             self._started_at = time.monotonic()
-        if self._halted_at is None and self.core.halted is not None:
-            self._halted_at = time.monotonic()
         mine = None
         for action in actions:
             if isinstance(action, Answer):
@@ -184,6 +196,14 @@ class ShardService(Service):
                     reply.send(action.reply.wire())
             elif isinstance(action, CheckpointDue) and self._path is not None:
                 self._save(action.snapshot)
+        if self._halted_at is None and self.core.halted is not None:
+            self._halted_at = time.monotonic()
+            if self._path is not None:   # the final checkpoint
+                self._save(self.core.snapshot())
+        if self._model_waiting and self.core.halted is not None:
+            waiting, self._model_waiting = self._model_waiting, []
+            for reply in waiting:
+                reply.send(self.core.model())
         return mine
 
     def _fail(self, exc: BaseException) -> None:
@@ -192,9 +212,10 @@ class ShardService(Service):
         log.error("shard %d of %s failed: %s", self.spec.config.shard, self.spec.config.job, exc)
         self._failure = exc
         waiting, self._waiting = self._waiting, {}
-        for reply in waiting.values():
+        for reply in [*waiting.values(), *self._model_waiting]:
             if not reply.done:
                 reply.fail(exc)
+        self._model_waiting = []
 
     def _save(self, snapshot: checkpoint.Snapshot) -> None:
         c = self.spec.config

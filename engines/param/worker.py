@@ -76,6 +76,7 @@ class WorkerResult:
     steps: int
     status: Status
     seconds: float
+    stopped_at: int | None = None   # FINISH: the step where the job met its stop condition
 
 
 @dataclass(frozen=True)
@@ -124,17 +125,19 @@ class _Loop:
         replies = self._exchange([(ParamKind.JOIN, (0, t.slot))] * shards)
         while True:
             if shards == 1:
-                status, step, values, batch = replies[0]
+                status, step, values, batch, stopped_at = replies[0]
                 if status != Status.GO:   # the server's count: a push after the stop is not one
-                    return WorkerResult(me, t.slot, step, Status(status), clock() - t0)
+                    return WorkerResult(me, t.slot, step, Status(status), clock() - t0,
+                                        stopped_at)
                 wctx.step = max(wctx.step, step)
                 values = values or {}
             else:
                 end = next((r for r in replies if r[0] != Status.GO), None)
                 if end is not None:
-                    return WorkerResult(me, t.slot, end[1], Status(end[0]), clock() - t0)
+                    return WorkerResult(me, t.slot, end[1], Status(end[0]), clock() - t0,
+                                        end[4])
                 values = {}
-                for _, step, part, _ in replies:
+                for _, step, part, _, _ in replies:
                     values.update(part or {})
                     wctx.step = max(wctx.step, step)
                 batch = replies[0][3]
