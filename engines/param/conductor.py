@@ -165,8 +165,7 @@ class Conductor(Service):
                                  "survive this"))
             return
         live = [w for w in self.ctx.workers() if w != run.hosts[i]]
-        free = [w for w in live if w not in run.hosts]
-        spare = [w for w in free if w not in self._running] or free or live
+        spare = [w for w in live if w not in run.hosts] or live
         if not spare:
             self._fail(JobFailed(f"server shard {i} was lost and no live worker can host it"))
             return

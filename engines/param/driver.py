@@ -121,12 +121,9 @@ class Run:
         self.base_spec = ShardSpec(base, Callbacks(self.job.pull, self.job.schedule,
                                                    self.job.stop),
                                    self.key_map, self.checkpoint_dir, o.resume)
-        # Shards go first on live workers the job does not train on (a server process of
-        # their own, as in ps-lite), then over the training workers.
-        hosts = [w for w in live if w not in pool] + pool
         try:
-            for i in range(o.servers):
-                host = hosts[i % len(hosts)]
+            for i in range(o.servers):   # on training workers: a worker that trains beside
+                host = pool[i % len(pool)]   # its shard talks to it without a socket
                 self.shards.append(self.start_shard(i, host, self.base_spec, pool))
                 self.hosts.append(host)
             self.conductor = self.cluster.start_service(

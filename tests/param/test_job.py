@@ -68,16 +68,6 @@ class TestTraining:
         reference = pb.reference_sgd(SEED, slots=2, steps=25, batch=16, lr=0.1)
         assert np.allclose(np.concatenate([one[f"w{k}"] for k in range(4)]), reference)
 
-    def test_the_shard_goes_on_a_worker_that_does_not_train(self, cluster):
-        trainer, spare = cluster.workers()
-        job = _job(BSP())
-        job.register_stop(pb.StepStop(5))
-        run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=8, timeout_s=60,
-                        workers=[trainer])
-        run.result()
-        assert run.shards[0].node == spare and run.stats.workers == [trainer]
-        assert run.stats.steps_per_worker == [5]
-
     def test_ssp_bound_holds_in_the_servers_table(self, cluster):
         """The schedule callback sees the server's table at every release: record the lead
         of each released worker over the slowest (slot 1 is made 20x slower)."""
