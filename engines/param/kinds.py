@@ -39,17 +39,15 @@ class Status(IntEnum):
 class Push:
     """A worker's step: ``step`` steps completed, updates for this shard's keys.
 
-    On the wire it is a plain tuple (``wire()`` / ``Push(*payload)``): a tuple pickles in
-    half the time of a dataclass, and this message is sent on every step.
+    On the wire it is the plain tuple ``(step, updates, batch, compute_s)`` the worker
+    builds (``Push(*payload)`` on the shard): a tuple pickles in half the time of a
+    dataclass, and this message is sent on every step.
     """
 
     step: int
     updates: dict[str, Any]
     batch: int
     compute_s: float
-
-    def wire(self) -> tuple[int, dict[str, Any], int, float]:
-        return (self.step, self.updates, self.batch, self.compute_s)
 
 
 @dataclass(frozen=True, slots=True)
