@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError("--steps, --batch and --hidden must be >= 1")
     load("test", args.data)   # fail on a bad --data before starting anything
     runs = []
-    with apputil.connect_from_args(args, task_threads=2) as cluster:
+    with apputil.connect_from_args(args) as cluster:
         for label, barrier in barriers_from_args(args):
             result, trace = train(cluster, args, barrier)
             runs.append((label, result, trace))

@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError("--steps, --batch, --rows and --features must be >= 1")
     barriers = barriers_from_args(args)
     runs = []
-    with apputil.connect_from_args(args, task_threads=2) as cluster:
+    with apputil.connect_from_args(args) as cluster:
         for label, barrier in barriers:
             result, trace = train(cluster, args, barrier)
             runs.append((label, result, trace))
@@ -194,7 +194,7 @@ def demo() -> None:
     print("\nparameter server: linear regression, 2 workers, 100 features, 300 steps each")
     args = build_parser().parse_args(["--steps", "300", "--rows", "20000"])
     args.lr, args.decay = 0.1, None
-    with actorpy.connect(workers=2, task_threads=2) as cluster:
+    with actorpy.connect(workers=2) as cluster:
         for label, barrier in barriers_from_args(
                 build_parser().parse_args(["--compare", "bsp", "ssp:4", "asp"])):
             result, _ = train(cluster, args, barrier)

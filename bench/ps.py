@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"  {'':<28} {'to target':>10} {'updates':>8} {'ms/update':>9} {'error':>8}"
     times: dict[tuple[str, bool], float] = {}
     plain_ms: dict[str, float] = {}
-    with actorpy.connect(workers=2, task_threads=2) as cluster:
+    with actorpy.connect(workers=2) as cluster:
         for straggle in (False, True):
             print(("\nworker 2 three times slower (sleeps 2x its compute)" if straggle
                    else "\nno straggler"))

@@ -24,10 +24,15 @@ T = TypeVar("T")
 
 
 class TimeCurve:
-    """A worker's measured iteration time as a function of its batch (monotone fit)."""
+    """A worker's measured iteration time as a function of its batch (monotone fit).
+
+    The fit is rebuilt when a point is added, not at every query: a balance asks each
+    curve many times between two measurements."""
 
     def __init__(self, window: int) -> None:
         self._points: deque[tuple[int, float]] = deque(maxlen=window)
+        self._fitted: list[tuple[float, float]] = []
+        self._tail = 0.0
 
     def add(self, batch: int, time_s: float, change_tolerance: float) -> None:
         """Add a point; drop the old ones if it contradicts them (speed change)."""
@@ -39,6 +44,8 @@ class TimeCurve:
         self._points = deque(((b, t) for b, t in self._points if b != batch),
                              maxlen=self._points.maxlen)
         self._points.append((batch, time_s))
+        self._fitted = self._fit()
+        self._tail = self._tail_slope(self._fitted) if self._fitted else 0.0
 
     def _fit(self) -> list[tuple[float, float]]:
         pts = sorted((float(b), t) for b, t in self._points if b > 0)
@@ -49,9 +56,14 @@ class TimeCurve:
 
     def is_known(self) -> bool:
         """True once at least one non-empty batch was measured."""
-        return bool(self._fit())
+        return bool(self._fitted)
 
-    def _tail_slope(self, pts: list[tuple[float, float]]) -> float:
+    def knots(self) -> list[float]:
+        """The times where ``batch_for`` changes slope (the fitted points' times)."""
+        return [t for _, t in self._fitted]
+
+    @staticmethod
+    def _tail_slope(pts: list[tuple[float, float]]) -> float:
         b1, t1 = pts[-1]
         rate = t1 / b1
         if len(pts) >= 2:
@@ -63,7 +75,7 @@ class TimeCurve:
 
     def time_at(self, batch: float) -> float:
         """Predicted seconds for ``batch`` samples."""
-        pts = self._fit()
+        pts = self._fitted
         b0, t0 = pts[0]
         if batch <= b0:
             return t0 * batch / b0
@@ -71,11 +83,11 @@ class TimeCurve:
             if batch <= br:
                 return tl + (tr - tl) * (batch - bl) / (br - bl)
         bl, tl = pts[-1]
-        return tl + self._tail_slope(pts) * (batch - bl)
+        return tl + self._tail * (batch - bl)
 
     def batch_for(self, time_s: float) -> float:
         """The largest (fractional) batch predicted to finish within ``time_s``."""
-        pts = self._fit()
+        pts = self._fitted
         b0, t0 = pts[0]
         if time_s <= t0:
             return b0 * time_s / t0 if t0 > 0 else b0
@@ -88,7 +100,7 @@ class TimeCurve:
         bl, tl = pts[-1]
         if best < bl:
             return best
-        return bl + (time_s - tl) / self._tail_slope(pts)
+        return bl + (time_s - tl) / self._tail
 
 
 def _round_to_total(shares: Mapping[NodeId, float], total: int) -> dict[NodeId, int]:
@@ -150,15 +162,47 @@ class LBBSPController:
         return curve.time_at(batch) if curve.is_known() else None
 
     def _balance(self, nodes: list[NodeId]) -> tuple[float, dict[NodeId, float]]:
+        """The least common iteration time T at which the workers' batches add up to the
+        global batch, and those batches.
+
+        Each ``batch_for`` is piecewise linear in the time, with knots at its curve's
+        fitted times, so their sum S is too (non-decreasing; at a knot it may jump). A
+        binary search over the knots finds the piece where S reaches the global batch, and
+        T is solved on that piece exactly, from two points inside it (a knot's own value
+        may be either side of a jump): O(n log n) curve evaluations instead of a
+        bisection's 100 n, and the same T."""
         curves = [self._curves[n] for n in nodes]
-        lo, hi = 0.0, max(c.time_at(self.global_batch) for c in curves)
-        for _ in range(100):  # bisection on the common iteration time
-            mid = 0.5 * (lo + hi)
-            if sum(c.batch_for(mid) for c in curves) < self.global_batch:
-                lo = mid
-            else:
+        goal = self.global_batch
+
+        def total(t: float) -> float:
+            return sum(c.batch_for(t) for c in curves)
+
+        end = max(c.time_at(goal) for c in curves)   # S(end) >= goal: one curve alone
+        knots = sorted({t for c in curves for t in c.knots() if 0.0 < t < end})
+        knots.append(end)
+        lo, hi = 0, len(knots) - 1     # the first knot where S reaches goal (else end)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if total(knots[mid]) >= goal:
                 hi = mid
-        return hi, {n: c.batch_for(hi) for n, c in zip(nodes, curves)}
+            else:
+                lo = mid + 1
+        right = knots[lo]
+        left = knots[lo - 1] if lo > 0 else 0.0
+        if right > left:   # S is linear on the open piece (left, right)
+            t1, t2 = left + (right - left) / 3, left + 2 * (right - left) / 3
+            s1, s2 = total(t1), total(t2)
+            slope = (s2 - s1) / (t2 - t1)
+            from_left = s1 - slope * (t1 - left)   # S just after left
+            if from_left >= goal:
+                right = left
+            elif slope > 0 and from_left + slope * (right - left) >= goal:
+                right = min(right, left + (goal - from_left) / slope)
+        for _ in range(64):   # where S(T) >= goal exactly (at a jump, or after rounding)
+            if right >= end or total(right) >= goal:
+                break
+            right = math.nextafter(right, math.inf)
+        return right, {n: c.batch_for(right) for n, c in zip(nodes, curves)}
 
     def batches(self) -> dict[NodeId, int]:
         """Next iteration's batch per worker; sums to ``global_batch``.

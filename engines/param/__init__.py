@@ -4,7 +4,9 @@ elastic workers and checkpoints.
 
 Files:
     job.py         Job: the callback registry, ``run`` / ``start``
-    driver.py      Run: starts shards and worker tasks, follows membership, restarts shards
+    driver.py      Run: starts the shards and the job's conductor, waits for the model
+    conductor.py   Conductor: a named service on the driver; worker tasks (joiners too),
+                   membership, shard restarts, the shard directory, collecting the model
     worker.py      WorkerTask (the pull-compute-push loop), WorkerContext, DataContext
     shell.py       ShardService: the only glue between the server core and core services
     server.py      ServerCore (sans-I/O): steps, barrier, deferred releases, aggregation

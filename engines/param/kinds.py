@@ -15,15 +15,16 @@ from actorpy.ids import NodeId
 
 
 class ParamKind(IntEnum):
-    """Messages to a server shard (and, for SHARDS, to the job's driver)."""
+    """Messages to a server shard, and (SHARDS, CANCEL) to the job's conductor on the
+    driver."""
 
     JOIN = 1      # worker -> shard: enter the barrier; reply: Reply (deferred at the start)
     PUSH = 2      # worker -> shard: Push; reply: Reply, deferred until the barrier allows
-    LEAVE = 3     # driver -> shard (cast): a worker ended, died or was released
-    HALT = 4      # driver -> shard: stop now; every held worker is answered FINISH
+    HALT = 4      # conductor -> shard: stop (now, or once every worker reached a step)
     MODEL = 5     # driver -> shard: the shard's keys -> values (halts first if asked to)
     STATS = 6     # driver/tests -> shard: steps table and counters
-    SHARDS = 7    # worker -> driver: the shard refs, once newer than a generation
+    SHARDS = 7    # worker -> conductor: the shard refs, once newer than a generation
+    CANCEL = 8    # Run.cancel -> conductor (cast): stop the job now
 
 
 class Status(IntEnum):
@@ -38,17 +39,15 @@ class Status(IntEnum):
 class Push:
     """A worker's step: ``step`` steps completed, updates for this shard's keys.
 
-    On the wire it is a plain tuple (``wire()`` / ``Push(*payload)``): a tuple pickles in
-    half the time of a dataclass, and this message is sent on every step.
+    On the wire it is the plain tuple ``(step, updates, batch, compute_s)`` the worker
+    builds (``Push(*payload)`` on the shard): a tuple pickles in half the time of a
+    dataclass, and this message is sent on every step.
     """
 
     step: int
     updates: dict[str, Any]
     batch: int
     compute_s: float
-
-    def wire(self) -> tuple[int, dict[str, Any], int, float]:
-        return (self.step, self.updates, self.batch, self.compute_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +58,12 @@ class Reply:
     step: int = 0
     values: dict[str, Any] | None = None
     batch: int | None = None      # a new batch size (LB-BSP), None to keep the current one
+    stopped_at: int | None = None  # FINISH: the shard's step when it stopped
 
-    def wire(self) -> tuple[int, int, dict[str, Any] | None, int | None]:
+    def wire(self) -> tuple[int, int, dict[str, Any] | None, int | None, int | None]:
         """A plain tuple for the wire (an IntEnum would pickle as a call)."""
-        return (int(self.status), self.step, self.values, self.batch)
+        return (int(self.status), self.step, self.values, self.batch, self.stopped_at)
 
-    @classmethod
-    def from_wire(cls, raw: tuple[int, int, Any, Any]) -> Reply:
-        status, step, values, batch = raw
-        return cls(Status(status), step, values, batch)
 
 
 @dataclass(frozen=True, slots=True)

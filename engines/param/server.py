@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from actorpy.barrier import BSP, weighted_average
+from actorpy.barrier import BSP
 from actorpy.clock import Clock
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
@@ -114,10 +114,13 @@ class ServerCore:
         self.history: dict[NodeId, int] = {}     # every worker ever joined -> last steps
         self.released: set[NodeId] = set()       # stragglers let go (never taken back)
         self._scheduled: dict[NodeId, tuple[str, ...]] = {}
+        self._local_keys = tuple(store.local_keys())   # the default schedule: all of ours
         self._orphaned: list[str] = []
         self._pending: list[tuple[int, NodeId, dict[str, Any], int]] = []
         self._pulls_since_checkpoint = 0
         self.halted: Status | None = None
+        self._halt_at: int | None = None       # halt once every live worker reached this
+        self._stopped_at: int | None = None
         self._out: list[Action] = []
 
     # ----------------------------------------------------------------- events
@@ -128,7 +131,8 @@ class ServerCore:
         not drag BSP back), and is held until the start barrier opens."""
         w = join.worker
         if self.halted is not None or w in self.released:
-            return [Answer(w, Reply(self.halted or Status.RELEASED, self.history.get(w, 0)))]
+            return [Answer(w, Reply(self.halted or Status.RELEASED, self.history.get(w, 0),
+                                    stopped_at=self._stopped_at))]
         steps = self.progress.steps
         floor = min(steps.values()) if steps else self.progress.base_step
         start = max(join.step, floor)
@@ -152,7 +156,8 @@ class ServerCore:
         """
         w = worker
         if self.halted is not None:   # too late: the model is final; not counted
-            return [Answer(w, Reply(self.halted, self.history.get(w, 0)))]
+            return [Answer(w, Reply(self.halted, self.history.get(w, 0),
+                                    stopped_at=self._stopped_at))]
         if w not in self.progress.steps:
             return [Answer(w, Reply(Status.RELEASED, self.history.get(w, 0)))]
         self._validate(w, push.updates)
@@ -172,6 +177,7 @@ class ServerCore:
                 return self._flush_out()
         advance = self.gate.on_push(w, push.step, self._clock.now(), self.progress.steps)
         self._recheck(flush=True, first=w if advance else None)
+        self._halt_if_reached()
         return self._flush_out()
 
     def leave(self, worker: NodeId) -> list[Action]:
@@ -188,15 +194,30 @@ class ServerCore:
         if not self.started:
             return self._maybe_start()
         self._recheck(flush=True)
+        self._halt_if_reached()
         return self._flush_out()
 
-    def halt(self, status: Status = Status.FINISH) -> list[Action]:
+    def halt(self, status: Status = Status.FINISH, at_step: int | None = None) -> list[Action]:
         """Stop: fold what is buffered, answer every held worker ``status``; later pushes
-        get the same answer."""
+        get the same answer.
+
+        With ``at_step`` (the step at which another shard met the stop condition) the stop
+        waits until every live worker completed that many steps here, so every shard ends
+        on the same round: under BSP a round whose pushes are still on their way is
+        completed, never folded half."""
         if self.halted is None:
+            if at_step is not None and self.progress.steps and self.store.step < at_step:
+                self._halt_at = at_step if self._halt_at is None else min(self._halt_at, at_step)
+                return self._flush_out()
             self._fold()
-            self._halt(status)
+            if self.halted is None:
+                self._halt(status)
         return self._flush_out()
+
+    @property
+    def halting(self) -> bool:
+        """A stop is due once the workers reach a step (``halt(at_step=...)``)."""
+        return self._halt_at is not None and self.halted is None
 
     # ----------------------------------------------------------------- queries
     def model(self) -> dict[str, Any]:
@@ -269,7 +290,7 @@ class ServerCore:
 
     def _schedule(self, workers: list[NodeId]) -> dict[NodeId, tuple[str, ...]]:
         if self._cb.schedule is None:
-            plan = {w: tuple(self.store.keys()) for w in workers}
+            plan = {w: self._local_keys for w in workers}
         else:
             raw = self._call("schedule", self._cb.schedule, self.store, list(workers))
             if not isinstance(raw, Mapping):
@@ -314,21 +335,28 @@ class ServerCore:
             self._out.append(CheckpointDue(self.snapshot()))
         if self._cb.stop is not None and self._should_stop():
             self._halt(Status.FINISH)
+        elif self._halt_at is not None and self.store.step >= self._halt_at:
+            self._halt(Status.FINISH)
 
     def _combine(self, pending: list[tuple[int, NodeId, dict[str, Any], int]]) -> dict[str, Any]:
+        """Each key's sum, or batch-weighted mean, over the buffered updates. A key with one
+        update is passed as received (no copy); a mean accumulates in place on a fresh
+        array (one temporary per further update)."""
         combined: dict[str, Any] = {}
+        if len(pending) == 1:
+            updates = pending[0][2]
+            return {key: updates[key] for key in sorted(updates)}
         for key in sorted({k for _, _, u, _ in pending for k in u}):
             parts = [(u[key], b) for _, _, u, b in pending if key in u]
-            if self.config.aggregate == "sum":
-                acc = parts[0][0]
-                for value, _ in parts[1:]:
-                    acc = acc + value
+            if len(parts) == 1:
+                combined[key] = parts[0][0]
+            elif self.config.aggregate == "sum":
+                acc = parts[0][0] + parts[1][0]
+                for value, _ in parts[2:]:
+                    acc += value
                 combined[key] = acc
             else:
-                weights = [b for _, b in parts]
-                if sum(weights) <= 0:
-                    weights = [1] * len(parts)
-                combined[key] = weighted_average([v for v, _ in parts], weights)
+                combined[key] = _mean(parts)
         return combined
 
     def _should_stop(self) -> bool:
@@ -351,9 +379,19 @@ class ServerCore:
 
     def _halt(self, status: Status) -> None:
         self.halted = status
+        self._stopped_at = self.store.step
         for w in sorted(self.held):
-            self._out.append(Answer(w, Reply(status, self.held[w])))
+            self._out.append(Answer(w, Reply(status, self.held[w], stopped_at=self._stopped_at)))
         self.held.clear()
+
+    def _halt_if_reached(self) -> None:
+        """A pending ``halt(at_step=...)`` whose step every live worker has now reached."""
+        at = self._halt_at
+        if at is not None and self.halted is None and (not self.progress.steps
+                                                       or self.store.step >= at):
+            self._fold()
+            if self.halted is None:
+                self._halt(Status.FINISH)
 
     def _remove(self, w: NodeId) -> None:
         steps = self.progress.steps
@@ -380,3 +418,18 @@ class ServerCore:
     def _flush_out(self) -> list[Action]:
         out, self._out = self._out, []
         return out
+
+
+def _mean(parts: list[tuple[Any, int]]) -> Any:
+    """``Σ b_i u_i / Σ b_i`` (equal weights if no batch is positive), the same operations in
+    the same order as ``actorpy.barrier.weighted_average``, but accumulated in place: the
+    first product is a fresh array, so adding to it changes nothing anyone holds."""
+    weights = [b for _, b in parts]
+    if sum(weights) <= 0:
+        weights = [1] * len(parts)
+    total = sum(w for w in weights if w > 0)
+    terms = [(u, w / total) for (u, _), w in zip(parts, weights) if w > 0]
+    acc = terms[0][0] * terms[0][1]
+    for u, c in terms[1:]:
+        acc += u * c
+    return acc

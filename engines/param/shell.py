@@ -1,16 +1,11 @@
 """The one place where a server shard meets the runtime: :class:`ShardService`, a core
-service (``handle(msg, ctx)``, replies with ``ctx.reply``) around the sans-I/O
-:class:`~engines.param.server.ServerCore`.
+service (one handler per kind) around the sans-I/O :class:`~engines.param.server.ServerCore`.
 
-A PUSH or JOIN request is kept until the core answers it: a worker held at the barrier
-simply has its request answered later, from this service's thread, when an event lets it
-go. Membership news (a worker gone) arrives as a LEAVE message cast by the job's driver,
-whose ``on_node_lost`` listener only posts; so everything here runs on the service's own
-thread and needs no lock.
-
-Porting to a richer service API means changing only this module: the dispatch in
-``handle`` becomes per-kind handlers, LEAVE becomes the service's own membership event, and
-checkpoint timers (if wanted) its own cancellable timers.
+A PUSH or JOIN the core answers at once is answered by the handler's return value; one it
+holds at the barrier is deferred (``env.defer()``) and answered from this service's thread
+when a later event (a push, a departure) lets the worker go. The shard follows membership
+itself (``ctx.subscribe``): a worker whose node died or left is dropped from the barrier the
+moment this node hears of it. Everything runs on the service's own thread: no locks.
 """
 from __future__ import annotations
 
@@ -23,6 +18,8 @@ from typing import Any, Callable
 from actorpy.clock import SystemClock
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
+from actorpy.runtime.node import NodeEvent, NodeEventKind
+from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
 from engines.param import checkpoint
 from engines.param.errors import UpdateError
 from engines.param.kinds import Join, ParamKind, Push
@@ -30,6 +27,10 @@ from engines.param.server import Answer, Callbacks, CheckpointDue, ServerCore, S
 from engines.param.store import Store
 
 log = logging.getLogger(__name__)
+
+#: How long a request for the final model waits for a stop that is due at a step (the
+#: pushes completing that round are already on their way) before the shard stops anyway.
+HALT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,11 @@ class ShardSpec:
         return checkpoint.path_for(self.checkpoint_dir, c.job, c.shard, c.shards)
 
 
-class ShardService:
-    """A server shard hosted on a worker (``cluster.start_service(ShardService, spec, init)``).
+class ShardService(Service):
+    """A server shard hosted on a worker (``start_service(ShardService, spec, values)``).
 
     Args:
-        ctx: the hosting worker's context (replies go through it).
+        ctx: the service's context.
         spec: the shard's settings and callbacks.
         values: the initial values of this shard's keys; with ``spec.resume`` the
             checkpoint's values replace them (after checking they match).
@@ -63,7 +64,8 @@ class ShardService:
         CheckpointError: resume was asked and the checkpoint is missing, corrupt or foreign.
     """
 
-    def __init__(self, ctx: Any, spec: ShardSpec, values: dict[str, Any]) -> None:
+    def __init__(self, ctx: ServiceContext, spec: ShardSpec, values: dict[str, Any]) -> None:
+        super().__init__(ctx)
         self.spec = spec
         self._path = spec.checkpoint_path()
         if spec.checkpoint_dir is not None and not os.path.isdir(spec.checkpoint_dir):
@@ -84,108 +86,136 @@ class ShardService:
         self._started_at: float | None = None
         self._halted_at: float | None = None
         self._first_push_wall: float | None = None
-        self._waiting: dict[NodeId, Any] = {}
+        self._waiting: dict[NodeId, Reply] = {}
+        self._model_waiting: list[Reply] = []
+        self._force: Any = None
         self._failure: BaseException | None = None
-        self._handlers: dict[int, Callable[[Any, Any], None]] = {
-            ParamKind.JOIN: self._join, ParamKind.PUSH: self._push,
-            ParamKind.LEAVE: self._leave, ParamKind.HALT: self._halt,
-            ParamKind.MODEL: self._model, ParamKind.STATS: self._stats}
-
-    def handle(self, msg: Any, ctx: Any) -> None:
-        handler = self._handlers.get(msg.kind)
-        if handler is None:
-            raise ValueError(f"parameter-server shard got unknown kind {msg.kind}")
-        handler(msg, ctx)
+        ctx.subscribe(self._membership)
+        for w in sorted(c.expected):   # an expected worker that died before we subscribed
+            if ctx.node.is_dead(w):
+                self._guarded(lambda w=w: self.core.leave(w))
 
     # ----------------------------------------------------------------- per kind
-    def _join(self, msg: Any, ctx: Any) -> None:
-        step, slot = msg.payload()
-        worker = NodeId(msg.sender)
-        self._run(worker, msg, ctx, lambda: self.core.join(Join(worker, step, slot)))
+    @handles(ParamKind.JOIN)
+    def join(self, payload: tuple[int, int], env: Envelope) -> Any:
+        step, slot = payload
+        worker = NodeId(env.sender)
+        return self._answer(worker, env, lambda: self.core.join(Join(worker, step, slot)))
 
-    def _push(self, msg: Any, ctx: Any) -> None:
-        worker = NodeId(msg.sender)
+    @handles(ParamKind.PUSH)
+    def push(self, payload: tuple[int, dict[str, Any], int, float], env: Envelope) -> Any:
+        worker = NodeId(env.sender)
         if self._first_push_wall is None:
             self._first_push_wall = time.time()
-        push = Push(*msg.payload())
-        self._run(worker, msg, ctx, lambda: self.core.push(worker, push))
+        push = Push(*payload)
+        return self._answer(worker, env, lambda: self.core.push(worker, push))
 
-    def _leave(self, msg: Any, ctx: Any) -> None:
-        worker = NodeId(msg.payload())
-        self._waiting.pop(worker, None)
+    @handles(ParamKind.HALT)
+    def halt(self, at_step: int | None, env: Envelope) -> bool:
+        """Stop, now (``None``) or once every worker completed ``at_step`` steps (the step
+        where another shard met the stop condition); a request gets True."""
         if self._failure is None:
-            self._guarded(ctx, lambda: self.core.leave(worker))
+            self._guarded(lambda: self.core.halt(at_step=at_step))
+        return True
 
-    def _halt(self, msg: Any, ctx: Any) -> None:
-        if self._failure is None:
-            self._guarded(ctx, self.core.halt)
-        if msg.header.request_id:
-            ctx.reply(msg, True)
+    @handles(ParamKind.MODEL)
+    def model(self, halt_first: bool, env: Envelope) -> Any:
+        """The shard's values; with a true payload stop first (and save a final
+        checkpoint). A stop due at a step is waited for, at most ``HALT_WAIT_S``."""
+        if halt_first and self._failure is None and self.core.halted is None:
+            if self.core.halting:
+                self._model_waiting.append(env.defer())
+                if self._force is None:
+                    self._force = self.ctx.schedule(HALT_WAIT_S, self._halt_now)
+                return None
+            self._halt_now()
+        return self.core.model()
 
-    def _model(self, msg: Any, ctx: Any) -> None:
-        """Reply the shard's values; with a true payload halt first (and save a final
-        checkpoint)."""
-        if msg.payload() and self._failure is None and self.core.halted is None:
-            self._guarded(ctx, self.core.halt)
-            if self._path is not None and self._failure is None:
-                self._save(self.core.snapshot())
-        ctx.reply(msg, self.core.model())
+    def _halt_now(self) -> None:
+        if self._failure is None and self.core.halted is None:
+            self._guarded(self.core.halt)
 
-    def _stats(self, msg: Any, ctx: Any) -> None:
+    @handles(ParamKind.STATS)
+    def stats(self, _: Any, env: Envelope) -> dict[str, Any]:
         stats = self.core.stats()
         end = self._halted_at if self._halted_at is not None else time.monotonic()
         stats["train_seconds"] = end - self._started_at if self._started_at is not None else 0.0
         stats["first_push_wall"] = self._first_push_wall
         t0 = self._started_at if self._started_at is not None else 0.0
         stats["trace"] = [{**row, "t": row["t"] - t0} for row in stats["trace"]]
-        ctx.reply(msg, stats)
+        return stats
+
+    def _membership(self, event: NodeEvent) -> None:
+        """A node died or left: if it was one of our workers, it leaves the barrier."""
+        if event.kind is NodeEventKind.JOINED:
+            return
+        worker = NodeId(event.node_id)
+        self._waiting.pop(worker, None)   # nobody waits for that answer any more
+        if self._failure is None:
+            self._guarded(lambda: self.core.leave(worker))
 
     # ----------------------------------------------------------------- plumbing
-    def _run(self, worker: NodeId, msg: Any, ctx: Any, event: Callable[[], list]) -> None:
+    def _answer(self, worker: NodeId, env: Envelope, event: Callable[[], list]) -> Any:
+        """Run a worker's event; its own answer is the return value when the core gives it
+        at once, else the request is deferred until a later event answers it."""
         if self._failure is not None:
-            ctx.reply_error(msg, self._failure)
-            return
-        self._waiting[worker] = msg
+            raise self._failure
         try:
             actions = event()
-        except UpdateError as exc:   # this worker's bad update: only it hears of it
-            self._waiting.pop(worker, None)
-            ctx.reply_error(msg, exc)
-            return
+        except UpdateError:   # this worker's bad update: only it hears of it
+            raise
         except Exception as exc:
-            self._fail(ctx, exc)
-            return
-        self._apply(ctx, actions)
+            self._fail(exc)
+            raise
+        mine = self._apply(actions, worker)
+        if mine is not None:
+            return mine
+        self._waiting[worker] = env.defer()
+        return None
 
-    def _guarded(self, ctx: Any, event: Callable[[], list]) -> None:
+    def _guarded(self, event: Callable[[], list]) -> None:
         try:
             actions = event()
         except Exception as exc:
-            self._fail(ctx, exc)
+            self._fail(exc)
             return
-        self._apply(ctx, actions)
+        self._apply(actions)
 
-    def _apply(self, ctx: Any, actions: list) -> None:
+    def _apply(self, actions: list, current: NodeId | None = None) -> Any:
+        """Send what the core decided; returns ``current``'s own answer, if among them."""
         if self._started_at is None and self.core.started:
             self._started_at = time.monotonic()
-        if self._halted_at is None and self.core.halted is not None:
-            self._halted_at = time.monotonic()
+        mine = None
         for action in actions:
             if isinstance(action, Answer):
-                msg = self._waiting.pop(action.worker, None)
-                if msg is not None:
-                    ctx.reply(msg, action.reply.wire())
+                if action.worker == current:
+                    mine = action.reply.wire()
+                    continue
+                reply = self._waiting.pop(action.worker, None)
+                if reply is not None:
+                    reply.send(action.reply.wire())
             elif isinstance(action, CheckpointDue) and self._path is not None:
                 self._save(action.snapshot)
+        if self._halted_at is None and self.core.halted is not None:
+            self._halted_at = time.monotonic()
+            if self._path is not None:   # the final checkpoint
+                self._save(self.core.snapshot())
+        if self._model_waiting and self.core.halted is not None:
+            waiting, self._model_waiting = self._model_waiting, []
+            for reply in waiting:
+                reply.send(self.core.model())
+        return mine
 
-    def _fail(self, ctx: Any, exc: BaseException) -> None:
+    def _fail(self, exc: BaseException) -> None:
         """A server-side callback raised: every worker waiting here, and every later
         request, gets the error (so all their tasks end with it)."""
         log.error("shard %d of %s failed: %s", self.spec.config.shard, self.spec.config.job, exc)
         self._failure = exc
         waiting, self._waiting = self._waiting, {}
-        for msg in waiting.values():
-            ctx.reply_error(msg, exc)
+        for reply in [*waiting.values(), *self._model_waiting]:
+            if not reply.done:
+                reply.fail(exc)
+        self._model_waiting = []
 
     def _save(self, snapshot: checkpoint.Snapshot) -> None:
         c = self.spec.config

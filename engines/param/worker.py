@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -20,7 +19,7 @@ import numpy as np
 from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError
 from actorpy.ids import NodeId
 from engines.param.errors import JobFailed, UpdateError
-from engines.param.kinds import ParamKind, Push, Reply, Status
+from engines.param.kinds import ParamKind, Status
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +76,7 @@ class WorkerResult:
     steps: int
     status: Status
     seconds: float
+    stopped_at: int | None = None   # FINISH: the step where the job met its stop condition
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,7 @@ class WorkerTask:
     data: Callable[[DataContext], Any] | None
     shards: tuple[Any, ...]          # ServiceRef per shard
     key_map: dict[str, int]
-    driver: NodeId
-    control: int                      # the driver's service id for SHARDS requests
+    conductor: Any                    # ServiceRef of the job's conductor (SHARDS requests)
     generation: int
     slot: int
     slots: int
@@ -108,34 +107,8 @@ class _Loop:
         self.refs = list(task.shards)
         self.generation = task.generation
         self.deadline = time.monotonic() + task.timeout_s
-        self._lock = threading.Lock()
-        self._outstanding: set[cf.Future] = set()
-        self._driver_lost = False
-        # The current core returns nothing here; a richer one returns a subscription that
-        # run() cancels when the task ends.
-        self._subscription = ctx.node.on_node_lost(self._node_lost)
-
-    def _node_lost(self, node: NodeId) -> None:
-        """I/O thread: if the driver is gone, fail what we wait for (notify only)."""
-        if node != self.task.driver:
-            return
-        with self._lock:
-            self._driver_lost = True
-            waiting = list(self._outstanding)
-        for fut in waiting:
-            try:
-                fut.set_exception(NodeLost(node, "the job's driver is gone"))
-            except cf.InvalidStateError:
-                pass
 
     def run(self) -> WorkerResult:
-        try:
-            return self._run()
-        finally:
-            if hasattr(self._subscription, "cancel"):
-                self._subscription.cancel()
-
-    def _run(self) -> WorkerResult:
         t = self.task
         me = NodeId(self.ctx.node_id)
         t0 = time.perf_counter()
@@ -145,35 +118,54 @@ class _Loop:
             data_rng = np.random.default_rng([t.seed, t.slot, 1])
             data = t.data(DataContext(t.slot, t.slots, t.seed, data_rng, me))
         wctx = WorkerContext(me, t.slot, data, rng, t.batch)
-        replies = self._exchange({i: (ParamKind.JOIN, (0, t.slot))
-                                  for i in range(len(self.refs))})
+        shards = len(self.refs)
+        key_map = t.key_map
+        push = t.push
+        clock = time.perf_counter
+        replies = self._exchange([(ParamKind.JOIN, (0, t.slot))] * shards)
         while True:
-            end = next((r for r in replies.values() if r.status != Status.GO), None)
-            if end is not None:   # the server's count: a step refused after the stop is not one
-                return WorkerResult(me, t.slot, end.step, end.status, time.perf_counter() - t0)
-            values: dict[str, Any] = {}
-            for reply in replies.values():
-                values.update(reply.values or {})
-                wctx.step = max(wctx.step, reply.step)
-            coordinator = replies.get(0)
-            if coordinator is not None and coordinator.batch is not None:
-                wctx.batch_size = coordinator.batch
-            started = time.perf_counter()
-            updates = t.push(wctx, values) or {}
-            compute_s = time.perf_counter() - started
+            if shards == 1:
+                status, step, values, batch, stopped_at = replies[0]
+                if status != Status.GO:   # the server's count: a push after the stop is not one
+                    return WorkerResult(me, t.slot, step, Status(status), clock() - t0,
+                                        stopped_at)
+                wctx.step = max(wctx.step, step)
+                values = values or {}
+            else:
+                end = next((r for r in replies if r[0] != Status.GO), None)
+                if end is not None:
+                    return WorkerResult(me, t.slot, end[1], Status(end[0]), clock() - t0,
+                                        end[4])
+                values = {}
+                for _, step, part, _, _ in replies:
+                    values.update(part or {})
+                    wctx.step = max(wctx.step, step)
+                batch = replies[0][3]
+            if batch is not None:   # LB-BSP: the coordinator's new batch for this worker
+                wctx.batch_size = batch
+            started = clock()
+            updates = push(wctx, values) or {}
+            compute_s = clock() - started
             wctx.step += 1
-            parts: dict[int, dict[str, Any]] = {i: {} for i in range(len(self.refs))}
-            for key, value in updates.items():   # an unknown key goes to shard 0, which says so
-                parts[t.key_map.get(key, 0)][key] = value
-            replies = self._exchange({i: (ParamKind.PUSH, Push(wctx.step, part, wctx.batch_size,
-                                                                compute_s).wire())
-                                      for i, part in parts.items()}, step=wctx.step)
+            if shards == 1:   # every key (an unknown one too, which the shard refuses)
+                requests = [(ParamKind.PUSH, (wctx.step, updates, wctx.batch_size, compute_s))]
+            else:
+                parts: list[dict[str, Any]] = [{} for _ in range(shards)]
+                for key, value in updates.items():   # an unknown key goes to shard 0
+                    parts[key_map.get(key, 0)][key] = value
+                requests = [(ParamKind.PUSH, (wctx.step, part, wctx.batch_size, compute_s))
+                            for part in parts]
+            replies = self._exchange(requests, step=wctx.step)
 
-    def _exchange(self, requests: dict[int, tuple[int, Any]], step: int = 0) -> dict[int, Reply]:
-        """Send one request per shard and wait for every reply, or for the first reply that
-        ends this worker. A lost shard is looked up again at the driver and rejoined."""
-        futures = {self._send(i, kind, payload): i for i, (kind, payload) in requests.items()}
-        replies: dict[int, Reply] = {}
+    def _exchange(self, requests: list[tuple[int, Any]], step: int = 0) -> list[tuple]:
+        """Send one request per shard and wait for every reply (raw reply tuples, by
+        shard), or for the first reply that ends this worker (alone in the list). A lost
+        shard is looked up again at the conductor and rejoined.
+
+        The wait is on the reply future itself: the node's I/O thread resolves it and this
+        thread decodes the reply, with no other thread in between."""
+        futures = {self._send(i, kind, payload): i for i, (kind, payload) in enumerate(requests)}
+        replies: list[Any] = [None] * len(requests)
         while futures:
             left = self.deadline - time.monotonic()
             if left <= 0:
@@ -185,17 +177,17 @@ class _Loop:
                     only.exception(left)
                 except cf.TimeoutError:
                     continue
-                done = {only}
+                done = [only]
             else:
                 done, _ = cf.wait(futures, left, cf.FIRST_COMPLETED)
+                if not done:
+                    continue
             for fut in done:
                 i = futures.pop(fut)
-                with self._lock:
-                    self._outstanding.discard(fut)
                 try:
-                    reply = Reply.from_wire(fut.result(0))
+                    raw = fut.result(0)
                 except NodeLost as exc:
-                    if self._driver_lost or exc.node_id == self.task.driver:
+                    if exc.node_id == self.task.conductor.node:
                         raise
                     futures[self._rejoin(i, step)] = i
                     continue
@@ -203,38 +195,27 @@ class _Loop:
                     if isinstance(exc.__cause__, UpdateError):
                         raise UpdateError(str(exc.__cause__)) from None
                     raise
-                replies[i] = reply
-                if reply.status != Status.GO:
+                if raw[0] != Status.GO:
                     for other in futures:
                         self.ctx.node.forget(other)
-                    return {i: reply}
+                    return [raw]
+                replies[i] = raw
         return replies
 
     def _send(self, shard: int, kind: int, payload: Any) -> cf.Future:
-        fut = self.ctx.call_async(self.refs[shard], kind, payload)
-        with self._lock:
-            if self._driver_lost:
-                raise NodeLost(self.task.driver, "the job's driver is gone")
-            self._outstanding.add(fut)
-        return fut
+        return self.ctx.call_async(self.refs[shard], kind, payload)
 
     def _rejoin(self, shard: int, step: int) -> cf.Future:
-        """Shard ``shard`` was lost: ask the driver for its replacement, then join it."""
-        log.info("worker %s: server shard %d lost; asking the driver for its replacement",
+        """Shard ``shard`` was lost: ask the conductor for its replacement, then join it."""
+        log.info("worker %s: server shard %d lost; asking the conductor for its replacement",
                  self.ctx.node_id, shard)
         left = max(0.0, self.deadline - time.monotonic())
-        fut = self.ctx.node.request(self.task.driver, self.task.control, ParamKind.SHARDS,
-                                    self.generation, what="the job's server shards")
-        with self._lock:
-            self._outstanding.add(fut)
         try:
-            generation, refs = fut.result(left)
+            generation, refs = self.ctx.call(self.task.conductor, ParamKind.SHARDS,
+                                             self.generation, timeout_s=left)
         except ActorpyTimeout:
             raise JobFailed(f"server shard {shard} was lost and the driver named no "
                             f"replacement within the job's timeout") from None
-        finally:
-            with self._lock:
-                self._outstanding.discard(fut)
         if generation is None:
             raise JobFailed(f"server shard {shard} was lost and could not be restarted "
                             "(see the driver's error)")

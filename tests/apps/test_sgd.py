@@ -1,4 +1,5 @@
-"""`actorpy sgd`: the CLI's JSON contract, every barrier flag, --compare with a plot."""
+"""`actorpy sgd`: the CLI's JSON contract, every barrier flag, --compare with a plot, and
+training on an existing cluster that grows while it runs."""
 from __future__ import annotations
 
 import json
@@ -8,9 +9,11 @@ import sys
 
 import pytest
 
+import actorpy
 from actorpy.errors import ConfigError
 from apps import sgd
 from apps.training import barriers_from_args, parse_barrier
+from tests.conftest import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIELDS = {"loss", "weight_error", "steps_per_worker", "updates", "seconds"}
@@ -57,3 +60,31 @@ class TestSGD:
             parse_barrier("pssp:a:b")
         with pytest.raises(ConfigError, match=">= 1"):
             sgd.main(["--steps", "0"])
+
+
+class TestSGDOnACluster:
+    def test_manager_run_takes_on_a_worker_that_joins(self):
+        """`actorpy sgd --manager` trains on the cluster's workers and on one added while
+        it runs (the app's driver hears the JOINED event and hands it a task)."""
+        with actorpy.connect(workers=2) as cluster:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "actorpy", "sgd", "--manager",
+                 cluster.local.manager_address, "--barrier", "asp", "--steps", "4000",
+                 "--rows", "4000", "--features", "20", "--seed", "2", "--json"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": ROOT})
+            try:
+                wait_until(lambda: any(n["role"] == "driver" and n["node_id"] != cluster.node_id
+                                       for n in cluster.nodes()), 60, "the app to connect")
+                [extra] = cluster.add_workers(1, timeout_s=60)
+                out, err = proc.communicate(timeout=120)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+        assert proc.returncode == 0, err[-2000:]
+        result = json.loads(out)
+        steps = result["steps_per_worker"]
+        assert len(steps) == 3 and min(steps) > 0 and result["weight_error"] < 0.05, steps
+        # the joiner started mid-run, at the slowest worker's step (counted, not pushed)
+        assert 0 < sum(steps) - result["updates"] <= min(steps[:2]), (steps, result["updates"])

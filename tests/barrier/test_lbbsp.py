@@ -118,3 +118,28 @@ def test_weighted_aggregation_equals_full_batch_gradient():
     assert not np.allclose(np.mean(grads[:4], axis=0), full)  # the plain mean is biased
     with pytest.raises(ConfigError):
         weighted_average(grads, sizes[:2])
+
+
+def test_balanced_time_is_the_least_that_fits_the_global_batch():
+    """On random measurements (linear, saturating, ties, flat stretches) the common time T
+    is the least at which the predicted batches add up to the global batch."""
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        n = int(rng.integers(1, 7))
+        total = int(rng.integers(n, 2000))
+        lb = LBBSPController(WORKERS[:n] + [NodeId(f"x{i}") for i in range(max(0, n - 4))],
+                             total)
+        nodes = list(lb._curves)
+        for _ in range(int(rng.integers(n, 4 * n + 1))):
+            k = int(rng.integers(len(nodes)))
+            batch = int(rng.integers(1, total + 1))
+            seconds = (batch / (10.0 * (k + 1)) if rng.random() < 0.5
+                       else 0.05 + 0.001 * math.sqrt(batch)) * (1 + 0.3 * rng.random())
+            lb.observe(nodes[k], batch, 0.01 if rng.random() < 0.1 else seconds)
+        if not all(c.is_known() for c in lb._curves.values()):
+            continue
+        t, shares = lb._balance(nodes)
+        fit = sum(lb._curves[w].batch_for(t) for w in nodes)
+        below = sum(lb._curves[w].batch_for(t * (1 - 1e-9)) for w in nodes)
+        assert fit >= total - 1e-6 * total and below < total, (t, fit, below)
+        assert shares == {w: lb._curves[w].batch_for(t) for w in nodes}

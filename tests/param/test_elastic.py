@@ -60,33 +60,18 @@ class TestWorkerFaults:
             job.register_stop(pb.JoinStop(workers=3, steps=30))
             run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=60)
             wait_until(lambda: _pulls(run) >= 5, 30, "training to start")
-            extra, lifeline = _start_worker(cluster)
-            try:
-                model = run.result()
-            finally:
-                os.close(lifeline)
-                extra.wait(15)
+            [extra] = cluster.add_workers(1, timeout_s=60)
+            model = run.result()
             stats = run.stats
-            assert len(stats.workers) == 3 and stats.workers[2] not in stats.workers[:2]
+            assert len(stats.workers) == 3 and stats.workers[2] == extra
             assert stats.steps_per_worker[2] >= 30
             assert stats.statuses == {w: "FINISH" for w in stats.workers}
             assert pb.weight_error(model["w"], SEED) < 0.2
 
 
-def _start_worker(cluster):
-    """An extra ``actorpy worker`` for the embedded cluster, tied to us by a lifeline."""
-    read, write = os.pipe()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([sys.executable, "-m", "actorpy", "worker", "--manager",
-                             cluster.local.manager_address, "--lifeline-fd", str(read)],
-                            env=env, pass_fds=(read,), stdin=subprocess.DEVNULL)
-    os.close(read)
-    return proc, write
-
-
 class TestServerFaults:
     def test_server_host_killed_shard_restarts_from_checkpoint(self, tmp_path):
-        with actorpy.connect(workers=3, dead_after_s=1.0, task_threads=2) as cluster:
+        with actorpy.connect(workers=3, dead_after_s=1.0) as cluster:
             job = _job("restart")
             job.register_stop(pb.SlowErrorStop(SEED, 0.01, min_step=300))
             run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=60,

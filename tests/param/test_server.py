@@ -169,6 +169,26 @@ class TestStopAndCheckpoints:
         assert core.push(A, Push(3, {"w": np.ones(2)}, 1, 0.1))[0].reply.status == Status.FINISH
         assert core.progress.pulls == 2
 
+    def test_halt_at_a_step_completes_the_round_first(self):
+        """Another shard stopped at step 2: a half-received round 2 is completed, not
+        folded half, and the stop step travels with FINISH."""
+        core = make_core(BSP(), [A, B])
+        _start(core, A, B)
+        core.push(A, Push(1, {"w": np.ones(2)}, 1, 0.1))
+        core.push(B, Push(1, {"w": np.ones(2)}, 1, 0.1))
+        core.push(A, Push(2, {"w": np.ones(2)}, 1, 0.1))
+        assert core.halt(at_step=2) == [] and core.halting and core.progress.pulls == 1
+        out = core.push(B, Push(2, {"w": 3 * np.ones(2)}, 1, 0.1))
+        assert {a.worker: (a.reply.status, a.reply.stopped_at) for a in out} == {
+            A: (Status.FINISH, 2), B: (Status.FINISH, 2)}
+        assert core.progress.pulls == 2 and not core.halting
+        assert np.allclose(core.model()["w"], -0.1 * (1 + 2) * np.ones(2))
+        early = make_core(BSP(), [A, B])   # reached already, or no worker left: at once
+        _start(early, A, B)
+        early.halt(at_step=0)
+        assert early.halted == Status.FINISH and not early.halting
+        assert early.push(A, Push(1, {"w": np.ones(2)}, 1, 0.1))[0].reply.stopped_at == 0
+
     def test_stop_reading_another_shards_key_does_not_vote(self):
         from engines.param.server import Callbacks, ServerCore, ShardConfig
         from engines.param.store import Store
