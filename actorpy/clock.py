@@ -35,9 +35,10 @@ class SystemClock:
         raise NotImplementedError("SystemClock has no timer loop; use the node's loop")
 
 
-class _Entry:
-    """A pending FakeClock timer; the heap orders ``(due, seq, entry)`` tuples, so
-    comparisons stay in C (the simulators push millions of them)."""
+class TimerHandle:
+    """A pending timer (FakeClock's, and a node's ``call_later``); ``cancel()`` stops it if
+    it has not run yet. Heaps order ``(due, seq, handle)`` tuples, so comparisons stay in C
+    (the simulators push millions of them)."""
 
     __slots__ = ("callback", "cancelled")
 
@@ -63,14 +64,14 @@ class FakeClock:
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start
-        self._queue: list[tuple[float, int, _Entry]] = []
+        self._queue: list[tuple[float, int, TimerHandle]] = []
         self._seq = itertools.count()
 
     def now(self) -> float:
         return self._now
 
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> _Entry:
-        entry = _Entry(callback)
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> TimerHandle:
+        entry = TimerHandle(callback)
         heapq.heappush(self._queue, (self._now + max(0.0, delay_s), next(self._seq), entry))
         return entry
 

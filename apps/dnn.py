@@ -15,14 +15,13 @@ import argparse
 import gzip
 import importlib.util
 import os
-import sys
 from typing import Any, Sequence
 
 import numpy as np
 
 from actorpy import apputil
 from actorpy.errors import ConfigError
-from apps.training import add_barrier_arguments, barriers_from_args, plot_curves
+from apps.training import add_barrier_arguments, run_barriers
 from engines import param
 
 MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -210,25 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.steps, args.batch, args.hidden) < 1:
         raise ConfigError("--steps, --batch and --hidden must be >= 1")
     load("test", args.data)   # fail on a bad --data before starting anything
-    runs = []
-    with apputil.connect_from_args(args) as cluster:
-        for label, barrier in barriers_from_args(args):
-            result, trace = train(cluster, args, barrier)
-            runs.append((label, result, trace))
-            if not args.json:
-                print(f"{label:<12} test accuracy {result['accuracy']:.3f}  loss "
-                      f"{result['loss']:.3f}  updates {result['updates']}  "
-                      f"{result['seconds']:.2f} s  steps per worker "
-                      f"{result['steps_per_worker']}", file=sys.stdout)
-    if args.plot:
-        plot_curves(args.plot, [(label, trace) for label, _, trace in runs], "accuracy",
-                    "test accuracy", log_scale=False)
-    if args.json:
-        if args.compare:
-            apputil.print_json({"runs": [{"barrier": label, **res} for label, res, _ in runs]})
-        else:
-            apputil.print_json(runs[0][1])
-    return 0
+    return run_barriers(args, train, lambda r: f"test accuracy {r['accuracy']:.3f}  loss "
+                                               f"{r['loss']:.3f}", "accuracy", "test accuracy",
+                        log_scale=False)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,13 @@ folds the gradients into w (``w -= lr * mean gradient``) and records the loss an
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any, Sequence
 
 import numpy as np
 
 from actorpy import apputil
 from actorpy.errors import ConfigError
-from apps.training import add_barrier_arguments, barriers_from_args, plot_curves
+from apps.training import add_barrier_arguments, barriers_from_args, run_barriers
 from engines import param
 
 NOISE = 0.1
@@ -165,26 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.decay = 100.0
     if min(args.steps, args.batch, args.rows, args.features) < 1:
         raise ConfigError("--steps, --batch, --rows and --features must be >= 1")
-    barriers = barriers_from_args(args)
-    runs = []
-    with apputil.connect_from_args(args) as cluster:
-        for label, barrier in barriers:
-            result, trace = train(cluster, args, barrier)
-            runs.append((label, result, trace))
-            if not args.json:
-                print(f"{label:<12} loss {result['loss']:.4g}  weight error "
-                      f"{result['weight_error']:.4f}  updates {result['updates']}  "
-                      f"{result['seconds']:.2f} s  steps per worker "
-                      f"{result['steps_per_worker']}", file=sys.stdout)
-    if args.plot:
-        plot_curves(args.plot, [(label, trace) for label, _, trace in runs], "loss",
-                    "held-out loss")
-    if args.json:
-        if args.compare:
-            apputil.print_json({"runs": [{"barrier": label, **res} for label, res, _ in runs]})
-        else:
-            apputil.print_json(runs[0][1])
-    return 0
+    return run_barriers(args, train, lambda r: f"loss {r['loss']:.4g}  weight error "
+                                               f"{r['weight_error']:.4f}", "loss", "held-out loss")
 
 
 def demo() -> None:

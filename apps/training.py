@@ -1,10 +1,11 @@
-"""What the parameter-server apps (sgd, dnn) share: barrier flags, ``--compare`` specs and
-training-curve plots."""
+"""What the parameter-server apps (sgd, dnn) share: barrier flags, ``--compare`` specs,
+one training run per barrier, and training-curve plots."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from actorpy import apputil
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.errors import ConfigError
 
@@ -91,3 +92,31 @@ def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], m
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def run_barriers(args: argparse.Namespace,
+                 train: Callable[[Any, argparse.Namespace, Any], tuple[dict[str, Any], list]],
+                 describe: Callable[[dict[str, Any]], str], metric: str, label: str, *,
+                 log_scale: bool = True) -> int:
+    """Train once per barrier the flags name, on the cluster they name: a line per run
+    (``describe(result)``), or with ``--json`` the result (``{"runs": [...]}`` with
+    ``--compare``); with ``--plot`` the curves of ``metric``. Returns the exit status."""
+    barriers = barriers_from_args(args)  # bad specs fail before a cluster starts
+    runs = []
+    with apputil.connect_from_args(args) as cluster:
+        for name, barrier in barriers:
+            result, trace = train(cluster, args, barrier)
+            runs.append((name, result, trace))
+            if not args.json:
+                print(f"{name:<12} {describe(result)}  updates {result['updates']}  "
+                      f"{result['seconds']:.2f} s  steps per worker "
+                      f"{result['steps_per_worker']}", flush=True)
+    if args.plot:
+        plot_curves(args.plot, [(name, trace) for name, _, trace in runs], metric, label,
+                    log_scale=log_scale)
+    if args.json:
+        if args.compare:
+            apputil.print_json({"runs": [{"barrier": name, **res} for name, res, _ in runs]})
+        else:
+            apputil.print_json(runs[0][1])
+    return 0

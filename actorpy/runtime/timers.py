@@ -8,18 +8,9 @@ import threading
 import time
 from typing import Callable
 
+from actorpy.clock import TimerHandle
 
-class TimerHandle:
-    """A timer set with ``Node.call_later``; ``cancel()`` stops it if it has not run yet."""
-
-    __slots__ = ("callback", "cancelled")
-
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
+__all__ = ["TimerHandle", "TimerQueue"]
 
 
 class TimerQueue:
