@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from typing import Any, TextIO
 
@@ -59,12 +60,37 @@ def connect_from_args(args: argparse.Namespace, **settings: Any) -> Any:
 
 
 def print_json(value: Any, out: TextIO | None = None) -> None:
-    """Write ``value`` as one JSON document on stdout (the only thing there with --json)."""
+    """Write ``value`` as one JSON document on stdout (the only thing there with --json).
+
+    A float that is not finite (a diverged loss) is written as ``null``: ``NaN`` and
+    ``Infinity`` are not JSON, and strict parsers (``jq``, browsers) refuse them."""
     out = sys.stdout if out is None else out
     # dumps, not dump: dump writes each small piece separately (seconds for a big object)
-    out.write(json.dumps(value, ensure_ascii=False))
+    out.write(json.dumps(_finite(value), ensure_ascii=False, allow_nan=False))
     out.write("\n")
     out.flush()
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float in dicts, lists and tuples replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=`` for a finite number > 0 (a learning rate, a decay)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def error_line(exc: ActorpyError) -> str:

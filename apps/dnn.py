@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "scikit-learn's bundled 8x8 digits")
     add_barrier_arguments(parser)
     parser.add_argument("--steps", type=int, default=600, help="steps per worker (default 600)")
-    parser.add_argument("--lr", type=float, default=0.1, help="default 0.1")
+    parser.add_argument("--lr", type=apputil.positive_float, default=0.1, help="default 0.1")
     parser.add_argument("--batch", type=int, default=32, help="default 32")
     parser.add_argument("--hidden", type=int, default=64, help="hidden units (default 64)")
     parser.add_argument("--balance", action="store_true", help="LB-BSP batch sizes")

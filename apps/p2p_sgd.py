@@ -24,7 +24,7 @@ from actorpy import apputil
 from actorpy.errors import ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
 from apps.sgd import Pull, generate, gradient, loss, true_weights
-from apps.training import barriers_from_args, plot_curves
+from apps.training import barriers_from_args, plot_curves, warn_if_diverged
 from engines import peer
 
 BARRIERS = ("pbsp", "pssp", "asp", "bsp", "ssp")
@@ -143,9 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--sample", type=int, default=2,
                        help="peers sampled by pbsp and pssp (default 2)")
     parser.add_argument("--steps", type=int, default=300, help="steps per peer (default 300)")
-    parser.add_argument("--lr", type=float, default=None,
+    parser.add_argument("--lr", type=apputil.positive_float, default=None,
                         help="learning rate (default 0.1 linear, 1.0 logistic)")
-    parser.add_argument("--decay", type=float, default=None,
+    parser.add_argument("--decay", type=apputil.positive_float, default=None,
                         help="lr / sqrt(1 + updates of w / DECAY) (default: none for linear, "
                              "100 for logistic)")
     parser.add_argument("--batch", type=int, default=32, help="minibatch per peer (default 32)")
@@ -182,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     [(label, barrier)] = barriers_from_args(args)
     with apputil.connect_from_args(args, task_threads=2) as cluster:
         result, trace = train(cluster, args, barrier)
+    warn_if_diverged(label, result)
     if args.plot:
         plot_curves(args.plot, [(label, trace)], "loss", "held-out loss")
     if args.json:

@@ -41,6 +41,11 @@ def generate(rng: np.random.Generator, rows: int, w: np.ndarray,
     return x, (rng.random(rows, dtype=np.float32) < 1 / (1 + np.exp(-z))).astype(np.float32)
 
 
+#: a diverged run is reported once (``warn_if_diverged``), not by numpy at every step
+quiet = np.errstate(over="ignore", invalid="ignore")
+
+
+@quiet
 def loss(w: np.ndarray, x: np.ndarray, y: np.ndarray, model: str) -> float:
     """Mean squared error (linear) or mean log-loss (logistic)."""
     z = x @ w
@@ -49,6 +54,7 @@ def loss(w: np.ndarray, x: np.ndarray, y: np.ndarray, model: str) -> float:
     return float(np.mean(np.logaddexp(0, z) - y * z))
 
 
+@quiet
 def gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray, model: str) -> np.ndarray:
     z = x @ w
     residual = z - y if model == "linear" else 1 / (1 + np.exp(-z)) - y
@@ -83,6 +89,7 @@ class Pull:
     def __init__(self, lr: float, decay: float | None = None) -> None:
         self.lr, self.decay = lr, decay
 
+    @quiet
     def __call__(self, store: param.Store, updates: dict[str, Any]) -> None:
         w, clock = store.get("w")
         lr = self.lr if not self.decay else self.lr / np.sqrt(1.0 + clock / self.decay)
@@ -101,6 +108,7 @@ class Monitor:
                                   model)
         self._pulls = 0
 
+    @quiet
     def __call__(self, store: param.Store) -> bool:
         w, _ = store.get("w")
         error = float(np.linalg.norm(w - self.w_star) / np.linalg.norm(self.w_star))
@@ -111,6 +119,7 @@ class Monitor:
         return done
 
 
+@quiet
 def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[str, Any], list]:
     """One training run; the JSON fields and the trace."""
     job = param.Job(f"sgd-{args.model}", barrier=barrier, seed=args.seed,
@@ -137,9 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
     add_barrier_arguments(parser)
     parser.add_argument("--steps", type=int, default=500, help="steps per worker (default 500)")
-    parser.add_argument("--lr", type=float, default=None,
+    parser.add_argument("--lr", type=apputil.positive_float, default=None,
                         help="learning rate (default 0.1 linear, 1.0 logistic)")
-    parser.add_argument("--decay", type=float, default=None,
+    parser.add_argument("--decay", type=apputil.positive_float, default=None,
                         help="lr / sqrt(1 + updates of w / DECAY) (default: none for linear, "
                              "100 for logistic)")
     parser.add_argument("--batch", type=int, default=32, help="minibatch per worker (default 32)")

@@ -3,6 +3,8 @@ one training run per barrier, and training-curve plots."""
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from typing import Any, Callable, Sequence
 
 from actorpy import apputil
@@ -94,6 +96,15 @@ def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], m
     plt.close(fig)
 
 
+def warn_if_diverged(name: str, result: dict[str, Any]) -> None:
+    """One line on stderr when the run's loss is not finite: it diverged (too large a
+    learning rate, for one), which ``null`` in the JSON alone would not say."""
+    value = result.get("loss")
+    if isinstance(value, float) and not math.isfinite(value):
+        print(f"actorpy: {name}: training diverged (loss is {value}); try a smaller --lr",
+              file=sys.stderr)
+
+
 def run_barriers(args: argparse.Namespace,
                  train: Callable[[Any, argparse.Namespace, Any], tuple[dict[str, Any], list]],
                  describe: Callable[[dict[str, Any]], str], metric: str, label: str, *,
@@ -107,6 +118,7 @@ def run_barriers(args: argparse.Namespace,
         for name, barrier in barriers:
             result, trace = train(cluster, args, barrier)
             runs.append((name, result, trace))
+            warn_if_diverged(name, result)
             if not args.json:
                 print(f"{name:<12} {describe(result)}  updates {result['updates']}  "
                       f"{result['seconds']:.2f} s  steps per worker "

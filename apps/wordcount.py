@@ -70,12 +70,13 @@ def count_partition(lines: Iterator[str]) -> Iterable[tuple[str, int]]:
 
 
 def word_counts(cluster: Any, paths: Sequence[str], *, timeout_s: float = 3600.0,
-                progress: bool | None = None) -> dict[str, int]:
+                progress: bool | None = None, errors: str = "strict") -> dict[str, int]:
     """``{word: count}`` over every line of ``paths`` (files, directories or globs).
 
     One reduce partition per worker (few, big tasks), and the driver builds the dict as the
-    partitions stream in."""
-    counts = (mapre.load(cluster, list(paths), lines=False)
+    partitions stream in. ``errors="replace"`` reads undecodable bytes as U+FFFD instead of
+    failing on the first one."""
+    counts = (mapre.load(cluster, list(paths), lines=False, errors=errors)
               .map_partitions(count_blocks)
               .reduce_by_key(operator.add, partitions=max(1, len(cluster.workers())))
               .iterate(timeout_s=timeout_s, progress=progress))
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="how many of the most frequent words to print (default 20)")
     parser.add_argument("--timeout-s", type=float, default=3600.0,
                         help="give up after this many seconds (default 3600)")
+    parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
+                        help="an undecodable byte: fail naming file and offset (strict, the "
+                             "default) or read it as U+FFFD (replace)")
     apputil.add_cluster_arguments(parser)
     args = parser.parse_args(argv)
     if args.top < 0:
@@ -108,9 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         mapre.list_inputs(args.paths)  # a missing input fails before a cluster starts
         with apputil.connect_from_args(args) as cluster:
-            counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s)
+            counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s,
+                                 errors=args.errors)
     except ActorpyError as exc:
-        print(f"actorpy wordcount: {apputil.error_line(exc)}", file=sys.stderr)
+        hint = ("; `--errors replace` reads such bytes as U+FFFD"
+                if "InputDecodeError" in str(getattr(exc, "remote_type", "")) else "")
+        print(f"actorpy wordcount: {apputil.error_line(exc)}{hint}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - t0
     if args.json:

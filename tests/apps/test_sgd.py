@@ -60,6 +60,16 @@ class TestSGD:
             parse_barrier("pssp:a:b")
         with pytest.raises(ConfigError, match=">= 1"):
             sgd.main(["--steps", "0"])
+        for lr in ("nan", "inf", "0", "-0.1", "x"):
+            with pytest.raises(SystemExit):
+                sgd.build_parser().parse_args(["--lr", lr])
+
+    def test_a_diverged_run_says_so_and_keeps_the_json_valid(self, capsys):
+        assert sgd.main(["--lr", "1e6", "--steps", "20", "--workers", "1", "--json"]) == 0
+        out, err = capsys.readouterr()
+        result = json.loads(out)   # strict JSON: NaN would not be
+        assert result["loss"] is None and result["weight_error"] is None
+        assert "training diverged" in err and "--lr" in err and "RuntimeWarning" not in err
 
 
 class TestSGDOnACluster:

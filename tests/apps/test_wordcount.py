@@ -40,6 +40,17 @@ def test_table_and_missing_input(tmp_path):
     assert missing.returncode == 1 and "nope*.txt" in missing.stderr
 
 
+def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
+    (tmp_path / "bad.txt").write_bytes("Café bar\nfo".encode() + b"\xff" + "o cafÉ\n".encode())
+    strict = _run("--workers", "1", str(tmp_path / "bad.txt"))
+    assert strict.returncode == 1
+    assert "bad.txt" in strict.stderr and "byte offset 12" in strict.stderr
+    assert "--errors replace" in strict.stderr
+    replaced = _run("--workers", "1", "--errors", "replace", "--json", str(tmp_path / "bad.txt"))
+    assert replaced.returncode == 0, replaced.stderr
+    assert json.loads(replaced.stdout) == {"café": 2, "bar": 1, "fo\ufffdo": 1}
+
+
 def test_partition_counter_matches_split_then_lower():
     lines = ["İstanbul ǅemal ŉ ΣΑΣ", "a\u2028b", "x\u00a0y"]
     got = dict(wordcount.count_partition(iter(lines)))

@@ -37,6 +37,20 @@ def test_print_json_is_one_document():
     assert json.loads(out.getvalue()) == {"wörd": 2} and out.getvalue().count("\n") == 1
 
 
+def test_print_json_writes_non_finite_floats_as_null():
+    out = io.StringIO()
+    apputil.print_json({"loss": float("nan"), "runs": [{"e": float("-inf")}, (1.5, 2)]}, out)
+    assert "NaN" not in out.getvalue() and "Infinity" not in out.getvalue()
+    assert json.loads(out.getvalue()) == {"loss": None, "runs": [{"e": None}, [1.5, 2]]}
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "0", "-1", "one"])
+def test_positive_float_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        apputil.positive_float(text)
+    assert apputil.positive_float("0.25") == 0.25
+
+
 @pytest.mark.parametrize("argv, index", [(["sim", "--json"], 0), (["--log-level", "INFO", "sim"], 2),
                                          (["--log-level", "INFO"], None), ([], None)])
 def test_command_word_skips_global_options(argv, index):
