@@ -1,0 +1,113 @@
+"""Standalone peers (no manager) in this process, on 127.0.0.1 with CURVE: joining by
+address, endpoints learned as hints, a job submitted to the overlay, and the one-line
+errors (unreachable, wrong secret, port in use, bad address)."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from actorpy.barrier import PSP
+from actorpy.errors import ActorpyTimeout, AuthError, ConfigError, ProtocolError
+from actorpy.wire.auth import Security, generate_secret
+from engines.peer.dialer import check_endpoint
+from engines.peer.overlay_run import OverlayClient
+from engines.peer.standalone import StandalonePeer
+from tests.conftest import wait_until
+from tests.peer.test_job import init, linreg, shard, weight_error
+
+SECRET = generate_secret()
+
+
+def _peer(bootstrap: str | None = None, secret: str = SECRET) -> StandalonePeer:
+    peer = StandalonePeer("tcp://127.0.0.1:0", Security.curve(secret.encode()))
+    if bootstrap is not None:
+        try:
+            peer.join(bootstrap, timeout_s=10)
+        except BaseException:
+            peer.close()
+            raise
+    return peer
+
+
+@pytest.fixture(scope="module")
+def overlay():
+    peers = [_peer()]
+    try:
+        for _ in range(3):
+            peers.append(_peer(peers[0].endpoint))
+        yield peers
+    finally:
+        for p in peers:
+            p.close()
+
+
+def _tables(peers):
+    return [set(p.status()["table"]) for p in peers]
+
+
+class TestJoining:
+    def test_peers_join_by_address_and_learn_each_other(self, overlay):
+        addresses = {p.status()["address"] for p in overlay}
+        wait_until(lambda: all(t == addresses - {p.status()["address"]}
+                               for p, t in zip(overlay, _tables(overlay))), 10,
+                   "every peer to know every other")
+        # the later peers learned each other's endpoints from hints, not from a manager
+        assert overlay[3].dialer.endpoint_of(overlay[1].node_id) == overlay[1].endpoint
+
+    def test_the_driver_finds_every_peer_through_any_one(self, overlay):
+        with OverlayClient(overlay[2].endpoint, secret=SECRET) as client:
+            found = client.members()
+        assert found[0].endpoint == overlay[2].endpoint
+        assert {m.node_id for m in found} == {p.node_id for p in overlay}
+
+
+class TestJob:
+    def test_a_job_submitted_to_the_overlay_trains_to_the_target(self, overlay):
+        job = linreg(PSP(sample=2, staleness=1), steps=40)
+        result = job.run_overlay(overlay[1].endpoint, init(), secret=SECRET, data=shard,
+                                 timeout_s=60)
+        assert weight_error(result.model) < 0.05
+        assert sorted(result.steps.values()) == [40] * 4
+        assert result.updates == 4 * 40 * 4          # every push folded in once per key
+        assert result.lost == [] and result.rejected == 0
+        # the peers serve on, without the job: a second one starts from a fresh store
+        again = linreg(PSP(sample=2, staleness=1), steps=5).run_overlay(
+            overlay[0].endpoint, init(), secret=SECRET, data=shard, timeout_s=60)
+        assert sorted(again.steps.values()) == [5] * 4 and again.updates == 4 * 5 * 4
+        assert set(again.clocks.values()) == {4 * 5}   # clocks restarted from the seed's 0
+
+
+class TestErrors:
+    def test_nobody_at_the_bootstrap_address_times_out(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        peer = _peer()
+        try:
+            with pytest.raises(ActorpyTimeout, match="no peer answered at"):
+                peer.join(f"tcp://127.0.0.1:{free}", timeout_s=0.5)
+        finally:
+            peer.close()
+
+    def test_a_wrong_secret_is_an_auth_error(self, overlay):
+        with pytest.raises(AuthError, match="secret"):
+            _peer(overlay[0].endpoint, secret=generate_secret()).close()
+
+    def test_port_in_use_and_bad_addresses(self, overlay):
+        with pytest.raises(ConfigError, match="cannot bind"):
+            StandalonePeer(overlay[0].endpoint, Security.curve(SECRET.encode()))
+        with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
+            StandalonePeer("ipc:///tmp/x", Security.curve(SECRET.encode()))
+        peer = _peer()
+        try:
+            with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
+                peer.join("tcp://127.0.0.1", timeout_s=1)
+        finally:
+            peer.close()
+
+    @pytest.mark.parametrize("bad", [None, 7, "udp://h:1", "tcp://h:0", "tcp://0.0.0.0:5",
+                                     "tcp://h:70000", "tcp://" + "h" * 200 + ":1"])
+    def test_an_endpoint_hint_must_be_dialable_tcp(self, bad):
+        with pytest.raises(ProtocolError):
+            check_endpoint(bad)
