@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent import futures
 import random
 import time
 from typing import Any, Callable
@@ -31,7 +32,7 @@ from .shell import PeerKind
 log = logging.getLogger(__name__)
 
 #: a peer's link down this long, or a call unanswered this long: the peer is gone
-GONE_S = 1.0
+GONE_S = 1.5
 ANSWER_S = 5.0
 
 
@@ -105,15 +106,23 @@ class OverlayClient:
     # ------------------------------------------------------------------ what ClusterRun uses
     def call(self, ref: ServiceRef, kind: int, payload: Any = wm.NO_PAYLOAD, *,
              timeout_s: float = CALL_S) -> Any:
-        """A request to a peer; a peer that cannot answer in time is ``NodeLost``."""
-        down = self.node.link_down_for(ref.node)
-        if down is not None and down > GONE_S and self.node.link_ever_up(ref.node):
-            raise NodeLost(ref.node, f"peer {ref.node}: its connection is down for {down:.1f} s")
+        """A request to a peer; a peer that cannot answer in time, or whose connection is
+        down for ``GONE_S``, is ``NodeLost`` (no manager tells us it died)."""
+        fut = self.node.request(ref.node, ref.service, kind, payload,
+                                timeout_s=min(timeout_s, self.answer_s))
         try:
-            return self.node.call(ref.node, ref.service, kind, payload,
-                                  timeout_s=min(timeout_s, self.answer_s))
+            while not fut.done():
+                futures.wait([fut], GONE_S / 10)
+                down = self.node.link_down_for(ref.node)
+                if not fut.done() and down is not None and down > GONE_S:
+                    raise NodeLost(ref.node, f"peer {ref.node}: its connection is down for "
+                                             f"{down:.1f} s")
+            return fut.result(0)
         except ActorpyTimeout as exc:
             raise NodeLost(ref.node, f"peer {ref.node} is taken as gone: {exc}") from None
+        finally:
+            if not fut.done():
+                self.node.forget(fut)
 
     def stop_service(self, ref: ServiceRef) -> None:
         """The job is over on that peer (it goes on serving the overlay)."""

@@ -78,6 +78,29 @@ class TestJob:
         assert set(again.clocks.values()) == {4 * 5}   # clocks restarted from the seed's 0
 
 
+class TestKill:
+    def test_a_peer_killed_mid_run_stops_nothing_and_no_key_is_lost(self):
+        peers = [_peer()]
+        try:
+            peers += [_peer(peers[0].endpoint) for _ in range(4)]
+            killed = []
+
+            def kill_the_bootstrap(run, seconds):
+                if not killed and min(s["step"] for s in run.last.values()) >= 10:
+                    killed.append(run.addresses[0])
+                    peers[0].close()            # gone without a goodbye, as on SIGKILL
+            job = linreg(PSP(sample=2, staleness=1), steps=60)
+            result = job.run_overlay(peers[0].endpoint, init(), secret=SECRET, data=shard,
+                                     timeout_s=60, on_poll=kill_the_bootstrap)
+            assert killed and result.lost == killed
+            assert set(result.model) == set(init())          # every key read back
+            assert weight_error(result.model) < 0.05
+            assert sorted(result.steps.values())[1:] == [60] * 4
+        finally:
+            for p in peers:
+                p.close()
+
+
 class TestErrors:
     def test_nobody_at_the_bootstrap_address_times_out(self):
         with socket.socket() as s:
