@@ -11,6 +11,9 @@ endpoint from the members themselves, and finds out who listens at an address by
   a ``WELCOME`` cast carrying its Kademlia id and overlay address; the sender of that answer
   (authenticated) is the real node id. A request cannot do this: a reply is only accepted
   from the node it was sent to, whose id is what we are asking.
+- Dead peers are the overlay's business (its PINGs and rpc timeouts drop them from the
+  routing table). The dialer only forgets a node whose link has been down for
+  ``forget_after_s``, so that what is queued for a dead node does not pile up.
 """
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ HELLO_SERVICE = 65_535
 #: hints accepted per message (a NODES reply names at most ksize contacts, plus the sender)
 MAX_HINTS = 65
 MAX_ENDPOINT_CHARS = 128
+#: a node whose link has been down this long is forgotten, with what was queued for it,
+#: until a hint names it again (with no manager to declare deaths, its queue would grow)
+FORGET_AFTER_S = 30.0
 _TCP = re.compile(r"^tcp://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 _NODE_ID = re.compile(r"^[\x21-\x7e]{1,%d}$" % NODE_ID_BYTES)
 
@@ -82,9 +88,11 @@ class Dialer:
     Args:
         node: this process's node (started).
         endpoint: where others reach this node (``tcp://HOST:PORT``).
+        forget_after_s: forget a node whose link has been down this long.
     """
 
-    def __init__(self, node: Node, endpoint: str) -> None:
+    def __init__(self, node: Node, endpoint: str,
+                 forget_after_s: float = FORGET_AFTER_S) -> None:
         self.node = node
         self.endpoint = check_endpoint(endpoint)
         self._lock = threading.Lock()
@@ -92,6 +100,9 @@ class Dialer:
         self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
         self._tokens = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
         node.on(HELLO_SERVICE, int(PeerKind.WELCOME), self._welcome)
+        self.forget_after_s = forget_after_s
+        self._sweep_s = min(5.0, forget_after_s / 2)
+        node.call_later(self._sweep_s, self._sweep)
 
     # ------------------------------------------------------------------ the book
     def knows(self, node_id: str) -> bool:
@@ -139,6 +150,19 @@ class Dialer:
             if endpoint is not None and node_id != self.node.node_id:
                 out.append([node_id, endpoint])
         return out[:MAX_HINTS]
+
+    def _sweep(self) -> None:
+        """Forget the nodes whose link has been down too long (on the I/O thread)."""
+        for node_id in list(self._endpoints):
+            down = self.node.link_down_for(node_id)
+            if node_id != self.node.node_id and down is not None and down > self.forget_after_s:
+                with self._lock:
+                    endpoint = self._endpoints.pop(node_id, None)
+                self.node.forget_peer(node_id)
+                log.info("forgot peer %s at %s: its connection is down for %.0f s", node_id,
+                         endpoint, down)
+        if not self.node.closed:
+            self.node.call_later(self._sweep_s, self._sweep)
 
     # ------------------------------------------------------------------ handshake
     def hello(self, address: str, timeout_s: float) -> Welcome:

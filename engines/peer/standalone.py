@@ -26,7 +26,7 @@ from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.node import Node
 from actorpy.wire.auth import Security
 
-from .dialer import HELLO_SERVICE, PEER_SERVICE, Dialer, check_endpoint
+from .dialer import FORGET_AFTER_S, HELLO_SERVICE, PEER_SERVICE, Dialer, check_endpoint
 from .job import TRAINING_OVERLAY
 from .kademlia.events import KademliaConfig
 from .shell import PeerKind, PeerService
@@ -88,12 +88,14 @@ class StandalonePeer:
         bootstrap: the peer ``join`` will use (only to pick ``host`` on 0.0.0.0).
         overlay: the overlay's settings until a job brings its own.
         config: the node's wire settings (default: from the environment).
+        forget_after_s: forget a peer whose connection has been down this long.
     """
 
     def __init__(self, bind: str, security: Security, *, host: str | None = None,
                  bootstrap: str | None = None,
                  overlay: KademliaConfig = STANDALONE_OVERLAY,
-                 config: Config | None = None) -> None:
+                 config: Config | None = None,
+                 forget_after_s: float = FORGET_AFTER_S) -> None:
         zmq_bind, _, _ = split_bind(bind)
         config = config or Config.from_env()
         rng = random.Random(int.from_bytes(os.urandom(8), "big"))
@@ -105,7 +107,7 @@ class StandalonePeer:
             self.node.close()
             raise
         self.node.start()
-        self.dialer = Dialer(self.node, self.endpoint)
+        self.dialer = Dialer(self.node, self.endpoint, forget_after_s)
         # the last service id is the handshake's (a node-level handler), never a service
         self.host = ServiceHost(self.node, config, None, max_services=HELLO_SERVICE - 1,
                                 names=False)

@@ -19,8 +19,8 @@ from tests.peer.test_job import init, linreg, shard, weight_error
 SECRET = generate_secret()
 
 
-def _peer(bootstrap: str | None = None, secret: str = SECRET) -> StandalonePeer:
-    peer = StandalonePeer("tcp://127.0.0.1:0", Security.curve(secret.encode()))
+def _peer(bootstrap: str | None = None, secret: str = SECRET, **options) -> StandalonePeer:
+    peer = StandalonePeer("tcp://127.0.0.1:0", Security.curve(secret.encode()), **options)
     if bootstrap is not None:
         try:
             peer.join(bootstrap, timeout_s=10)
@@ -99,6 +99,20 @@ class TestKill:
         finally:
             for p in peers:
                 p.close()
+
+
+class TestDeadLinks:
+    def test_a_peer_whose_link_stays_down_is_forgotten(self, overlay):
+        late = _peer(overlay[0].endpoint, forget_after_s=0.3)
+        gone = _peer(overlay[0].endpoint)
+        wait_until(lambda: late.dialer.knows(gone.node_id), 10, "the peer learned")
+        gone.close()
+        try:
+            wait_until(lambda: not late.dialer.knows(gone.node_id), 10, "the dead one forgotten")
+            assert late.node.peer(gone.node_id) is None         # its link closed too
+            assert late.dialer.knows(overlay[0].node_id)         # the live ones stay
+        finally:
+            late.close()
 
 
 class TestErrors:
