@@ -114,14 +114,24 @@ class Dialer:
     def learn(self, node_id: NodeId, endpoint: str, *, claimed_by_itself: bool) -> bool:
         """Record where ``node_id`` listens and open the link to it; returns whether that is
         news. A node's claim about itself replaces an older one; a third party's claim only
-        fills a gap."""
+        fills a gap.
+
+        Raises:
+            ProtocolError: ZeroMQ cannot connect to ``endpoint`` (nothing learned).
+        """
         with self._lock:
             known = self._endpoints.get(node_id)
             if known == endpoint or (known is not None and not claimed_by_itself) \
                     or node_id == self.node.node_id:
                 return False
             self._endpoints[node_id] = endpoint
-        self.node.add_peer(node_id, endpoint, "peer", watch=True)
+        try:
+            self.node.add_peer(node_id, endpoint, "peer", watch=True)
+        except ConfigError as exc:
+            with self._lock:
+                if self._endpoints.get(node_id) == endpoint:
+                    del self._endpoints[node_id]
+            raise ProtocolError(f"cannot dial {node_id} at {endpoint!r}: {exc}") from None
         return True
 
     def learn_hints(self, sender: NodeId, hints: object) -> None:

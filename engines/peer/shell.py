@@ -242,6 +242,7 @@ class PeerService(Service):
         runner = self.peer.runner
         node = self.peer.node
         return {"address": self.address, "rejected": self.rejected, "late": self.late,
+                "unreachable": self.unreachable,
                 "table": sorted(c.address for c in node.routing.contacts()),
                 "keys": sorted(int(k) for k in node.storage.keys()),
                 "phase": int(runner.phase) if runner else int(Phase.IDLE),

@@ -143,6 +143,18 @@ class TestErrors:
         finally:
             peer.close()
 
+    def test_malformed_hints_drop_the_message_and_teach_nothing(self, overlay):
+        dialer = overlay[0].dialer
+        me, other = overlay[1].node_id, overlay[2].node_id
+        for hints in ([], "x", [[other, overlay[2].endpoint]],          # not the sender's first
+                      [[me, overlay[1].endpoint], ["p-unknown1", "tcp://-x:5"]],
+                      [[me, overlay[1].endpoint], ["p-" + "x" * 20, "tcp://h:1"]],
+                      [[me, overlay[1].endpoint]] * 66):
+            with pytest.raises(ProtocolError):
+                dialer.learn_hints(me, hints)
+        assert dialer.endpoint_of(me) == overlay[1].endpoint
+        assert not dialer.knows("p-" + "x" * 20) and not dialer.knows("p-unknown1")
+
     @pytest.mark.parametrize("bad", [None, 7, "udp://h:1", "tcp://h:0", "tcp://0.0.0.0:5",
                                      "tcp://h:70000", "tcp://" + "h" * 200 + ":1"])
     def test_an_endpoint_hint_must_be_dialable_tcp(self, bad):
