@@ -218,7 +218,7 @@ class Dialer:
                     if event.is_set():
                         out[address] = box[1]
                     elif failure is not None:
-                        out[address] = AuthError(f"peer at {address}: {failure}")
+                        out[address] = AuthError(failure.replace(f" with {alias} at ", " with "))
                     elif time.monotonic() > deadline:
                         out[address] = ActorpyTimeout(
                             f"no peer answered at {address} within {timeout_s:g} s: is an "

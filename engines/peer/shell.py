@@ -263,8 +263,7 @@ class PeerService(Service):
         dialer = self._dialer()
         if type(payload) is not tuple or len(payload) != 2 or type(payload[0]) is not int:
             raise ProtocolError(f"a HELLO from {env.sender} is not (token, endpoint)")
-        from .dialer import check_endpoint
-        dialer.learn(env.sender, check_endpoint(payload[1]), claimed_by_itself=True)
+        dialer.learn_hints(env.sender, [[env.sender, payload[1]]])   # validated
         self.ctx.cast(env.sender_ref, PeerKind.WELCOME,
                       (payload[0], int(self.peer.node.node_id), self.address))
 
