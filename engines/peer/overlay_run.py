@@ -103,7 +103,6 @@ class OverlayClient:
                     log.info("peer %s is listed but did not answer: %s", endpoint, outcome)
         return list(found.values())
 
-    # ------------------------------------------------------------------ what ClusterRun uses
     def call(self, ref: ServiceRef, kind: int, payload: Any = wm.NO_PAYLOAD, *,
              timeout_s: float = CALL_S) -> Any:
         """A request to a peer; a peer that cannot answer in time, or whose connection is
@@ -124,10 +123,6 @@ class OverlayClient:
             if not fut.done():
                 self.node.forget(fut)
 
-    def stop_service(self, ref: ServiceRef) -> None:
-        """The job is over on that peer (it goes on serving the overlay)."""
-        self.call(ref, PeerKind.END)
-
 
 class OverlayRun(ClusterRun):
     """``ClusterRun`` on peers that are already running: each gets the job instead of
@@ -145,6 +140,16 @@ class OverlayRun(ClusterRun):
                                                   self.data), timeout_s=CALL_S)
             self.refs.append(ref)
             self.addresses.append(member.address)
+
+    def stop(self) -> None:
+        """The job is over: each live peer drops its runner and goes on serving the
+        overlay (never stopped, never leaving: the overlay outlives its jobs)."""
+        for i, ref in enumerate(self.refs):
+            if i not in self.lost:
+                try:
+                    self.cluster.call(ref, PeerKind.END)
+                except ActorpyError as exc:
+                    log.debug("ending the job on peer %d: %s", i, exc)
 
     def add_peer(self, node: Any = None) -> str:
         raise ActorpyError("a job on standalone peers cannot grow: start the job again "

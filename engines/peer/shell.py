@@ -261,9 +261,14 @@ class PeerService(Service):
     def hello(self, payload: Any, env: Envelope) -> None:
         """Who are you? Learn the asker's endpoint, answer with a WELCOME cast."""
         dialer = self._dialer()
-        if type(payload) is not tuple or len(payload) != 2 or type(payload[0]) is not int:
-            raise ProtocolError(f"a HELLO from {env.sender} is not (token, endpoint)")
-        dialer.learn_hints(env.sender, [[env.sender, payload[1]]])   # validated
+        try:
+            if type(payload) is not tuple or len(payload) != 2 or type(payload[0]) is not int:
+                raise ProtocolError("not (token, endpoint)")
+            dialer.learn_hints(env.sender, [[env.sender, payload[1]]])   # validated
+        except ProtocolError as exc:
+            self.rejected += 1
+            log.warning("peer %s dropped a HELLO from %s: %s", self.address, env.sender, exc)
+            return
         self.ctx.cast(env.sender_ref, PeerKind.WELCOME,
                       (payload[0], int(self.peer.node.node_id), self.address))
 

@@ -3,6 +3,7 @@ address, endpoints learned as hints, a job submitted to the overlay, and the one
 errors (unreachable, wrong secret, port in use, bad address)."""
 from __future__ import annotations
 
+import logging
 import socket
 
 import pytest
@@ -10,8 +11,9 @@ import pytest
 from actorpy.barrier import PSP
 from actorpy.errors import ActorpyTimeout, AuthError, ConfigError, ProtocolError
 from actorpy.wire.auth import Security, generate_secret
-from engines.peer.dialer import check_endpoint
+from engines.peer.dialer import HELLO_SERVICE, PEER_SERVICE, check_endpoint
 from engines.peer.overlay_run import OverlayClient
+from engines.peer.shell import PeerKind
 from engines.peer.standalone import StandalonePeer
 from tests.conftest import wait_until
 from tests.peer.test_job import init, linreg, shard, weight_error
@@ -154,6 +156,20 @@ class TestErrors:
                 dialer.learn_hints(me, hints)
         assert dialer.endpoint_of(me) == overlay[1].endpoint
         assert not dialer.knows("p-" + "x" * 20) and not dialer.knows("p-unknown1")
+
+    def test_a_malformed_hello_is_one_warning_and_the_peer_serves_on(self, overlay, caplog):
+        peer = overlay[3]
+        before = peer.status()["rejected"]
+        with OverlayClient(peer.endpoint, secret=SECRET) as client:
+            with caplog.at_level(logging.WARNING, logger="engines.peer.shell"):
+                for bad in [(1, "udp://h:1"), (1, "tcp://0.0.0.0:5"), "x", (None, "tcp://h:1")]:
+                    client.node.add_peer(peer.node_id, peer.endpoint, "peer")
+                    client.node.send(peer.node_id, PEER_SERVICE, PeerKind.HELLO, bad,
+                                     from_service=HELLO_SERVICE)
+                wait_until(lambda: peer.status()["rejected"] == before + 4, 10, "4 rejected")
+            assert len([r for r in caplog.records if "dropped a HELLO" in r.getMessage()]) == 4
+            assert not peer.dialer.knows(client.node.node_id)
+            assert client.members()                      # a good hello is still answered
 
     @pytest.mark.parametrize("bad", [None, 7, "udp://h:1", "tcp://h:0", "tcp://0.0.0.0:5",
                                      "tcp://h:70000", "tcp://" + "h" * 200 + ":1"])
