@@ -12,7 +12,6 @@ port). SIGTERM or Ctrl-C hands the keys it stores to the next closest peers, the
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -21,9 +20,7 @@ from typing import Any, Sequence
 from actorpy.errors import ActorpyError, ConfigError, ProtocolError
 from actorpy.runtime.address import security_for
 from engines.peer.dialer import check_endpoint
-from engines.peer.standalone import StandalonePeer, split_bind
-
-log = logging.getLogger(__name__)
+from engines.peer.standalone import StandalonePeer, zmq_bind
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    split_bind(args.bind)
+    zmq_bind(args.bind)   # a bad --bind is refused before the secret is read
     if args.bootstrap is not None:
         try:
             check_endpoint(args.bootstrap)

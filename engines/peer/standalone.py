@@ -13,7 +13,6 @@ overlay itself (its PINGs and rpc timeouts), as in the simulator. ``actorpy peer
 """
 from __future__ import annotations
 
-import logging
 import os
 import random
 from typing import Any
@@ -31,19 +30,17 @@ from .job import TRAINING_OVERLAY
 from .kademlia.events import KademliaConfig
 from .shell import PeerKind, PeerService
 
-log = logging.getLogger(__name__)
-
 #: the overlay settings a standalone peer starts with (a job brings its own, same ksize)
 STANDALONE_OVERLAY = KademliaConfig(**{**TRAINING_OVERLAY, "rpc_timeout_s": 0.5,
                                        "replication": 3})
 CALL_S = 30.0
 
 
-def split_bind(bind: str) -> tuple[str, str, int]:
-    """``tcp://HOST:PORT`` -> (what ZeroMQ binds, host, port); port 0 or ``*``: any free one.
+def zmq_bind(bind: str) -> str:
+    """What ZeroMQ binds for ``--bind tcp://HOST:PORT``; port 0 or ``*``: any free one.
 
-    >>> split_bind("tcp://127.0.0.1:0")
-    ('tcp://127.0.0.1:*', '127.0.0.1', 0)
+    >>> zmq_bind("tcp://127.0.0.1:0"), zmq_bind("tcp://10.0.0.4:7400")
+    ('tcp://127.0.0.1:*', 'tcp://10.0.0.4:7400')
 
     Raises:
         ConfigError: not a tcp://HOST:PORT.
@@ -54,8 +51,7 @@ def split_bind(bind: str) -> tuple[str, str, int]:
             or len(bind) > 128:
         raise ConfigError(f"--bind must be tcp://HOST:PORT (PORT 0: any free port), "
                           f"not {bind!r}")
-    number = 0 if port == "*" else int(port)
-    return f"tcp://{host}:{'*' if number == 0 else number}", host, number
+    return f"tcp://{host}:{'*' if port == '*' or int(port) == 0 else int(port)}"
 
 
 def advertised(bound: str, host: str | None, bootstrap: str | None) -> str:
@@ -96,11 +92,11 @@ class StandalonePeer:
                  overlay: KademliaConfig = STANDALONE_OVERLAY,
                  config: Config | None = None,
                  forget_after_s: float = FORGET_AFTER_S) -> None:
-        zmq_bind, _, _ = split_bind(bind)
         config = config or Config.from_env()
         rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self.node_id: NodeId = new_node_id(rng, "p")
-        self.node = Node.from_config(self.node_id, zmq_bind, security, config, handover=True)
+        self.node = Node.from_config(self.node_id, zmq_bind(bind), security, config,
+                                     handover=True)
         try:
             self.endpoint = advertised(self.node.address, host, bootstrap)
         except ConfigError:
