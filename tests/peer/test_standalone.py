@@ -73,14 +73,15 @@ class TestJob:
                                  timeout_s=60)
         assert weight_error(result.model) < 0.05
         assert sorted(result.steps.values()) == [40] * 4
-        # every push folded in (once, unless a reply came after its rpc timeout: retried)
-        assert 4 * 40 * 4 <= result.updates <= 4 * 40 * 4 + 8
+        # every push folded in (once, unless a reply came after its rpc timeout: retried):
+        # a key's clock counts the writes folded into it since the seed's clock 0
+        assert all(4 * 40 <= c <= 4 * 40 + 2 for c in result.clocks.values())
         assert result.lost == [] and result.rejected == 0
         # the peers serve on, without the job: a second one starts from a fresh store
         again = linreg(PSP(sample=2, staleness=1), steps=5).run_overlay(
             overlay[0].endpoint, init(), secret=SECRET, data=shard, timeout_s=60)
-        assert sorted(again.steps.values()) == [5] * 4 and again.updates >= 4 * 5 * 4
-        assert max(again.clocks.values()) < 40       # clocks restarted from the seed's 0
+        assert sorted(again.steps.values()) == [5] * 4
+        assert all(4 * 5 <= c <= 4 * 5 + 2 for c in again.clocks.values())   # from 0 again
 
 
 class TestKill:
