@@ -15,7 +15,7 @@ from actorpy.wire.auth import Security, generate_secret
 from engines.peer.dialer import HELLO_SERVICE, PEER_SERVICE, check_endpoint
 from engines.peer.overlay_run import OverlayClient
 from engines.peer.shell import PeerKind
-from engines.peer.standalone import StandalonePeer
+from engines.peer.standalone import StandalonePeer, advertised
 from tests.conftest import wait_until
 from tests.peer.test_job import init, linreg, shard, weight_error
 
@@ -174,6 +174,14 @@ class TestErrors:
             assert len([r for r in caplog.records if "dropped a HELLO" in r.getMessage()]) == 4
             assert not peer.dialer.knows(client.node.node_id)
             assert client.members()                      # a good hello is still answered
+
+    def test_the_advertised_endpoint(self):
+        assert advertised("tcp://127.0.0.1:5000", None, None) == "tcp://127.0.0.1:5000"
+        assert advertised("tcp://0.0.0.0:5000", "10.1.2.3", None) == "tcp://10.1.2.3:5000"
+        assert advertised("tcp://0.0.0.0:5000", None, "tcp://127.0.0.1:9") == \
+            "tcp://127.0.0.1:5000"                        # the interface routing to it
+        with pytest.raises(ConfigError, match="--host"):
+            advertised("tcp://0.0.0.0:5000", None, None)
 
     @pytest.mark.parametrize("bad", [None, 7, "udp://h:1", "tcp://h:0", "tcp://0.0.0.0:5",
                                      "tcp://h:70000", "tcp://" + "h" * 200 + ":1"])
