@@ -86,7 +86,8 @@ class Node:
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
         self._router.rcvhwm = recv_hwm
-        self._router.router_handover = int(handover)
+        if handover:
+            self._router.router_handover = 1
         # Checked by libzmq before any byte is kept, also during the CURVE handshake: an
         # outsider cannot make us buffer a frame bigger than a member could send.
         self._router.maxmsgsize = max_frame_bytes + hdr.HEADER_BYTES + wm.INLINE_MAX_BYTES
