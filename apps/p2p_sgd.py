@@ -4,6 +4,10 @@ Kademlia overlay (``engines.peer``); the model lives on the overlay (each key on
 
     actorpy p2p-sgd --peers 4 --barrier pssp --sample 2 --staleness 4 --json
     actorpy p2p-sgd --peers 8 --barrier bsp --model logistic --plot curves.png
+    actorpy p2p-sgd --bootstrap tcp://10.0.0.4:7400 --secret-file cluster.secret --json
+
+With ``--bootstrap`` it trains on every standalone peer (``actorpy peer``) of that overlay,
+one training peer each, with no manager anywhere; ``--peers`` is then their number.
 
 The problem is ``actorpy sgd``'s (same data generation, w*, loss and gradient); each peer
 generates its own ``rows / peers`` rows. With ``--json`` stdout holds only ``{"loss",
@@ -26,6 +30,7 @@ from actorpy.errors import ConfigError
 from apps.sgd import Pull, generate, gradient, loss, true_weights
 from apps.training import barriers_from_args, plot_curves, warn_if_diverged
 from engines import peer
+from engines.peer.overlay_run import OverlayClient, OverlayRun
 
 BARRIERS = ("pbsp", "pssp", "asp", "bsp", "ssp")
 
@@ -102,7 +107,8 @@ class Trace:
 
 def train(cluster: Any, args: argparse.Namespace, barrier: Any,
           on_poll: Callable[[Any, float], None] | None = None) -> tuple[dict[str, Any], list]:
-    """One training run: the JSON fields and the trace (``on_poll``: see ``Job.run``)."""
+    """One training run: the JSON fields and the trace (``on_poll``: see ``Job.run``).
+    ``cluster`` is a cluster, or an ``OverlayClient`` of standalone peers."""
     job = peer.Job(f"p2p-sgd-{args.model}", barrier=barrier, replication=args.replication,
                    seed=args.seed, rpc_timeout_s=args.rpc_timeout)
     job.register_schedule(lambda ctx: ["w"])
@@ -118,10 +124,17 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
             trace(run, seconds)
         if on_poll is not None:
             on_poll(run, seconds)
-    result = job.run(cluster, peers=args.peers,
-                     init={"w": np.zeros(args.features, dtype=np.float32)},
-                     data=PeerData(args.seed, args.rows, args.peers, args.features, args.model),
-                     timeout_s=args.timeout, on_poll=poll)
+    init = {"w": np.zeros(args.features, dtype=np.float32)}
+    if isinstance(cluster, OverlayClient):
+        members = cluster.members()
+        run = OverlayRun(job, cluster, members, init,
+                         data=PeerData(args.seed, args.rows, len(members), args.features,
+                                       args.model), timeout_s=args.timeout, on_poll=poll)
+        result = run.run()
+    else:
+        result = job.run(cluster, peers=args.peers, init=init,
+                         data=PeerData(args.seed, args.rows, args.peers, args.features,
+                                       args.model), timeout_s=args.timeout, on_poll=poll)
     w = result.model["w"]
     x, y = generate(np.random.default_rng([args.seed, 1299709]), 5000, w_star, args.model)
     out = {"loss": loss(w, x, y, args.model),
@@ -162,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
     parser.add_argument("--plot", metavar="FILE", help="save the training curves (png)")
     apputil.add_cluster_arguments(parser, default_workers=2)
+    parser.add_argument("--bootstrap", metavar="tcp://HOST:PORT",
+                        help="train on the standalone peers (`actorpy peer`) of the overlay "
+                             "this peer belongs to, all of them (with --secret-file)")
     return parser
 
 
@@ -173,6 +189,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.decay = 100.0
     if min(args.peers, args.steps, args.batch, args.rows, args.features) < 1:
         raise ConfigError("--peers, --steps, --batch, --rows and --features must be >= 1")
+    if args.bootstrap and (args.manager or args.workers is not None):
+        raise ConfigError("--bootstrap trains on standalone peers: it takes no --manager "
+                          "or --workers")
     args.compare, args.high = None, None
     return args
 
@@ -180,7 +199,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     [(label, barrier)] = barriers_from_args(args)
-    with apputil.connect_from_args(args, task_threads=2) as cluster:
+    with (OverlayClient(args.bootstrap, secret_file=args.secret_file) if args.bootstrap
+          else apputil.connect_from_args(args, task_threads=2)) as cluster:
         result, trace = train(cluster, args, barrier)
     warn_if_diverged(label, result)
     if args.plot:
@@ -188,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         apputil.print_json(result)
     else:
-        print(f"{label} on {args.peers} peers: loss {result['loss']:.4g}  weight error "
+        print(f"{label} on {len(result['steps_per_worker'])} peers: loss {result['loss']:.4g}  weight error "
               f"{result['weight_error']:.4f}  updates {result['updates']}  "
               f"{result['seconds']:.2f} s  steps per peer {result['steps_per_worker']}",
               file=sys.stdout)

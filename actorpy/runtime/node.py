@@ -64,12 +64,16 @@ class Node:
         chunk_bytes, max_frame_bytes, linger_ms: see actorpy.config.Config.
         liveness: ZMTP heartbeat timings of watched links (default: Config's defaults).
         send_hwm, recv_hwm: ZeroMQ high-water marks of each link and of the ROUTER.
+        handover: a new connection from a node takes over from its older one (nodes with
+            no manager: a peer that first dialled us under a placeholder id, to learn ours,
+            then dials again; without it the second connection would be refused).
     """
 
     def __init__(self, node_id: NodeId, bind: str, security: Security, *,
                  chunk_bytes: int | None = None, max_frame_bytes: int = 1 << 30,
                  linger_ms: int = 500, liveness: LivenessTimes | None = None,
-                 send_hwm: int = SEND_HWM, recv_hwm: int = RECV_HWM) -> None:
+                 send_hwm: int = SEND_HWM, recv_hwm: int = RECV_HWM,
+                 handover: bool = False) -> None:
         self.node_id = node_id
         self._sender = hdr.sender_bytes(node_id)
         self.security = security
@@ -82,6 +86,8 @@ class Node:
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
         self._router.rcvhwm = recv_hwm
+        if handover:
+            self._router.router_handover = 1
         # Checked by libzmq before any byte is kept, also during the CURVE handshake: an
         # outsider cannot make us buffer a frame bigger than a member could send.
         self._router.maxmsgsize = max_frame_bytes + hdr.HEADER_BYTES + wm.INLINE_MAX_BYTES
@@ -129,12 +135,12 @@ class Node:
 
     @classmethod
     def from_config(cls, node_id: NodeId, bind: str, security: Security,
-                    config: Config) -> Node:
+                    config: Config, *, handover: bool = False) -> Node:
         """A node with the wire and liveness settings of ``config`` (what every process uses)."""
         return cls(node_id, bind, security, chunk_bytes=config.chunk_bytes,
                    max_frame_bytes=config.max_frame_bytes, linger_ms=config.linger_ms,
                    liveness=LivenessTimes.of(config.heartbeat_interval_s, config.dead_after_s,
-                                             config.silent_dead_after_s))
+                                             config.silent_dead_after_s), handover=handover)
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> Node:

@@ -16,6 +16,9 @@ Files:
     simrun.py   SimRun: a job on N in-process peers (SimNetwork, virtual time, kills, joins)
     shell.py    PeerService: a core service driving one Peer over the real wire (PeerKind)
     cluster_run.py  ClusterRun (Job.run): N peer services on a cluster's workers, start_peers
+    dialer.py   Dialer: a manager-less node's endpoint book (validated hints), hello by address
+    standalone.py   StandalonePeer: a peer process with no manager (``actorpy peer``)
+    overlay_run.py  OverlayClient, OverlayRun (Job.run_overlay): a job on standalone peers
 
 >>> from actorpy.barrier import PSP
 >>> Job("demo", barrier=PSP(sample=2, staleness=1)).config.replication

@@ -154,3 +154,22 @@ class Job:
         return ClusterRun(self, cluster, peers, init, data=data, timeout_s=timeout_s,
                           on_poll=on_poll).run()
 
+    def run_overlay(self, address: str, init: dict[str, Any], *,
+                    secret: str | bytes | None = None, secret_file: str | None = None,
+                    data: Callable[[int], Any] | None = None, timeout_s: float = 300.0,
+                    on_poll: Callable[[Any, float], None] | None = None) -> Any:
+        """Run the job on standalone peers (``actorpy peer``, no manager): join the overlay
+        as a light client through the peer at ``address`` (``tcp://HOST:PORT``, with the
+        cluster secret), find every live peer, and run the job on all of them, each one
+        training peer (``data(index)`` on each); returns its ``RunResult`` like ``run``.
+        The overlay's store starts empty for each job.
+
+        Raises:
+            AuthError: another secret there. ActorpyTimeout: no peer answered at
+            ``address``, or not done in ``timeout_s``. RemoteError: a callback raised.
+        """
+        from .overlay_run import run_overlay
+
+        return run_overlay(self, address, init, secret=secret, secret_file=secret_file,
+                           data=data, timeout_s=timeout_s, on_poll=on_poll)
+

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import random
 from enum import IntEnum
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -37,7 +37,10 @@ from .kademlia.ids import KadId, key_id, random_id
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
 from .peer import Peer
-from .runner import PeerRunner, Phase
+from .runner import PeerRunner, Phase, Timer
+
+if TYPE_CHECKING:
+    from .dialer import Dialer
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,13 @@ class PeerKind(IntEnum):
     FIND = 10     # driver -> peer: id to look up; reply: (contacts found, rounds, seconds)
     LOOKUP = 11   # driver -> peer: key name (FIND_VALUE, first copy found); reply:
                   # (found, rounds, seconds)
+    # standalone peers (no manager; ``dialer.py``, ``standalone.py``, ``overlay_run.py``)
+    HELLO = 20    # anyone -> peer (cast): (token, my endpoint); answered by a WELCOME cast
+    WELCOME = 21  # peer -> the HELLO's sender (cast): (token, kademlia id, overlay address)
+    MEMBERS = 22  # driver -> peer: [(kademlia id, overlay address, endpoint)] of itself and
+                  # its routing table
+    JOB = 23      # driver -> peer: (JobSpec, config, index, data): run this job next
+    END = 24      # driver -> peer: the job is over; drop its runner, serve the overlay on
 
 
 def address_of(ref: ServiceRef) -> str:
@@ -86,11 +96,14 @@ class PeerService(Service):
         index: the peer's index in its job (its runner's rng and data).
         spec: the job to run, or None for a bare overlay peer.
         data: ``data(index)`` -> what the runner finds in ``ctx.data``.
+        dialer: a standalone peer's endpoint book (no manager): overlay casts then carry
+            endpoint hints, and go only to nodes whose endpoint is known.
     """
 
     def __init__(self, ctx: ServiceContext, config: KademliaConfig, seed: int = 0,
                  index: int = 0, spec: JobSpec | None = None,
-                 data: Callable[[int], Any] | None = None) -> None:
+                 data: Callable[[int], Any] | None = None, *,
+                 dialer: Dialer | None = None) -> None:
         super().__init__(ctx)
         self.clock = ctx.clock
         self.address = address_of(ctx.ref)
@@ -103,6 +116,8 @@ class PeerService(Service):
         self.peer = Peer(node, runner)
         self.rejected = 0       # malformed or unauthenticated overlay messages dropped
         self.late = 0           # unsolicited answers (mostly after their rpc timeout)
+        self.dialer = dialer
+        self.unreachable = 0    # overlay sends dropped: no endpoint known (standalone)
         self._waiting: dict[int, tuple[Reply, Callable[[Done], Any]]] = {}
         self.perform(node.start(self.clock.now()))
 
@@ -116,9 +131,17 @@ class PeerService(Service):
                 log.warning("%s: no such peer address %r; message dropped", self.address,
                             send.address)
                 continue
-            self.ctx.cast(ref, PeerKind.OVERLAY, wire_payload(send.message))
+            payload: tuple = wire_payload(send.message)
+            if self.dialer is not None:
+                if not self.dialer.knows(ref.node):
+                    self.unreachable += 1   # the overlay's rpc timeout accounts for it
+                    continue
+                named = [c.address.rpartition("/")[0] for c in getattr(send.message, "contacts", ())]
+                payload = (*payload, self.dialer.hints(named))
+            self.ctx.cast(ref, PeerKind.OVERLAY, payload)
         for timer in eff.timers:
-            self.ctx.schedule(timer.delay_s, self._fire, timer.kind, timer.token)
+            self.ctx.schedule(timer.delay_s, self._fire, timer.kind, timer.token,
+                              self.peer.runner)
         for done in eff.done:
             waiting = self._waiting.pop(done.op_id, None)
             if waiting is not None:
@@ -128,7 +151,9 @@ class PeerService(Service):
                 except Exception as exc:  # noqa: BLE001 - the driver gets the error
                     reply.fail(exc)
 
-    def _fire(self, kind: Any, token: int) -> None:
+    def _fire(self, kind: Any, token: int, runner: PeerRunner | None) -> None:
+        if isinstance(kind, Timer) and runner is not self.peer.runner:
+            return   # a timer of a job this standalone peer has ended
         self.perform(self.peer.on_timer(kind, token, self.clock.now()))
 
     def _op(self, env: Envelope, started: tuple[int, Effects],
@@ -142,8 +167,12 @@ class PeerService(Service):
     def overlay(self, payload: Any, env: Envelope) -> None:
         sender = address_of(env.sender_ref)   # authenticated: the header, not the payload
         try:
-            if type(payload) is not tuple or len(payload) != 2 or type(payload[1]) is not list:
-                raise ProtocolError("an overlay message is (wire tuple, [value buffers])")
+            if type(payload) is not tuple or len(payload) not in (2, 3) \
+                    or type(payload[1]) is not list:
+                raise ProtocolError("an overlay message is (wire tuple, [value buffers]"
+                                    "[, endpoint hints])")
+            if len(payload) == 3 and self.dialer is not None:
+                self.dialer.learn_hints(env.sender, payload[2])   # before any answer
             eff = self.peer.receive(sender, payload[0], self.clock.now(), payload[1])
         except ProtocolError as exc:
             if str(exc).startswith("unsolicited"):
@@ -213,6 +242,7 @@ class PeerService(Service):
         runner = self.peer.runner
         node = self.peer.node
         return {"address": self.address, "rejected": self.rejected, "late": self.late,
+                "unreachable": self.unreachable,
                 "table": sorted(c.address for c in node.routing.contacts()),
                 "keys": sorted(int(k) for k in node.storage.keys()),
                 "phase": int(runner.phase) if runner else int(Phase.IDLE),
@@ -225,6 +255,62 @@ class PeerService(Service):
         if self.peer.runner is not None:
             self.peer.runner.phase = Phase.DONE
         self._op(env, self.peer.node.leave(self.clock.now()), lambda done: len(done.stored_on))
+
+    # ------------------------------------------------------------------ standalone
+    @handles(PeerKind.HELLO)
+    def hello(self, payload: Any, env: Envelope) -> None:
+        """Who are you? Learn the asker's endpoint, answer with a WELCOME cast."""
+        dialer = self._dialer()
+        try:
+            if type(payload) is not tuple or len(payload) != 2 or type(payload[0]) is not int:
+                raise ProtocolError("not (token, endpoint)")
+            dialer.learn_hints(env.sender, [[env.sender, payload[1]]])   # validated
+        except ProtocolError as exc:
+            self.rejected += 1
+            log.warning("peer %s dropped a HELLO from %s: %s", self.address, env.sender, exc)
+            return
+        self.ctx.cast(env.sender_ref, PeerKind.WELCOME,
+                      (payload[0], int(self.peer.node.node_id), self.address))
+
+    @handles(PeerKind.MEMBERS)
+    def members(self, _: Any, env: Envelope) -> list[tuple[int, str, str]]:
+        dialer = self._dialer()
+        out = [(int(self.peer.node.node_id), self.address, dialer.endpoint)]
+        for contact in self.peer.node.routing.contacts():
+            endpoint = dialer.endpoint_of(contact.address.rpartition("/")[0])
+            if endpoint is not None:
+                out.append((int(contact.node_id), contact.address, endpoint))
+        return out
+
+    @handles(PeerKind.JOB)
+    def job(self, payload: tuple[JobSpec, KademliaConfig, int, Any], env: Envelope) -> int:
+        """Run this job next: the overlay's store starts empty for it (its keys get clock 0
+        again), the node takes the job's overlay settings (same ``ksize``)."""
+        spec, config, index, data = payload
+        node = self.peer.node
+        runner = self.peer.runner
+        if runner is not None and runner.phase not in (Phase.DONE, Phase.FAILED, Phase.IDLE):
+            raise ActorpyError(f"peer {self.address} is running job {runner.spec.name!r}")
+        if config.ksize != node.config.ksize:
+            raise ActorpyError(f"this overlay runs with ksize={node.config.ksize}, the job "
+                               f"asks for {config.ksize}")
+        node.config = config
+        for key in node.storage.keys():
+            node.storage.drop(key)
+        self.peer.runner = PeerRunner(spec, node, index,
+                                      data(index) if data is not None else None)
+        return len(node.routing.contacts())
+
+    @handles(PeerKind.END)
+    def end(self, _: Any, env: Envelope) -> bool:
+        """The job is over: keep serving the overlay, without its runner."""
+        ended, self.peer.runner = self.peer.runner is not None, None
+        return ended
+
+    def _dialer(self) -> Dialer:
+        if self.dialer is None:
+            raise ActorpyError(f"peer {self.address} is not a standalone peer")
+        return self.dialer
 
     def _runner(self) -> PeerRunner:
         if self.peer.runner is None:

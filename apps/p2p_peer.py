@@ -1,0 +1,79 @@
+"""``actorpy peer``: a standalone P2P peer, with no manager anywhere. It joins the overlay
+through any live peer and serves the jobs submitted to it (``Job.run_overlay``, or
+``actorpy p2p-sgd --bootstrap``).
+
+    actorpy secret --out cluster.secret                      # once; copy it to every host
+    actorpy peer --bind tcp://10.0.0.4:7400 --secret-file cluster.secret
+    actorpy peer --bind tcp://10.0.0.5:7400 --bootstrap tcp://10.0.0.4:7400 --secret-file cluster.secret
+
+The first line on stdout says where the peer listens (``--bind tcp://HOST:0`` picks a free
+port). SIGTERM or Ctrl-C hands the keys it stores to the next closest peers, then exits.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Any, Sequence
+
+from actorpy.errors import ActorpyError, ConfigError, ProtocolError
+from actorpy.runtime.address import security_for
+from engines.peer.dialer import check_endpoint
+from engines.peer.standalone import StandalonePeer, zmq_bind
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="actorpy peer", description=__doc__.splitlines()[0])
+    parser.add_argument("--bind", required=True, metavar="tcp://HOST:PORT",
+                        help="where to listen (PORT 0: any free port)")
+    parser.add_argument("--bootstrap", metavar="tcp://HOST:PORT",
+                        help="any live peer of the overlay (none: this is the first peer)")
+    parser.add_argument("--secret-file", metavar="F",
+                        help="the cluster secret (else ACTORPY_SECRET)")
+    parser.add_argument("--host", help="the host other peers dial, if not the bound one")
+    parser.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds the bootstrap peer may take to answer (default 10)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    zmq_bind(args.bind)   # a bad --bind is refused before the secret is read
+    if args.bootstrap is not None:
+        try:
+            check_endpoint(args.bootstrap)
+        except ProtocolError:
+            raise ConfigError(f"--bootstrap must be tcp://HOST:PORT of a live peer, not "
+                              f"{args.bootstrap!r}") from None
+    if not args.timeout > 0:
+        raise ConfigError("--timeout must be a positive number of seconds")
+    security = security_for(args.bind, secret_file=args.secret_file)
+    peer = StandalonePeer(args.bind, security, host=args.host, bootstrap=args.bootstrap)
+    stopped = threading.Event()
+    try:
+        contacts = peer.join(args.bootstrap, args.timeout) if args.bootstrap else 0
+        joined = f"joined through {args.bootstrap}, {contacts} contacts" if args.bootstrap \
+            else "the first peer"
+        print(f"actorpy peer {peer.node_id} ready at {peer.endpoint} ({joined})", flush=True)
+        peer.node.on_fatal(lambda reason: stopped.set())
+
+        def on_signal(signum: int, frame: Any) -> None:
+            signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process outright
+            stopped.set()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+        while not stopped.wait(0.5):
+            pass
+        if not peer.node.closed:
+            try:
+                peer.leave()
+            except ActorpyError as exc:
+                print(f"actorpy peer: leaving: {exc}", file=sys.stderr)
+    finally:
+        peer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""``actorpy peer`` processes started by hand (no manager anywhere): four join one by one,
+the bootstrap peer is SIGKILLed once the others joined, and ``actorpy p2p-sgd --bootstrap``
+submitted through a survivor still trains to the target with no model key lost."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from actorpy.runtime.context import ServiceRef
+from actorpy.wire import auth
+from engines.peer.dialer import PEER_SERVICE
+from engines.peer.overlay_run import OverlayClient
+from engines.peer.shell import PeerKind
+from tests.conftest import wait_until
+
+READY = re.compile(r"ready at (tcp://127\.0\.0\.1:\d+)")
+
+
+def _first_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The first line the process prints, waited for at most ``timeout_s``."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout_s):
+            pytest.fail(f"no line from {proc.args} within {timeout_s} s")
+    return proc.stdout.readline()
+
+
+def _peer(secret_file: str, bootstrap: str | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "actorpy", "peer", "--bind", "tcp://127.0.0.1:0",
+           "--secret-file", secret_file]
+    return subprocess.Popen(cmd + (["--bootstrap", bootstrap] if bootstrap else []),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _endpoint(proc: subprocess.Popen) -> str:
+    line = _first_line(proc, 30)
+    match = READY.search(line)
+    assert match, f"not a ready line: {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+    return match.group(1)
+
+
+@pytest.fixture
+def secret_file(tmp_path):
+    path = str(tmp_path / "cluster.secret")
+    auth.write_secret_file(path, auth.generate_secret())
+    return path
+
+
+def test_peers_by_hand_bootstrap_killed_job_still_reaches_the_target(secret_file):
+    procs = [_peer(secret_file)]
+    try:
+        bootstrap = _endpoint(procs[0])
+        procs += [_peer(secret_file, bootstrap) for _ in range(3)]
+        endpoints = [bootstrap] + [_endpoint(p) for p in procs[1:]]
+
+        with OverlayClient(endpoints[1], secret_file=secret_file) as client:
+            def everyone_knows_everyone() -> bool:
+                members = client.members()
+                tables = [client.call(ServiceRef(m.node_id, PEER_SERVICE), PeerKind.STATUS)
+                          ["table"] for m in members]
+                return len(members) == 4 and all(len(t) == 3 for t in tables)
+            wait_until(everyone_knows_everyone, 20, "the four peers to know each other")
+
+        procs[0].send_signal(signal.SIGKILL)         # the bootstrap peer dies, no goodbye
+        procs[0].wait(10)
+        out = subprocess.run(
+            [sys.executable, "-m", "actorpy", "p2p-sgd", "--bootstrap", endpoints[2],
+             "--secret-file", secret_file, "--steps", "3000", "--target", "0.05",
+             "--rpc-timeout", "0.3", "--json"],
+            capture_output=True, text=True, timeout=90)
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert result["weight_error"] < 0.05                 # read back from the overlay
+        assert len(result["steps_per_worker"]) == 3          # the three survivors trained
+        assert max(result["steps_per_worker"]) < 3000        # stopped on the target
+        for proc in procs[1:]:
+            assert proc.poll() is None                       # still serving
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)             # leave: keys handed on
+        deadline = time.monotonic() + 20
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for proc in procs[1:]:
+            assert proc.returncode == 0, proc.stderr.read()
+
+
+def test_clear_one_line_errors(secret_file, tmp_path):
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "actorpy", "peer", *args],
+                              capture_output=True, text=True, timeout=30,
+                              env={**os.environ, **(env or {})})
+
+    no_secret = run("--bind", "tcp://127.0.0.1:0", env={"ACTORPY_SECRET": ""})
+    assert no_secret.returncode == 2 and "secret" in no_secret.stderr
+    bad = run("--bind", "tcp://127.0.0.1", "--secret-file", secret_file)
+    assert bad.returncode == 2 and "tcp://HOST:PORT" in bad.stderr
+    first = _peer(secret_file)
+    try:
+        endpoint = _endpoint(first)
+        taken = run("--bind", endpoint, "--secret-file", secret_file)
+        assert taken.returncode == 2 and "cannot bind" in taken.stderr
+        other = str(tmp_path / "other.secret")
+        auth.write_secret_file(other, auth.generate_secret())
+        wrong = run("--bind", "tcp://127.0.0.1:0", "--bootstrap", endpoint,
+                    "--secret-file", other, "--timeout", "5")
+        assert wrong.returncode == 1 and "secret differs" in wrong.stderr
+        nobody = run("--bind", "tcp://127.0.0.1:0", "--bootstrap", "tcp://127.0.0.1:9",
+                     "--timeout", "0.5", env={"ACTORPY_SECRET": open(secret_file).read().strip()})
+        assert nobody.returncode == 1 and "no peer answered at tcp://127.0.0.1:9" in nobody.stderr
+        for out in (no_secret, bad, taken, wrong, nobody):
+            assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(20)

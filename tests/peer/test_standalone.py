@@ -1,0 +1,190 @@
+"""Standalone peers (no manager) in this process, on 127.0.0.1 with CURVE: joining by
+address, endpoints learned as hints, a job submitted to the overlay, and the one-line
+errors (unreachable, wrong secret, port in use, bad address)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+
+import pytest
+
+from actorpy.barrier import PSP
+from actorpy.errors import ActorpyTimeout, AuthError, ConfigError, ProtocolError
+from actorpy.wire.auth import Security, generate_secret
+from engines.peer.dialer import HELLO_SERVICE, PEER_SERVICE, check_endpoint
+from engines.peer.overlay_run import OverlayClient
+from engines.peer.shell import PeerKind
+from engines.peer.standalone import StandalonePeer, advertised
+from tests.conftest import wait_until
+from tests.peer.test_job import init, linreg, shard, weight_error
+
+SECRET = generate_secret()
+
+
+def _peer(bootstrap: str | None = None, secret: str = SECRET, **options) -> StandalonePeer:
+    peer = StandalonePeer("tcp://127.0.0.1:0", Security.curve(secret.encode()), **options)
+    if bootstrap is not None:
+        try:
+            peer.join(bootstrap, timeout_s=10)
+        except BaseException:
+            peer.close()
+            raise
+    return peer
+
+
+@pytest.fixture(scope="module")
+def overlay():
+    peers = [_peer()]
+    try:
+        for _ in range(3):
+            peers.append(_peer(peers[0].endpoint))
+        yield peers
+    finally:
+        for p in peers:
+            p.close()
+
+
+def _tables(peers):
+    return [set(p.status()["table"]) for p in peers]
+
+
+class TestJoining:
+    def test_peers_join_by_address_and_learn_each_other(self, overlay):
+        addresses = {p.status()["address"] for p in overlay}
+        wait_until(lambda: all(t == addresses - {p.status()["address"]}
+                               for p, t in zip(overlay, _tables(overlay))), 10,
+                   "every peer to know every other")
+        # the later peers learned each other's endpoints from hints, not from a manager
+        assert overlay[3].dialer.endpoint_of(overlay[1].node_id) == overlay[1].endpoint
+
+    def test_the_driver_finds_every_peer_through_any_one(self, overlay):
+        with OverlayClient(overlay[2].endpoint, secret=SECRET) as client:
+            found = client.members()
+        assert found[0].endpoint == overlay[2].endpoint
+        assert {m.node_id for m in found} == {p.node_id for p in overlay}
+
+
+class TestJob:
+    def test_a_job_submitted_to_the_overlay_trains_to_the_target(self, overlay):
+        job = linreg(PSP(sample=2, staleness=1), steps=40)
+        job.config = dataclasses.replace(job.config, rpc_timeout_s=0.5)   # a loaded machine
+        result = job.run_overlay(overlay[1].endpoint, init(), secret=SECRET, data=shard,
+                                 timeout_s=60)
+        assert weight_error(result.model) < 0.05
+        assert sorted(result.steps.values()) == [40] * 4
+        # every push folded in (once, unless a reply came after its rpc timeout: retried):
+        # a key's clock counts the writes folded into it since the seed's clock 0
+        assert all(4 * 40 <= c <= 4 * 40 + 2 for c in result.clocks.values())
+        assert result.lost == [] and result.rejected == 0
+        # the peers serve on, without the job: a second one starts from a fresh store
+        again = linreg(PSP(sample=2, staleness=1), steps=5).run_overlay(
+            overlay[0].endpoint, init(), secret=SECRET, data=shard, timeout_s=60)
+        assert sorted(again.steps.values()) == [5] * 4
+        assert all(4 * 5 <= c <= 4 * 5 + 2 for c in again.clocks.values())   # from 0 again
+
+
+class TestKill:
+    def test_a_peer_killed_mid_run_stops_nothing_and_no_key_is_lost(self):
+        peers = [_peer()]
+        try:
+            peers += [_peer(peers[0].endpoint) for _ in range(4)]
+            killed = []
+
+            def kill_the_bootstrap(run, seconds):
+                if not killed and min(s["step"] for s in run.last.values()) >= 10:
+                    killed.append(run.addresses[0])
+                    peers[0].close()            # gone without a goodbye, as on SIGKILL
+            job = linreg(PSP(sample=2, staleness=1), steps=60)
+            result = job.run_overlay(peers[0].endpoint, init(), secret=SECRET, data=shard,
+                                     timeout_s=60, on_poll=kill_the_bootstrap)
+            assert killed and result.lost == killed
+            assert set(result.model) == set(init())          # every key read back
+            assert weight_error(result.model) < 0.05
+            assert sorted(result.steps.values())[1:] == [60] * 4
+        finally:
+            for p in peers:
+                p.close()
+
+
+class TestDeadLinks:
+    def test_a_peer_whose_link_stays_down_is_forgotten(self, overlay):
+        late = _peer(overlay[0].endpoint, forget_after_s=0.3)
+        gone = _peer(overlay[0].endpoint)
+        wait_until(lambda: late.dialer.knows(gone.node_id), 10, "the peer learned")
+        gone.close()
+        try:
+            wait_until(lambda: not late.dialer.knows(gone.node_id), 10, "the dead one forgotten")
+            assert late.node.peer(gone.node_id) is None         # its link closed too
+            assert late.dialer.knows(overlay[0].node_id)         # the live ones stay
+        finally:
+            late.close()
+
+
+class TestErrors:
+    def test_nobody_at_the_bootstrap_address_times_out(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        peer = _peer()
+        try:
+            with pytest.raises(ActorpyTimeout, match="no peer answered at"):
+                peer.join(f"tcp://127.0.0.1:{free}", timeout_s=0.5)
+        finally:
+            peer.close()
+
+    def test_a_wrong_secret_is_an_auth_error(self, overlay):
+        with pytest.raises(AuthError, match="secret"):
+            _peer(overlay[0].endpoint, secret=generate_secret()).close()
+
+    def test_port_in_use_and_bad_addresses(self, overlay):
+        with pytest.raises(ConfigError, match="cannot bind"):
+            StandalonePeer(overlay[0].endpoint, Security.curve(SECRET.encode()))
+        with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
+            StandalonePeer("ipc:///tmp/x", Security.curve(SECRET.encode()))
+        peer = _peer()
+        try:
+            with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
+                peer.join("tcp://127.0.0.1", timeout_s=1)
+        finally:
+            peer.close()
+
+    def test_malformed_hints_drop_the_message_and_teach_nothing(self, overlay):
+        dialer = overlay[0].dialer
+        me, other = overlay[1].node_id, overlay[2].node_id
+        for hints in ([], "x", [[other, overlay[2].endpoint]],          # not the sender's first
+                      [[me, overlay[1].endpoint], ["p-unknown1", "tcp://-x:5"]],
+                      [[me, overlay[1].endpoint], ["p-" + "x" * 20, "tcp://h:1"]],
+                      [[me, overlay[1].endpoint]] * 66):
+            with pytest.raises(ProtocolError):
+                dialer.learn_hints(me, hints)
+        assert dialer.endpoint_of(me) == overlay[1].endpoint
+        assert not dialer.knows("p-" + "x" * 20) and not dialer.knows("p-unknown1")
+
+    def test_a_malformed_hello_is_one_warning_and_the_peer_serves_on(self, overlay, caplog):
+        peer = overlay[3]
+        before = peer.status()["rejected"]
+        with OverlayClient(peer.endpoint, secret=SECRET) as client:
+            with caplog.at_level(logging.WARNING, logger="engines.peer.shell"):
+                for bad in [(1, "udp://h:1"), (1, "tcp://0.0.0.0:5"), "x", (None, "tcp://h:1")]:
+                    client.node.add_peer(peer.node_id, peer.endpoint, "peer")
+                    client.node.send(peer.node_id, PEER_SERVICE, PeerKind.HELLO, bad,
+                                     from_service=HELLO_SERVICE)
+                wait_until(lambda: peer.status()["rejected"] == before + 4, 10, "4 rejected")
+            assert len([r for r in caplog.records if "dropped a HELLO" in r.getMessage()]) == 4
+            assert not peer.dialer.knows(client.node.node_id)
+            assert client.members()                      # a good hello is still answered
+
+    def test_the_advertised_endpoint(self):
+        assert advertised("tcp://127.0.0.1:5000", None, None) == "tcp://127.0.0.1:5000"
+        assert advertised("tcp://0.0.0.0:5000", "10.1.2.3", None) == "tcp://10.1.2.3:5000"
+        assert advertised("tcp://0.0.0.0:5000", None, "tcp://127.0.0.1:9") == \
+            "tcp://127.0.0.1:5000"                        # the interface routing to it
+        with pytest.raises(ConfigError, match="--host"):
+            advertised("tcp://0.0.0.0:5000", None, None)
+
+    @pytest.mark.parametrize("bad", [None, 7, "udp://h:1", "tcp://h:0", "tcp://0.0.0.0:5",
+                                     "tcp://h:70000", "tcp://" + "h" * 200 + ":1"])
+    def test_an_endpoint_hint_must_be_dialable_tcp(self, bad):
+        with pytest.raises(ProtocolError):
+            check_endpoint(bad)
