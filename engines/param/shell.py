@@ -28,6 +28,11 @@ from engines.param.store import Store
 
 log = logging.getLogger(__name__)
 
+#: A shard whose model is at most this big, and that writes no checkpoints, answers JOIN and
+#: PUSH on the node's I/O thread when it is idle (``Service.quick_kinds``: one thread
+#: hand-off less per step); a bigger model's pull and reply stay on the shard's thread.
+QUICK_MODEL_BYTES = 1 << 20
+
 #: How long a request for the final model waits for a stop that is due at a step (the
 #: pushes completing that round are already on their way) before the shard stops anyway.
 HALT_WAIT_S = 10.0
@@ -73,6 +78,8 @@ class ShardService(Service):
                               f"the server's node {ctx.node_id}; create it (every shard host "
                               "must see it)")
         c = spec.config
+        if self._path is None and _nbytes(values) <= QUICK_MODEL_BYTES:
+            self.quick_kinds = frozenset({ParamKind.JOIN, ParamKind.PUSH})
         store = Store(values, spec.key_map, c.shard)
         self.core = ServerCore(c, store, spec.callbacks, SystemClock())
         if spec.resume:
@@ -225,3 +232,14 @@ class ShardService(Service):
         except (OSError, ConfigError) as exc:
             log.error("shard %d of %s could not write its checkpoint %s: %s", c.shard, c.job,
                       self._path, exc)
+
+
+def _nbytes(values: dict[str, Any]) -> int:
+    """The model's size in bytes (numpy arrays and torch tensors; anything else counts 0)."""
+    total = 0
+    for value in values.values():
+        nbytes = getattr(value, "nbytes", None)
+        if nbytes is None and hasattr(value, "element_size"):
+            nbytes = value.element_size() * value.nelement()
+        total += int(nbytes or 0)
+    return total
