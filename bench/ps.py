@@ -380,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                     ratio = (result[0] / result[1]) / (plain[0] / plain[1])
                     extra = f"actorpy/plain ms per update {ratio:.2f} (target <= 1.3)"
                     if straggle:
-                        extra = (f"loses {100 * (plain[0] / med[(f'plain {name}', False)][0] - 1):+.0f}"
-                                 f" %; {extra}")
+                        lost = plain[0] / med[(f"plain {name}", False)][0] - 1
+                        extra = f"loses {100 * lost:+.0f} %; {extra}"
                     _row(f"plain pyzmq {name}", plain, extra)
             if not straggle:
                 _row("single-process SGD", single_process(args))

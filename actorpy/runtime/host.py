@@ -5,9 +5,10 @@ The I/O thread only routes: a message for a service is offered to its inbox (nev
 waiting; a full inbox refuses it, see ``Mailbox``), and the service's own thread does the
 rest, including decoding the start request and constructing the service. The one exception:
 a message of a kind the service declares quick (``Service.quick_kinds``) is handled on the
-I/O thread itself when the service is idle and its inbox empty (one thread hand-off less). A service whose
-thread dies is logged at ERROR, the node that started it is told (SERVICE_DIED), requests
-queued for it get an ERROR naming it, and so do later ones while its id is not reused.
+I/O thread itself when the service is idle and its inbox empty (one thread hand-off less).
+A service whose thread dies is logged at ERROR, the node that started it is told
+(SERVICE_DIED), requests queued for it get an ERROR naming it, and so do later ones while
+its id is not reused.
 """
 from __future__ import annotations
 
