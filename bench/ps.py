@@ -17,7 +17,9 @@ target, worker updates folded, ms per update.
 * single-process SGD on all the rows, minibatch 256.
 
 Then the same with worker 2 made 3x slower (it sleeps twice its compute time each step),
-adding LB-BSP (balance=True). Then the pull-compute-push rate for a model of RATE_FLOATS
+adding LB-BSP (balance=True). Each row's runs with and without the straggler alternate
+(``--repeat`` times, median reported), so the load of a shared machine drifts less between
+the two sides of a "loses" figure. Then the pull-compute-push rate for a model of RATE_FLOATS
 float32 (1M by default) with 1 and 2 workers, ASP, against plain pyzmq moving the same bytes
 (update up, weights back, the same ``w - lr * g`` on the server). Last, start-up: from before
 ``connect()`` to the first push reaching the server.
@@ -312,6 +314,11 @@ def single_process(args: argparse.Namespace) -> tuple[float, int, float]:
 
 
 # ------------------------------------------------------------------ report
+def _median(rows: list[tuple[float, int, float]]) -> tuple[float, int, float]:
+    """The run with the median time (its own updates and error)."""
+    return sorted(rows)[len(rows) // 2]
+
+
 def _row(name: str, result: tuple[float, int, float], extra: str = "") -> None:
     seconds, updates, err = result
     print(f"  {name:<28} {seconds:>8.2f} s {updates:>8d} {1000 * seconds / max(updates, 1):>9.3f}"
@@ -330,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-floats", type=int, default=1_000_000)
     parser.add_argument("--rate-updates", type=int, default=400)
     parser.add_argument("--startup-repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="alternating runs per Job A row (medians are reported)")
     args = parser.parse_args(argv)
 
     import actorpy
@@ -341,40 +350,53 @@ def main(argv: list[str] | None = None) -> int:
           f"worker, target |w-w*|/|w*| < {args.target}; 2 workers, 1 server; "
           f"{os.cpu_count()} cores")
     header = f"  {'':<28} {'to target':>10} {'updates':>8} {'ms/update':>9} {'error':>8}"
-    times: dict[tuple[str, bool], float] = {}
-    plain_ms: dict[str, float] = {}
+    # Each barrier's runs with and without the straggler (and the plain PS's) alternate,
+    # args.repeat times, and the medians are reported: on a shared machine the load drifts
+    # more between two runs a minute apart than a straggler changes a run.
+    runs = barriers + [("LB-BSP", BSP())]
+    results: dict[tuple[str, bool], list[tuple[float, int, float]]] = {}
     with actorpy.connect(workers=2) as cluster:
+        for name, barrier in runs:
+            for _ in range(args.repeat):
+                for straggle in (False, True):
+                    results.setdefault((name, straggle), []).append(actorpy_job_a(
+                        cluster, args, barrier, straggle, balance=name == "LB-BSP"))
+                    if name in ("BSP", "ASP"):
+                        results.setdefault((f"plain {name}", straggle), []).append(
+                            plain_run(args, name.lower(), straggle))
+        med = {key: _median(rows) for key, rows in results.items()}
         for straggle in (False, True):
             print(("\nworker 2 three times slower (sleeps 2x its compute)" if straggle
-                   else "\nno straggler"))
+                   else "\nno straggler") + f"; medians of {args.repeat} alternating runs")
             print(header)
-            runs = barriers + [("LB-BSP", BSP())]
-            for name, barrier in runs:
-                result = actorpy_job_a(cluster, args, barrier, straggle, balance=name == "LB-BSP")
-                times[(name, straggle)] = result[0]
+            for name, _ in runs:
+                result = med[(name, straggle)]
                 extra = ""
                 if straggle:
-                    extra = f"loses {100 * (result[0] / times[(name, False)] - 1):+.0f} %"
+                    extra = f"loses {100 * (result[0] / med[(name, False)][0] - 1):+.0f} %"
                 _row(f"actorpy {name}", result, extra)
-                if not straggle and name in ("BSP", "ASP"):
-                    plain = plain_run(args, name.lower(), straggle)
-                    plain_ms[name] = 1000 * plain[0] / plain[1]
-                    _row(f"plain pyzmq {name}", plain,
-                         f"actorpy/plain ms per update {1000 * result[0] / result[1] / plain_ms[name]:.2f}"
-                         " (target <= 1.3)")
-            if straggle:
-                for name in ("BSP", "ASP"):
-                    _row(f"plain pyzmq {name}", plain_run(args, name.lower(), True))
-            else:
+                if name in ("BSP", "ASP"):
+                    plain = med[(f"plain {name}", straggle)]
+                    ratio = (result[0] / result[1]) / (plain[0] / plain[1])
+                    extra = f"actorpy/plain ms per update {ratio:.2f} (target <= 1.3)"
+                    if straggle:
+                        lost = plain[0] / med[(f"plain {name}", False)][0] - 1
+                        extra = f"loses {100 * lost:+.0f} %; {extra}"
+                    _row(f"plain pyzmq {name}", plain, extra)
+            if not straggle:
                 _row("single-process SGD", single_process(args))
 
         print(f"\npull-compute-push rate, {args.rate_floats} float32 model "
               f"({4 * args.rate_floats / 1e6:.1f} MB each way), ASP")
         for workers in (1, 2):
-            ours = actorpy_rate(cluster, args.rate_floats, workers, args.rate_updates)
-            seconds, updates, _ = plain_run(args, "asp", False, workers, args.rate_floats,
-                                            max_updates=args.rate_updates)
-            plain = updates / seconds
+            rates: list[tuple[float, float]] = []
+            for _ in range(args.repeat):   # alternating; the median of each side
+                ours = actorpy_rate(cluster, args.rate_floats, workers, args.rate_updates)
+                seconds, updates, _ = plain_run(args, "asp", False, workers, args.rate_floats,
+                                                max_updates=args.rate_updates)
+                rates.append((ours, updates / seconds))
+            ours = statistics.median(r[0] for r in rates)
+            plain = statistics.median(r[1] for r in rates)
             print(f"  {workers} worker(s): actorpy {ours:8.1f} updates/s   plain pyzmq "
                   f"{plain:8.1f} updates/s   ratio {ours / plain:.2f} (target >= 0.8)", flush=True)
     starts = startup(args.startup_repeat)

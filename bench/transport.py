@@ -375,6 +375,20 @@ def cpu_per_message(quick: bool) -> None:
         t_raw = statistics.median(timeit.repeat(raw, number=n, repeat=5)) / n * 1e6
         t_wire = statistics.median(timeit.repeat(wire, number=n, repeat=5)) / n * 1e6
         print(f"{p.label:<12} {t_raw:>8.1f} {t_wire:>8.1f} {t_wire - t_raw:>9.1f}")
+    # A parameter-server step as the param engine sends it: (step, {key: update}, batch,
+    # seconds) with a 4 KB float32 update; raw moves the array alone.
+    grad = np.ones(1000, dtype=np.float32)
+    step = (7, {"w": grad}, 256, 0.001)
+
+    def raw_step() -> None:
+        raw_decode([zmq.Frame(f) for f in raw_frames(grad)], "numpy")
+
+    def wire_step() -> None:
+        frames = [zmq.Frame(f) for f in wire_frames(step, CLIENT_ID, Kind.RESULT, security, 1)]
+        wire_decode(frames, security, has_identity=False)
+    t_raw = statistics.median(timeit.repeat(raw_step, number=2000, repeat=5)) / 2000 * 1e6
+    t_wire = statistics.median(timeit.repeat(wire_step, number=2000, repeat=5)) / 2000 * 1e6
+    print(f"{'PS step 4KB':<12} {t_raw:>8.1f} {t_wire:>8.1f} {t_wire - t_raw:>9.1f}")
     print()
 
 

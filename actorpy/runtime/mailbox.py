@@ -41,6 +41,11 @@ class Mailbox:
     what the service itself asked for (its requests in flight, its timers, its
     subscriptions), and dropping one would break the service's own logic.
 
+    A thread other than the service's may run one message itself (``claim`` ... ``release``:
+    a quick handler on the I/O thread) while the box is empty and the service's thread is
+    idle in ``get``; ``get`` then waits for the release. So messages are still handled one
+    at a time and in order, whichever thread runs them.
+
     Args:
         max_items: messages from the wire the inbox may hold.
         max_bytes: their total size in bytes.
@@ -55,6 +60,8 @@ class Mailbox:
         self._bytes = 0
         self._open = True
         self._accepting = True
+        self._serving = False   # the service's thread handles an item it took with get()
+        self._claimed = False   # another thread handles a message (claim ... release)
         #: messages refused because the inbox was full (for stats and tests)
         self.refused = 0
         #: the most messages from the wire held at once
@@ -86,15 +93,34 @@ class Mailbox:
         return True
 
     def get(self, timeout_s: float | None = None) -> Any:
-        """The next item, waiting for one (None if ``timeout_s`` passed without one)."""
+        """The next item, waiting for one (None if ``timeout_s`` passed without one). Called
+        by the service's thread: it is done with the item it took before."""
         with self._cond:
-            if not self._queue and not self._cond.wait_for(lambda: self._queue, timeout_s):
+            self._serving = False
+            if not self._cond.wait_for(lambda: self._queue and not self._claimed, timeout_s):
                 return None
             item, nbytes = self._queue.popleft()
             if nbytes >= 0:
                 self._messages -= 1
                 self._bytes -= nbytes
+            self._serving = True
             return item
+
+    def claim(self) -> bool:
+        """Whether the caller may handle a message itself, now (never waits): the box is
+        open and empty and the service's thread idle in ``get``. Call ``release`` after."""
+        with self._cond:
+            if (self._queue or self._serving or self._claimed
+                    or not (self._open and self._accepting)):
+                return False
+            self._claimed = True
+            return True
+
+    def release(self) -> None:
+        """End a ``claim``: the service's thread may take items again."""
+        with self._cond:
+            self._claimed = False
+            self._cond.notify()
 
     def refuse_messages(self) -> None:
         """From now on ``offer`` answers CLOSED (a stopping service); control items and what

@@ -54,6 +54,9 @@ RECV_HWM = 1000
 #: request deadlines are checked on this grid, so a stream of requests does not wake the
 #: loop once per request (a deadline fires at most this late)
 DEADLINE_GRID_S = 0.05
+_REPLY_KINDS = frozenset({int(Kind.RESULT), int(Kind.ERROR)})
+
+
 class Node:
     """A node on the cluster's wire (manager, worker and driver each have one).
 
@@ -316,11 +319,18 @@ class Node:
             self._dir.send(dest, frames)
 
     def _send_to_self(self, frames: list[Any]) -> None:
-        """Loopback: a message to this node is dispatched by the I/O thread, as if received.
-        The frames are copied, so the receiver never shares a buffer with the sender (as on
-        the wire); the I/O thread decodes nothing, as for received messages."""
+        """Loopback: a message to this node is dispatched as if received. The frames are
+        copied, so the receiver never shares a buffer with the sender (as on the wire), and
+        nothing is decoded here. A reply, or a message for a service, is dispatched at once
+        on the sending thread (resolving a future and offering to an inbox are thread-safe;
+        a service's quick kind may run right here): no hand-off to the I/O thread and back.
+        Messages for the node's own handlers go through the I/O thread, where those run."""
         copied = [bytes(memoryview(f).cast("B")) for f in frames]
-        self._loopback.append(wm.Message.parse(copied, self.max_frame_bytes))
+        msg = wm.Message.parse(copied, self.max_frame_bytes)
+        if msg.header.service != CORE_SERVICE or msg.header.kind in _REPLY_KINDS:
+            self._guard(lambda: self._receiver.dispatch(msg))
+            return
+        self._loopback.append(msg)
         if not self._loop.in_loop():
             self._loop.wake()
 

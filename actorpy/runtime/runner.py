@@ -80,6 +80,17 @@ class ServiceRunner:
         self.mailbox.refuse_messages()
         self.mailbox.post(_STOP)
 
+    def run_here(self, msg: wm.Message) -> bool:
+        """Handle ``msg`` on the calling thread (the node's I/O thread) if its kind is one of
+        the service's ``quick_kinds`` and the service is idle; False: queue it instead."""
+        if msg.kind not in getattr(self.service, "quick_kinds", ()) or not self.mailbox.claim():
+            return False
+        try:
+            self._handle(msg)
+        finally:
+            self.mailbox.release()
+        return True
+
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         if not self._construct():

@@ -120,9 +120,16 @@ class Service:
     (``super().__init__(ctx)``); it is then ``self.ctx``. Override ``on_unknown`` to treat
     kinds without a handler otherwise (default: a ProtocolError, the caller's ERROR).
     ``close()`` runs on the service's thread when it stops.
+
+    ``quick_kinds`` (a class or instance attribute) names kinds whose handlers are quick and
+    never wait (no blocking ``call``, no disk, no long computation): a message of such a kind
+    that finds the service idle and its inbox empty is handled on the node's I/O thread at
+    once, one thread hand-off less per request. Handling stays one message at a time, in
+    order; a handler must still not rely on which thread runs it.
     """
 
     _handlers: ClassVar[dict[int, str]] = {}
+    quick_kinds: frozenset[int] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -11,8 +11,9 @@ from actorpy.wire import serde
 #: Sentinel: a message without payload frames.
 NO_PAYLOAD: Any = object()
 
-#: Pickled bodies up to this size travel inside the header frame.
-INLINE_MAX_BYTES = 8 << 10
+#: Pickled bodies up to this size travel inside the header frame (arrays up to
+#: serde.IN_BAND_MAX_BYTES are inside the body, so a message with one is one frame).
+INLINE_MAX_BYTES = 32 << 10
 
 #: Frames smaller than this are copied into ZeroMQ (cheaper than tracking them).
 ZERO_COPY_MIN_BYTES = 64 << 10
@@ -157,7 +158,7 @@ class Message:
                 raise ProtocolError(f"inline body but {len(frames) - 1} more frames")
             if len(first) > max_frame_bytes:
                 raise ProtocolError(f"frame over the {max_frame_bytes}-byte limit")
-            return cls(head, [first[hdr.HEADER_BYTES:]])
+            return cls(head, [memoryview(first)[hdr.HEADER_BYTES:]])
         body = frames[1:]
         if head.nframes != len(body):
             raise ProtocolError(f"header announces {head.nframes} payload frames, got {len(body)}")

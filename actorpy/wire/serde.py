@@ -1,10 +1,14 @@
 """Serialization: cloudpickle with pickle protocol 5, array data out of band.
 
-numpy arrays and CPU torch tensors never travel inside the pickle stream: their memory is
-handed to ZeroMQ as separate frames (no copy on send) and rebuilt on receive straight from the
-received frames (no copy, or one copy when a buffer was split into several frames). Everything
-else — functions and closures included — goes through cloudpickle; a large pickled body is
-split into frames like a buffer, sent without a copy and unpickled straight from the frames.
+The memory of numpy arrays and CPU torch tensors larger than ``IN_BAND_MAX_BYTES`` never
+travels inside the pickle stream: it is handed to ZeroMQ as separate frames (no copy on send)
+and rebuilt on receive straight from the received frames (no copy, or one copy when a buffer
+was split into several frames). Smaller ones ride inside the pickle (one copy each way of a
+few KB costs less than a frame of their own, which ZeroMQ copies anyway below 64 KB), so a
+small message is one frame. Values made only of builtin containers, atoms and numpy arrays
+(a training step's tuple of arrays) go through the C pickler; everything else — functions
+and closures included — through cloudpickle. A large pickled body is split into frames like
+a buffer, sent without a copy and unpickled straight from the frames.
 
 This is the only module that calls ``loads``. Callers must have authenticated the sender first
 (see actorpy.wire.auth): unpickling is code execution.
@@ -16,6 +20,7 @@ import pickle
 import re
 import struct
 import sys
+import types
 from typing import Any, Sequence
 
 import cloudpickle
@@ -33,6 +38,8 @@ ENCRYPTED_CHUNK_BYTES = 8 << 20
 _ALIGN = 16
 _ATOMIC = frozenset({type(None), bool, int, float, complex, str, bytes})
 _SMALL = 1 << 20
+#: Buffers (array data) up to this size are pickled in band, larger ones out of band.
+IN_BAND_MAX_BYTES = 16 << 10
 _VIEW_MIN_BYTES = 64 << 10
 _NEWLINE = re.compile(b"\n")
 
@@ -82,6 +89,36 @@ class _Pickler(cloudpickle.Pickler):
         if torch is not None and isinstance(obj, torch.Tensor):
             return _reduce_tensor(torch, obj)
         return super().reducer_override(obj)
+
+
+class _NotPlain(Exception):
+    """The value holds something the plain pickler leaves to cloudpickle."""
+
+
+class _PlainPickler(pickle.Pickler):
+    """The C pickler, for values made only of builtin containers and atoms (which it pickles
+    without asking ``reducer_override``) and numpy arrays, dtypes and scalars (numpy's own
+    reductions, by reference to numpy, as cloudpickle would). Anything else — a function,
+    a class, a tensor, an object of the user's — raises ``_NotPlain`` at once, and the value
+    goes through cloudpickle instead."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is np.ndarray:
+            if obj.dtype.hasobject:
+                raise _NotPlain
+            if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+                return np.ascontiguousarray(obj).__reduce_ex__(5)
+            return NotImplemented
+        module = getattr(obj, "__module__", None) if isinstance(obj, (type, _NUMPY_FUNCTIONS)) \
+            else type(obj).__module__
+        if isinstance(module, str) and (module == "numpy" or module.startswith("numpy.")):
+            return NotImplemented
+        raise _NotPlain
+
+
+_NUMPY_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
+#: values worth trying the plain pickler on (a task, a function... go to cloudpickle at once)
+_PLAIN_TOP = frozenset({tuple, list, dict, set, frozenset, np.ndarray})
 
 
 def _describe(obj: Any) -> str:
@@ -149,10 +186,14 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
     """
     buffers: list[memoryview] = []
     out = io.BytesIO()
-
-    def keep(buffer: pickle.PickleBuffer) -> None:
-        buffers.append(buffer.raw())
-
+    keep = _keeper(buffers)
+    if type(obj) in _PLAIN_TOP:
+        try:
+            _PlainPickler(out, protocol=5, buffer_callback=keep).dump(obj)
+            return out.getvalue(), buffers
+        except Exception:  # noqa: BLE001 - _NotPlain, or a failure cloudpickle names below
+            buffers.clear()
+            out = io.BytesIO()
     try:
         _Pickler(out, protocol=5, buffer_callback=keep).dump(obj)
     except Exception as exc:  # pickling can raise nearly anything; name the culprit
@@ -165,10 +206,23 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
     return out.getvalue(), buffers
 
 
+def _keeper(buffers: list[memoryview]) -> Any:
+    """A pickle ``buffer_callback``: a buffer up to ``IN_BAND_MAX_BYTES`` stays in band (a
+    true return), a larger one is appended to ``buffers`` and goes out of band."""
+    def keep(buffer: pickle.PickleBuffer) -> bool:
+        raw = buffer.raw()
+        if raw.nbytes <= IN_BAND_MAX_BYTES:
+            return True
+        buffers.append(raw)
+        return False
+    return keep
+
+
 def encode(obj: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[list[Any], bool]:
     """Payload frames for ``obj`` and whether they start with a layout frame.
 
-    A small value without buffers is one frame, ``[body]``. Otherwise the frames are
+    A value without buffers larger than ``IN_BAND_MAX_BYTES`` is one frame, ``[body]``
+    (unless the body is larger than ``chunk_bytes``). Otherwise the frames are
     ``[layout, body..., chunk...]``: ``layout`` holds u32 frame counts, first for the pickled
     body, then per out-of-band buffer; every body or buffer larger than ``chunk_bytes`` is
     split into pieces of that size. No frame is a copy: pieces are views of the pickle and of
@@ -177,11 +231,11 @@ def encode(obj: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[list[Any],
     if type(obj) in _ATOMIC:  # nothing to find out of band, nothing cloudpickle adds
         return _framed(pickle.dumps(obj, protocol=5), [], chunk_bytes)
     if type(obj) is np.ndarray and not obj.dtype.hasobject:
-        # A bare array needs none of cloudpickle's machinery: the C pickler is 3x faster.
+        # A bare array needs no reducer_override at all: the C pickler alone.
         if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
             obj = np.ascontiguousarray(obj)
         raw: list[memoryview] = []
-        body = pickle.dumps(obj, protocol=5, buffer_callback=lambda b: raw.append(b.raw()))
+        body = pickle.dumps(obj, protocol=5, buffer_callback=_keeper(raw))
         return _framed(body, raw, chunk_bytes)
     body, buffers = dumps(obj)
     return _framed(body, buffers, chunk_bytes)

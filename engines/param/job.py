@@ -63,7 +63,9 @@ class Job:
             ``ctx.data`` in ``push`` (data is made or loaded where it is used).
         aggregate: how a release folds the buffered updates: ``"mean"`` (one ``pull`` with
             each key's batch-size-weighted mean: every sample counts equally; under BSP one
-            pull per round), ``"sum"``, or ``"each"`` (one ``pull`` per worker update).
+            pull per round; under ASP, SSP(s > 0), PSP and DSSP, which have no rounds, each
+            update is its own step, one ``pull`` each), ``"sum"``, or ``"each"`` (one
+            ``pull`` per worker update).
     """
 
     def __init__(self, name: str, barrier: Any = None, seed: int = 0, *,

@@ -10,7 +10,10 @@ whole server runs under a FakeClock in tests.
 Updates are buffered and folded into the model (``pull``) right before workers are released
 after a push or a departure, so a released worker always sees every update received so far,
 and under BSP ``pull`` runs once per round with the batch-size-weighted mean of the round's
-updates (ordered by worker slot, so the result does not depend on arrival order).
+updates (ordered by worker slot, so the result does not depend on arrival order). Under the
+asynchronous policies (ASP, SSP with staleness > 0, PSP, DSSP) each buffered update is its
+own step, as it would have been had it arrived alone: a held worker's update is never
+shrunk by being averaged with whatever else waited in the buffer.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from actorpy.barrier import BSP
+from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.clock import Clock
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
@@ -117,6 +120,8 @@ class ServerCore:
         self._local_keys = tuple(store.local_keys())   # the default schedule: all of ours
         self._orphaned: list[str] = []
         self._pending: list[tuple[int, NodeId, dict[str, Any], int]] = []
+        self._each = config.aggregate == "each" or (config.aggregate == "mean"
+                                                    and is_asynchronous(config.policy))
         self._pulls_since_checkpoint = 0
         self.halted: Status | None = None
         self._halt_at: int | None = None       # halt once every live worker reached this
@@ -317,7 +322,7 @@ class ServerCore:
         self._pending = []
         saved = (self.store.values(), self.store.clocks())
         try:
-            if self.config.aggregate == "each":
+            if self._each:
                 for _, _, updates, _ in pending:
                     self._call("pull", self._cb.pull, self.store, dict(updates))
             else:
@@ -325,7 +330,7 @@ class ServerCore:
         except BaseException:
             self.store.restore(*saved)   # a pull that raised halfway leaves no half-update
             raise
-        calls = len(pending) if self.config.aggregate == "each" else 1
+        calls = len(pending) if self._each else 1
         self.progress.updates += len(pending)
         self.progress.pulls += calls
         self._pulls_since_checkpoint += calls
@@ -418,6 +423,19 @@ class ServerCore:
     def _flush_out(self) -> list[Action]:
         out, self._out = self._out, []
         return out
+
+
+def is_asynchronous(policy: Any) -> bool:
+    """Whether workers under ``policy`` move on without waiting for a round (ASP, SSP with
+    staleness > 0, PSP, DSSP): then every update is a step of its own (``aggregate="mean"``
+    averages only a synchronous round: BSP, or a custom policy).
+
+    >>> is_asynchronous(BSP()), is_asynchronous(SSP(staleness=2)), is_asynchronous(ASP())
+    (False, True, True)
+    """
+    if isinstance(policy, SSP):
+        return policy.staleness > 0
+    return isinstance(policy, (ASP, PSP, DSSP))
 
 
 def _mean(parts: list[tuple[Any, int]]) -> Any:

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from actorpy.clock import SystemClock
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
@@ -27,6 +29,11 @@ from engines.param.server import Answer, Callbacks, CheckpointDue, ServerCore, S
 from engines.param.store import Store
 
 log = logging.getLogger(__name__)
+
+#: A shard whose model is at most this big, and that writes no checkpoints, answers JOIN and
+#: PUSH on the node's I/O thread when it is idle (``Service.quick_kinds``: one thread
+#: hand-off less per step); a bigger model's pull and reply stay on the shard's thread.
+QUICK_MODEL_BYTES = 1 << 20
 
 #: How long a request for the final model waits for a stop that is due at a step (the
 #: pushes completing that round are already on their way) before the shard stops anyway.
@@ -73,6 +80,8 @@ class ShardService(Service):
                               f"the server's node {ctx.node_id}; create it (every shard host "
                               "must see it)")
         c = spec.config
+        if self._path is None and _nbytes(values) <= QUICK_MODEL_BYTES:
+            self.quick_kinds = frozenset({ParamKind.JOIN, ParamKind.PUSH})
         store = Store(values, spec.key_map, c.shard)
         self.core = ServerCore(c, store, spec.callbacks, SystemClock())
         if spec.resume:
@@ -168,9 +177,15 @@ class ShardService(Service):
             self._fail(exc)
             raise
         mine = self._apply(actions, worker)
+        if mine is not None and not _read_only(mine[2]):
+            return mine   # the runtime's reply copies the arrays first
+        reply = env.defer()
         if mine is not None:
-            return mine
-        self._waiting[worker] = env.defer()
+            # Read-only store values are replaced by pull, never changed in place: they go
+            # out as they are, without the reply's copy (4 MB per step for a 1M-float model).
+            reply.send(mine)
+        else:
+            self._waiting[worker] = reply
         return None
 
     def _guarded(self, event: Callable[[], list]) -> None:
@@ -225,3 +240,20 @@ class ShardService(Service):
         except (OSError, ConfigError) as exc:
             log.error("shard %d of %s could not write its checkpoint %s: %s", c.shard, c.job,
                       self._path, exc)
+
+
+def _nbytes(values: dict[str, Any]) -> int:
+    """The model's size in bytes (numpy arrays and torch tensors; anything else counts 0)."""
+    total = 0
+    for value in values.values():
+        nbytes = getattr(value, "nbytes", None)
+        if nbytes is None and hasattr(value, "element_size"):
+            nbytes = value.element_size() * value.nelement()
+        total += int(nbytes or 0)
+    return total
+
+
+def _read_only(values: dict[str, Any] | None) -> bool:
+    """Whether every value of a reply is a read-only numpy array (safe to send uncopied)."""
+    return all(isinstance(v, np.ndarray) and not v.flags.writeable
+               for v in (values or {}).values())

@@ -46,6 +46,34 @@ class TestMailbox:
         t.join(10)
         assert got == ["wake"]
 
+    def test_claim_only_when_empty_and_the_service_idle(self):
+        box = Mailbox(max_items=10, max_bytes=1000)
+        assert box.claim()               # empty, nobody serving: the caller may run it
+        assert not box.claim()           # one claim at a time
+        box.release()
+        box.post("tick")
+        assert not box.claim()           # an item is queued: it goes first
+        assert box.get(0) == "tick"
+        assert not box.claim()           # the service's thread is handling "tick"
+        assert box.get(0) is None        # ... and done with it
+        assert box.claim()
+        box.release()
+        box.refuse_messages()
+        assert not box.claim()           # a stopping service runs nothing more
+
+    def test_get_waits_for_a_claim_to_end(self):
+        box = Mailbox(max_items=10, max_bytes=1000)
+        assert box.claim()
+        box.post("after")                # queued while another thread handles a message
+        got: list[object] = []
+        t = threading.Thread(target=lambda: got.append(box.get(10)))
+        t.start()
+        t.join(0.2)
+        assert got == [] and t.is_alive()  # not before the claim ends: one at a time
+        box.release()
+        t.join(10)
+        assert got == ["after"]
+
 
 class TestServiceIds:
     def test_all_65535_then_a_clear_error_then_oldest_freed_first(self):

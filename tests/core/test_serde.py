@@ -95,19 +95,50 @@ class TestNumpy:
         assert_same_array(local_roundtrip(a), a)
 
     @pytest.mark.parametrize("make", [
-        lambda: np.arange(40.0)[::3],
-        lambda: np.arange(24, dtype=np.int32).reshape(4, 6)[:, 1:4],
-        lambda: np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2].T,
-        lambda: np.arange(10.0)[::-1],
-        lambda: np.arange(60, dtype=np.int16).reshape(3, 4, 5).transpose(2, 0, 1)[::2],
+        lambda: np.arange(40_000.0)[::3],
+        lambda: np.arange(24_000, dtype=np.int32).reshape(4000, 6)[:, 1:4],
+        lambda: np.arange(24_000, dtype=np.float32).reshape(4000, 6)[:, ::2].T,
+        lambda: np.arange(10_000.0)[::-1],
+        lambda: np.arange(60_000, dtype=np.int16).reshape(3, 400, 50).transpose(2, 0, 1)[::2],
     ], ids=["step", "column-slice", "transpose", "negative-stride", "3d-permuted"])
     def test_non_contiguous_travels_out_of_band(self, make):
         a = make()
+        assert a.nbytes > serde.IN_BAND_MAX_BYTES
         assert not (a.flags.c_contiguous or a.flags.f_contiguous)
         frames, has_buffers = serde.encode(a)
         assert has_buffers and len(frames) == 3
         assert memoryview(frames[2]).nbytes == a.nbytes
         assert_same_array(local_roundtrip(a), a)
+
+    @pytest.mark.parametrize("make", [
+        lambda: np.arange(40.0)[::3],
+        lambda: np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2].T,
+        lambda: np.arange(serde.IN_BAND_MAX_BYTES // 4, dtype=np.float32),
+        lambda: np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+    ], ids=["step", "transpose", "at-the-limit", "fortran"])
+    def test_small_arrays_travel_in_band(self, make):
+        a = make()
+        frames, has_buffers = serde.encode(a)
+        assert not has_buffers and len(frames) == 1
+        got = local_roundtrip(a)
+        assert_same_array(got, a)
+        assert got.flags.writeable
+
+    def test_a_step_tuple_is_one_frame_from_the_c_pickler(self):
+        # (step, {key: update}, batch, seconds): builtin containers and arrays only.
+        value = (3, {"w": np.arange(1000, dtype=np.float32), "b": np.float32(2.5)}, 256, 0.5)
+        frames, has_buffers = serde.encode(value)
+        assert not has_buffers and len(frames) == 1
+        assert b"cloudpickle" not in bytes(frames[0])
+        got = local_roundtrip(value)
+        assert got[0] == 3 and got[2:] == (256, 0.5) and got[1]["b"] == np.float32(2.5)
+        assert_same_array(got[1]["w"], value[1]["w"])
+
+    def test_a_container_holding_a_function_falls_back_to_cloudpickle(self):
+        offset = 2.0
+        value = (np.ones(3), {"f": lambda x: x + offset})
+        got = local_roundtrip(value)
+        assert_same_array(got[0], value[0]) and got[1]["f"](1.0) == 3.0
 
     def test_fortran_order_is_kept(self):
         a = np.asfortranarray(np.arange(12.0).reshape(3, 4))
@@ -188,8 +219,7 @@ class TestContainersAndFunctions:
             "none": None,
         }
         frames, has_buffers = serde.encode(value)
-        assert has_buffers
-        assert struct.unpack(f"!{len(memoryview(frames[0])) // 4}I", frames[0]) == (1,) * 5
+        assert not has_buffers and len(frames) == 1  # every array is small: all in band
         got = local_roundtrip(value)
         assert_same_array(got["weights"][0], value["weights"][0])
         assert_same_tensor(got["weights"][1], value["weights"][1])
@@ -245,8 +275,8 @@ class TestOutOfBand:
         value = [np.arange(100, dtype=np.int64), np.arange(50_000, dtype=np.float64),
                  torch.arange(3)]
         frames, _ = serde.encode(value, chunk_bytes=64 << 10)
-        counts = struct.unpack("!4I", frames[0])
-        assert counts == (1, 1, 7, 1)  # body, then 400 KB in 64 KB pieces -> 7
+        counts = struct.unpack("!2I", frames[0])
+        assert counts == (1, 7)  # body (the small two inside), then 400 KB in 64 KB pieces
         got = local_roundtrip(value, chunk_bytes=64 << 10)
         assert_same_array(got[0], value[0])
         assert_same_array(got[1], value[1])
@@ -291,7 +321,8 @@ class TestErrors:
             serde.dumps(Holder())
 
     def _good(self):
-        return serde.encode([np.arange(4.0), np.arange(3)])
+        n = serde.IN_BAND_MAX_BYTES // 8 + 1   # both out of band
+        return serde.encode([np.arange(float(n)), np.arange(n)])
 
     @pytest.mark.parametrize("mutate, has_buffers, reason", [
         (lambda f: [], True, "no body"),

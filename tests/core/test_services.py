@@ -151,6 +151,33 @@ class TestOwnThreadInOrder:
         assert a.call(sink, ECHO, "x", timeout_s=10) == ("x", A, 0)
 
 
+class QuickRecorder(Recorder):
+    """PING is declared quick: it may run on the I/O thread; ASK (a request) and LOG not."""
+
+    quick_kinds = frozenset({PING})
+
+
+class TestQuickKinds:
+    def test_quick_kinds_run_on_the_io_thread_one_at_a_time_in_order(self, pair):
+        a, b = pair
+        echo = b.start(Echo)
+        rec = a.start(QuickRecorder, echo)
+        log = lambda: a.call(rec, LOG, timeout_s=10)  # noqa: E731
+        b.cast(rec, PING, 0)
+        wait_until(lambda: len(log()) == 2, 10, "the first PING")
+        assert log()[1][2].startswith("actorpy-io-")   # idle and empty: run at once, there
+        for i in range(1, 200):                          # a burst: some queue, all in order
+            b.cast(rec, PING, i)
+        b.cast(rec, ASK, 7)
+        wait_until(lambda: any(e[0] == "reply" for e in log()), 10, "the reply to ASK")
+        entries = log()
+        assert [e[1] for e in entries if e[0] == "msg"] == list(range(200))
+        reply = next(e for e in entries if e[0] == "reply")
+        assert reply[2].startswith("actorpy-service-")  # not quick: the service's thread
+        a.cast(rec, PING, 200)       # from its own node: run on the sending thread itself
+        assert log()[-1] == ("msg", 200, threading.current_thread().name)
+
+
 class Asker(Service):
     """Answers ASK only after asking its partner (deferred reply + async request)."""
 

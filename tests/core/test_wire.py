@@ -162,7 +162,7 @@ class TestAssemble:
         assert msg.header.step == 4 and not msg.has_payload and msg.payload() is None
 
     def test_payload_roundtrip_through_parse(self):
-        value = {"a": np.arange(10.0), "b": [1, 2]}
+        value = {"a": np.arange(5000.0), "b": [1, 2]}   # 40 KB: out of band
         frames = wm.assemble(7, 3, "w-1", value, request_id=99)
         msg = wm.Message.parse([bytearray(memoryview(f).cast("B")) for f in frames], 1 << 20)
         assert (msg.sender, msg.kind, msg.header.service, msg.header.request_id) == (
@@ -192,12 +192,12 @@ class TestAssemble:
             wm.Message.parse(frames, 1 << 20)
 
     def test_encoded_payload_is_reused(self):
-        enc = wm.Encoded.of(np.arange(1000, dtype=np.int32))
-        assert enc.nbytes > 4000
+        enc = wm.Encoded.of(np.arange(10_000, dtype=np.int32))
+        assert enc.nbytes > 40_000
         one = wm.assemble(1, 1, "a", enc)
         two = wm.assemble(1, 2, "b", enc)
         assert one[1:] == two[1:] == list(enc.frames)
-        assert np.array_equal(enc.decode(), np.arange(1000, dtype=np.int32))
+        assert np.array_equal(enc.decode(), np.arange(10_000, dtype=np.int32))
 
     def test_oversize_frame_is_refused_by_parse(self):
         frames = wm.assemble(1, 1, "a", b"x" * 1000)
@@ -253,7 +253,7 @@ def garbage(case: str) -> list[list[bytes]]:
         head[8:10] = struct.pack("!H", 4242)  # the kind field
         return [[bytes(head), *good()[1:]]]
     if case == "truncated":
-        frames = wm.assemble(SERVICE, ECHO, "rogue", np.arange(4.0))  # head, body, layout, chunk
+        frames = wm.assemble(SERVICE, ECHO, "rogue", np.arange(5000.0))  # head, layout, body, chunk
         return [frames[:-1], frames[:2], frames[:1]]
     if case == "too-many-frames":  # a body too big to travel inline: header + body frames
         return [[*wm.assemble(SERVICE, ECHO, "rogue", b"x" * (wm.INLINE_MAX_BYTES + 1)),

@@ -157,6 +157,22 @@ class TestUpdates:
         assert core.progress.pulls == pulls
         assert np.allclose(out[0].reply.values["w"], expected)
 
+    @pytest.mark.parametrize("policy", [SSP(staleness=1), PSP(sample=1, staleness=1),
+                                        DSSP(low=1, high=1)], ids=["ssp", "pssp", "dssp"])
+    def test_asynchronous_policies_never_average_a_held_workers_update(self, policy):
+        """A held at the bound: its update waits in the buffer until B's push releases it;
+        both are then folded as steps of their own (as had each arrived alone), not as
+        their mean (which would halve both)."""
+        core = make_core(policy, [A, B])
+        _start(core, A, B)
+        core.push(A, Push(1, {"w": np.full(2, 1.0)}, 1, 0.1))
+        out = core.push(A, Push(2, {"w": np.full(2, 1.0)}, 1, 0.1))
+        assert out == [] and core.progress.updates == 1     # A is 2 ahead: held, buffered
+        out = core.push(B, Push(1, {"w": np.full(2, 3.0)}, 1, 0.1))
+        assert {a.worker for a in out} == {A, B}
+        assert core.progress.pulls == 3 and core.progress.updates == 3
+        assert np.allclose(out[0].reply.values["w"], -0.1 * (1.0 + 1.0 + 3.0))
+
 
 class TestStopAndCheckpoints:
     def test_stop_finishes_held_and_later_workers(self):
