@@ -87,6 +87,7 @@ class PeerRunner:
         self._updates: dict[str, Any] = {}
         self._outstanding: set[str] = set()
         self._early: Decision | None = None
+        self._serving_here = False      # inside a push or get this peer serves itself
         self._next_token = 0
         self.owner = KeyOwner(spec, node, self._start_op)
         node.on_call = self.owner.on_call
@@ -268,11 +269,17 @@ class PeerRunner:
         if self.phase != Phase.BARRIER:
             return
         if decision.advance:
-            # the next step begins from a timer due at once, not from here: a peer that owns
-            # every key it works on would otherwise run all its steps in one call (deep
-            # recursion), and a shell would serve no other message meanwhile
             self.waiting_on = frozenset()
-            eff.timers.append(SetTimer(0.0, Timer.NEXT, self._epoch))
+            if self._serving_here:
+                # decided inside a push this peer served itself: the next step begins from
+                # a timer due at once, not from here, or a peer that owns every key it works
+                # on would run all its steps in one call (deep recursion) and its shell
+                # would serve no other message meanwhile
+                eff.timers.append(SetTimer(0.0, Timer.NEXT, self._epoch))
+            else:
+                # decided on a message or a timer (an owner's reply, a PONG, a re-check):
+                # begin at once; a timer would cost the shell a hop through its event loop
+                self._begin_step(now, eff)
         else:
             self.waits += 1
             self.waiting_on = frozenset(decision.waiting_on)
@@ -321,7 +328,12 @@ class PeerRunner:
             if status == Status.ERROR:
                 self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
                 return
-            answer(status, args[0] if args else 0, value.to_value() if value else None, now, eff)
+            serving, self._serving_here = self._serving_here, True
+            try:
+                answer(status, args[0] if args else 0, value.to_value() if value else None,
+                       now, eff)
+            finally:
+                self._serving_here = serving
             return
 
         def replied(done: Done, when: float, e: Effects) -> None:

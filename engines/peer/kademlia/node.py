@@ -267,7 +267,11 @@ class KademliaNode(NodeOps):
             return eff
         if message.KIND in REQUEST_KINDS:
             self._note_alive(sender, message.step, now, eff)
-            eff.sends.append(Send(sender_address, self._answer(sender, message, now, eff)))
+            # the answer goes out before what answering started (an owner's replication
+            # STOREs): the asker waits for it, the STOREs' holders do not
+            started = Effects()
+            eff.sends.append(Send(sender_address, self._answer(sender, message, now, started)))
+            eff.extend(started)
             return eff
         pending = self._pending.get(message.rpc_id)
         if pending is None or pending.contact.address != sender_address:
