@@ -1,11 +1,11 @@
 """P2P engine benchmark, simulated part: overlay lookups and P2P SGD under each barrier.
 
-Run: ``python bench/peer.py [--peers 64] [--lookups 200] [--train-peers 16] [--seed 0]``
+Run: ``python bench/peer_sim.py [--peers 64] [--lookups 200] [--train-peers 16] [--seed 0]``
 
 Everything here runs on ``SimNetwork`` (virtual time, one process): the same sans-I/O peers a
 real shell drives, with a cluster-like network (one-way latency 0.1-0.5 ms, 100 ms RPC
-timeout). Times are virtual seconds. The real-wire rows (64 peers as core services, the PS
-engine's ASP/BSP beside P2P) come with the shell.
+timeout). Times are virtual seconds. The real-wire benchmark (peers as core services, beside
+the PS engine) is ``bench/peer.py``.
 
 1. Lookups: FIND_VALUE of stored keys among ``--peers`` peers with 0 % and 25 % of them
    killed at once, then 1 s for the overlay to notice (replica checks every 0.5 s) before the

@@ -1,0 +1,234 @@
+"""P2P engine benchmark over the real wire, beside the PS engine, in one run.
+
+Run: ``python bench/peer.py``  (Job A at 20 000 x 1000; ``--full``: the issue's 100 000 x 1000)
+
+1. Lookups: ``--peers`` peers (``PeerService``s, spread over ``--lookup-workers`` worker
+   processes) joined into one overlay, 20 keys stored (replication 3); FIND_VALUE of those
+   keys from random live peers, latency on the asking peer's clock (median, p95) and rounds,
+   and FIND_NODE of random ids (which must hear from, or time out on, all k closest). Then one
+   worker process of the four is SIGKILLed (25 % of the peers die with it, mid-overlay, no
+   goodbye), 1 s for the replica checks, the lookups again, and every key read back (lost:
+   no live copy).
+2. Job A (``bench/ps.py``'s problem: linear regression on ROWS x FEATURES float32 with known
+   w*, plain SGD, lr 0.002, minibatch 256 per worker or peer, stop at |w - w*| / |w*| < 0.05)
+   on 2 workers: the PS engine's ASP and BSP (one server shard on one of the workers), and the
+   P2P engine with 2 peers (one per worker; the key's owner is one of them) under pBSP, pSSP,
+   BSP and ASP. A P2P peer stops once the w its last push returned is within the target.
+   Then the same with worker / peer 2 three times slower (it sleeps twice its compute time
+   each step). Seconds from the start (every worker / peer ready) to the target.
+
+Targets (printed, never asserted): lookup median < 5 ms and p95 < 1 s with 25 % dead, no
+failed lookup, no lost key; P2P pSSP within 1.5x the PS engine's ASP; under the straggler,
+pSSP loses less than half of what BSP loses.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Benchmark the checkout this script lives in, not whatever actorpy is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cloudpickle  # noqa: E402
+import numpy as np  # noqa: E402
+
+import actorpy  # noqa: E402
+from actorpy.barrier import ASP, BSP, PSP, Policy  # noqa: E402
+from engines import peer  # noqa: E402
+from engines.peer.cluster_run import start_peers  # noqa: E402
+from engines.peer.kademlia.events import KademliaConfig  # noqa: E402
+from engines.peer.shell import PeerKind  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ps  # noqa: E402  (the PS benchmark's Job A: problem, callbacks, runner)
+
+cloudpickle.register_pickle_by_value(ps)   # its callbacks travel to the workers by value
+CALL_S = 30.0
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ------------------------------------------------------------------ 1. lookups
+def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
+    """Lookups among ``peers`` on ``workers`` processes, then with one process SIGKILLed."""
+    config = KademliaConfig(rpc_timeout_s=0.25, replica_check_s=0.5, replication=3,
+                            refresh_on_join=False)
+    rng = random.Random(seed)
+    rows = []
+    with actorpy.connect(workers=workers, task_threads=2) as cluster:
+        refs, _ = start_peers(cluster, peers, config, seed, name="bench")
+        live = list(range(peers))
+        keys = [f"key-{i}" for i in range(20)]
+        for i, name in enumerate(keys):
+            cluster.call(refs[i % peers], PeerKind.SET, (name, np.full(8, i, np.float32)),
+                         timeout_s=CALL_S)
+        for dead in (False, True):
+            if dead:
+                victim = cluster.workers()[-1]          # peer 0 (the bootstrap) lives on [0]
+                pid = {r["node_id"]: r["pid"] for r in cluster.nodes()}[victim]
+                os.kill(pid, signal.SIGKILL)
+                live = [i for i in live if refs[i].node != victim]
+                time.sleep(1.0)                 # replica checks notice the dead holders
+            started = time.monotonic()
+            times, rounds, failed, node_times = [], [], 0, []
+            for _ in range(count):
+                found, hops, seconds = cluster.call(
+                    refs[rng.choice(live)], PeerKind.LOOKUP, rng.choice(keys),
+                    timeout_s=CALL_S)
+                failed += not found
+                times.append(seconds)
+                rounds.append(hops)
+            for _ in range(max(1, count // 4)):
+                _, _, seconds = cluster.call(refs[rng.choice(live)], PeerKind.FIND,
+                                             rng.getrandbits(160), timeout_s=CALL_S)
+                node_times.append(seconds)
+            lost = sum(cluster.call(refs[live[0]], PeerKind.GET, name, timeout_s=CALL_S)
+                       is None for name in keys)
+            rows.append(f"{peers:>5} {100 - 100 * len(live) // peers:>4}% "
+                        f"{statistics.median(times) * 1e3:>9.2f} "
+                        f"{pct(times, 0.95) * 1e3:>9.2f} {statistics.mean(rounds):>6.2f} "
+                        f"{failed:>7} {lost:>5} {statistics.median(node_times) * 1e3:>9.2f} "
+                        f"{pct(node_times, 0.95) * 1e3:>9.2f} "
+                        f"{time.monotonic() - started:>7.1f}")
+    return rows
+
+
+# ------------------------------------------------------------------ 2. Job A, P2P side
+class PeerHalf:
+    """``data(index)``: peer ``index`` holds worker ``index % 2``'s rows of ``bench/ps.py``."""
+
+    def __init__(self, seed: int, rows: int, features: int) -> None:
+        self.seed, self.rows, self.features = seed, rows, features
+
+    def __call__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return ps.half(self.seed, index % 2, self.rows // 2, self.features)
+
+
+class PeerPush:
+    """``bench/ps.py``'s ``Push`` for a peer (peer 1 sleeps twice its compute when
+    ``straggle``); it remembers the error of the w it was handed, for ``PeerStop``."""
+
+    def __init__(self, seed: int, features: int, batch: int, straggle: bool) -> None:
+        self.ws, self.batch, self.straggle = ps.w_star(seed, features), batch, straggle
+        self.error = float("inf")
+
+    def __call__(self, ctx: peer.PeerContext, values: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        x, y = ctx.data
+        w = values["w"]
+        self.error = ps.error(w, self.ws)
+        i = ctx.rng.integers(0, len(y), self.batch)
+        g = ps.gradient(w, x[i], y[i])
+        if self.straggle and ctx.index == 1:
+            time.sleep(2 * (time.perf_counter() - t0))
+        return {"w": g}
+
+
+class PeerStop:
+    """Stop once the w this peer last read is within the target (``push``: the same peer's
+    ``PeerPush``; shipped together they stay one object)."""
+
+    def __init__(self, push: PeerPush, target: float) -> None:
+        self.push, self.target = push, target
+
+    def __call__(self, ctx: peer.PeerContext) -> bool:
+        return self.push.error < self.target
+
+
+def p2p_job_a(cluster: Any, args: argparse.Namespace, barrier: Policy,
+              straggle: bool) -> tuple[float, int, float, list[int]]:
+    job = peer.Job("bench-a", barrier=barrier, seed=args.seed, rpc_timeout_s=0.5)
+    job.register_schedule(lambda ctx: ["w"])
+    push = PeerPush(args.seed, args.features, args.batch, straggle)
+    job.register_push(push)
+    job.register_pull(ps.Pull(args.lr))
+    job.register_stop(PeerStop(push, args.target))
+    result = job.run(cluster, peers=args.peers_a,
+                     init={"w": np.zeros(args.features, dtype=np.float32)},
+                     data=PeerHalf(args.seed, args.rows, args.features),
+                     timeout_s=args.timeout)
+    err = ps.error(result.model["w"], ps.w_star(args.seed, args.features))
+    return result.seconds, result.updates, err, list(result.steps.values())
+
+
+def job_a_rows(args: argparse.Namespace) -> dict[tuple[str, bool], float]:
+    ps_runs = [("PS ASP", ASP()), ("PS BSP", BSP())]
+    p2p_runs = [("P2P pBSP(1)", PSP(1, 0)), ("P2P pSSP(1,4)", PSP(1, 4)), ("P2P BSP", BSP()),
+                ("P2P ASP", ASP())]
+    times: dict[tuple[str, bool], float] = {}
+    with actorpy.connect(workers=2, task_threads=2) as cluster:
+        for straggle in (False, True):
+            print("\n  peer / worker 2 three times slower" if straggle else "\n  no straggler")
+            print(f"  {'run':<16} {'to target':>9} {'updates':>8} {'ms/update':>9} "
+                  f"{'error':>7} {'steps':>11}")
+            for name, barrier in ps_runs + p2p_runs:
+                if name.startswith("PS"):
+                    seconds, updates, err = ps.actorpy_job_a(cluster, args, barrier, straggle)
+                    steps = ""
+                else:
+                    seconds, updates, err, per_peer = p2p_job_a(cluster, args, barrier,
+                                                               straggle)
+                    steps = f"{min(per_peer)}-{max(per_peer)}"
+                times[(name, straggle)] = seconds
+                extra = (f"  loses {100 * (seconds / times[(name, False)] - 1):+.0f} %"
+                         if straggle else "")
+                print(f"  {name:<16} {seconds:>8.2f}s {updates:>8} "
+                      f"{1e3 * seconds / max(updates, 1):>9.3f} {err:>7.4f} {steps:>11}{extra}",
+                      flush=True)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, default=64, help="lookup part (default 64)")
+    parser.add_argument("--lookup-workers", type=int, default=4,
+                        help="worker processes for the lookup part; one is killed (default 4)")
+    parser.add_argument("--lookups", type=int, default=200)
+    parser.add_argument("--full", action="store_true",
+                        help="Job A at the issue's size, 100 000 x 1000 (default 20 000 rows)")
+    parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument("--features", type=int, default=1000)
+    parser.add_argument("--lr", type=float, default=0.002)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--target", type=float, default=0.05)
+    parser.add_argument("--peers-a", type=int, default=2, help="P2P peers for Job A (default 2)")
+    parser.add_argument("--skip-lookups", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    if args.rows is None:
+        args.rows = 100_000 if args.full else 20_000
+    print(f"P2P engine over the real wire; {os.cpu_count()} cores")
+    if not args.skip_lookups:
+        print(f"\n1. FIND_VALUE of stored keys among {args.peers} peers on "
+              f"{args.lookup_workers} worker processes (timeout 250 ms, 2 misses evict), "
+              "20 keys, replication 3; then one process SIGKILLed; node med/p95: FIND_NODE "
+              "of random ids (ms)")
+        print(f"{'N':>5} {'dead':>5} {'median ms':>9} {'p95 ms':>9} {'rounds':>6} "
+              f"{'failed':>7} {'lost':>5} {'node med':>9} {'node p95':>9} {'wall s':>7}")
+        for line in lookup_rows(args.peers, args.lookup_workers, args.lookups, args.seed):
+            print(line, flush=True)
+    print(f"\n2. Job A: {args.rows} x {args.features} float32, lr {args.lr}, batch "
+          f"{args.batch} per worker / peer, target |w-w*|/|w*| < {args.target}; 2 workers; "
+          f"P2P: {args.peers_a} peers, no server")
+    times = job_a_rows(args)
+    ratio = times[("P2P pSSP(1,4)", False)] / times[("PS ASP", False)]
+    loss = {n: times[(n, True)] - times[(n, False)] for n in ("P2P pSSP(1,4)", "P2P BSP")}
+    print(f"\n  P2P pSSP / PS ASP time to target: {ratio:.2f} (target <= 1.5)")
+    print(f"  straggler costs P2P pSSP {loss['P2P pSSP(1,4)']:+.2f} s, P2P BSP "
+          f"{loss['P2P BSP']:+.2f} s (target: pSSP's <= half of BSP's)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
