@@ -92,6 +92,10 @@ class KeyOwner:
 
     def serve(self, sender: Contact, name: str, kid: KadId, method: Method, step: int,
                update: Any, now: float, eff: Effects) -> tuple[int, tuple[Any, ...], Any]:
+        if self.node.leaving:
+            # our keys are being handed on: a write taken now would miss the copy handed
+            # over; the pusher retries and, once our LEAVE reached it, asks the next owner
+            return Status.MISSING, (), None
         if not self._is_owner(kid):
             return Status.NOT_OWNER, (), None
         record = self.node.storage.get(kid, now)

@@ -310,6 +310,9 @@ class PeerRunner:
              answer: Callable[[Status, int, Any, float, Effects], None]) -> None:
         """Send ``method`` for ``name`` to its owner (looked up if unknown), or run it here."""
         kid = key_id(name)
+        cached = self.owners.get(name)
+        if cached is not None and self.node.is_gone(cached.node_id, now):
+            del self.owners[name]               # it left (or died): look the owner up again
         if name not in self.owners:
             def located(done: Done, when: float, e: Effects) -> None:
                 closest = done.contacts[0] if done.contacts else None

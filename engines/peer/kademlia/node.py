@@ -96,6 +96,7 @@ class KademliaNode(NodeOps):
         self._probing: set[int] = set()      # table contacts with a PING in flight
         self._suspects: set[int] = set()     # table contacts that missed a reply: not handed out
         self._holders: dict[int, tuple[list[Contact], float]] = {}
+        self.leaving = False                 # leave() began: an engine takes no more writes
         self._next_op = 1
         self._sampler = Sampler(node_id, self.config.ksize, self.subtrees,
                                 self.config.sample_cache_s, self._subtree_lookup)
@@ -211,6 +212,7 @@ class KademliaNode(NodeOps):
         contact (LEAVE) so they drop this node at once. Ends in a Done (``stored_on``: the
         peers that took keys); the shell may stop the node after it."""
         op = self._single(OpKind.LEAVE, self.node_id, now)
+        self.leaving = True
         eff = Effects()
         self.upkeep.leave(op, now, eff)
         return op.op_id, eff
@@ -230,6 +232,10 @@ class KademliaNode(NodeOps):
             return False, eff
         self._evict(node_id, now, eff)
         return True, eff
+
+    def is_gone(self, node_id: int, now: float) -> bool:
+        """Whether ``node_id`` left or was found dead lately (evicted, not yet heard from)."""
+        return self._is_dead(node_id, now)
 
     def size_estimate(self) -> float:
         """Network size estimated from id density in our routing table (this node counted)."""
@@ -264,6 +270,7 @@ class KademliaNode(NodeOps):
             if known is not None:               # only a peer we hold can take itself out
                 log.debug("%s: %s left", short(self.node_id), sender_address)
                 self._evict(sender.node_id, now, eff)
+                self._fail_pending_to(sender.node_id, now, eff)
             return eff
         if message.KIND in REQUEST_KINDS:
             self._note_alive(sender, message.step, now, eff)

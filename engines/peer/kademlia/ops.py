@@ -241,6 +241,21 @@ class NodeOps:
                 self._probe(pending.contact, now, eff)
             return
         self._evict(node_id, now, eff)      # consecutive misses: dead (or gone)
+        self._give_up(pending, op, now, eff)
+
+    def _fail_pending_to(self, node_id: int, now: float, eff: Effects) -> None:
+        """``node_id`` left: what we asked it will never be answered, so it fails now
+        rather than at its timeout."""
+        for rpc_id in [r for r, p in self._pending.items() if p.contact.node_id == node_id]:
+            pending = self._pending.pop(rpc_id)
+            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+            if op is not None:
+                op.in_flight -= 1
+            self._give_up(pending, op, now, eff)
+
+    def _give_up(self, pending: _Pending, op: _Op | None, now: float, eff: Effects) -> None:
+        """An operation's request to a peer now evicted will get no answer: go on without."""
+        node_id = pending.contact.node_id
         if op is None:
             return
         if pending.kind == Kind.STORE:
