@@ -323,20 +323,24 @@ class PeerRunner:
             return
         owner = self.owners[name]
         if owner is None:
+            def served(got: tuple[int, tuple[Any, ...], Any], when: float, e: Effects) -> None:
+                status, args, value = got
+                if status != Status.OK:
+                    self.owners.pop(name, None)
+                if status == Status.ERROR:
+                    self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
+                    return
+                serving, self._serving_here = self._serving_here, True
+                try:
+                    answer(Status(status), args[0] if args else 0,
+                           value.to_value() if value else None, when, e)
+                finally:
+                    self._serving_here = serving
+
             me = Contact(self.node.node_id, self.node.address)
-            status, args, value = self.owner.serve(me, name, kid, method, self.step, update,
-                                                   now, eff)
-            if status != Status.OK:
-                self.owners.pop(name, None)
-            if status == Status.ERROR:
-                self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
-                return
-            serving, self._serving_here = self._serving_here, True
-            try:
-                answer(status, args[0] if args else 0, value.to_value() if value else None,
-                       now, eff)
-            finally:
-                self._serving_here = serving
+            got = self.owner.serve(me, name, kid, method, self.step, update, now, eff, served)
+            if got is not None:                 # else answered once the write is durable
+                served(got, now, eff)
             return
 
         def replied(done: Done, when: float, e: Effects) -> None:

@@ -44,8 +44,12 @@ log = logging.getLogger(__name__)
 #: What an engine answers a CALL with: (status, args, value or None).
 Answer = tuple[int, tuple[Any, ...], Any]
 #: ``on_call(sender, call, now, effects) -> Answer``: runs on the node's thread; it may add
-#: effects (e.g. start a ``set``) to the effects it is handed.
-CallHandler = Callable[[Contact, Call, float, Effects], Answer]
+#: effects (e.g. start a ``set``) to the effects it is handed. None: no answer yet, the
+#: engine sends it later (``answer_call``).
+CallHandler = Callable[[Contact, Call, float, Effects], "Answer | None"]
+#: ``accept_store(sender, store, now) -> bool``: whether to take a STORE (an engine's fence;
+#: a refused one is answered with the version held, so the writer sees it was not taken).
+StoreFilter = Callable[[Contact, Store, float], bool]
 NO_HANDLER = 0   # the status of a CALL that no engine handles
 
 
@@ -85,6 +89,7 @@ class KademliaNode(NodeOps):
         self.step = NO_STEP
         self.steps = StepTable()
         self.on_call: CallHandler = _no_handler
+        self.accept_store: StoreFilter = lambda sender, store, now: True
         self.watchers: dict[int, Contact] = {}
         self.subtrees = SubtreeCache()
         self.upkeep = Upkeep(self)
@@ -233,6 +238,15 @@ class KademliaNode(NodeOps):
         self._evict(node_id, now, eff)
         return True, eff
 
+    def answer_call(self, sender: Contact, call: Call, answer: Answer) -> Send:
+        """The REPLY to a CALL whose handler returned None (answered later)."""
+        return Send(sender.address, self._reply(sender, call, answer))
+
+    def _reply(self, sender: Contact, call: Call, answer: Answer) -> Reply:
+        status, args, value = answer
+        gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
+        return Reply(call.rpc_id, self.node_id, status, tuple(args), value, self.step, gossip)
+
     def is_gone(self, node_id: int, now: float) -> bool:
         """Whether ``node_id`` left or was found dead lately (evicted, not yet heard from)."""
         return self._is_dead(node_id, now)
@@ -277,7 +291,9 @@ class KademliaNode(NodeOps):
             # the answer goes out before what answering started (an owner's replication
             # STOREs): the asker waits for it, the STOREs' holders do not
             started = Effects()
-            eff.sends.append(Send(sender_address, self._answer(sender, message, now, started)))
+            answer = self._answer(sender, message, now, started)
+            if answer is not None:          # None: a CALL the engine answers later
+                eff.sends.append(Send(sender_address, answer))
             eff.extend(started)
             return eff
         pending = self._pending.get(message.rpc_id)
@@ -324,7 +340,8 @@ class KademliaNode(NodeOps):
         return eff
 
     # ------------------------------------------------------------ internals
-    def _answer(self, sender: Contact, message: Message, now: float, eff: Effects) -> Message:
+    def _answer(self, sender: Contact, message: Message, now: float,
+                eff: Effects) -> Message | None:
         me, step = self.node_id, self.step
         if isinstance(message, Ping):
             if message.step > step >= 0:
@@ -332,16 +349,16 @@ class KademliaNode(NodeOps):
                 self.watchers[sender.node_id] = sender
             return Pong(message.rpc_id, me, step)
         if isinstance(message, Store):
-            self.storage.put(message.key, message.value, now,
-                             min(message.ttl_s, self.config.ttl_s), clock=message.clock,
-                             writer=message.writer)
+            if self.accept_store(sender, message, now):
+                self.storage.put(message.key, message.value, now,
+                                 min(message.ttl_s, self.config.ttl_s), clock=message.clock,
+                                 writer=message.writer)
             held = self.storage.get(message.key, now)
             clock, writer = (held.clock, held.writer) if held is not None else (0, KadId(0))
             return Stored(message.rpc_id, me, clock, writer, step)
         if isinstance(message, Call):
-            status, args, value = self.on_call(sender, message, now, eff)
-            gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
-            return Reply(message.rpc_id, me, status, tuple(args), value, step, gossip)
+            answer = self.on_call(sender, message, now, eff)
+            return None if answer is None else self._reply(sender, message, answer)
         if isinstance(message, FindValue):
             record = self.storage.get(message.key, now)
             if record is not None:
