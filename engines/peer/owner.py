@@ -2,9 +2,11 @@
 
 An owner runs ``pull`` on each update pushed to it, writes the result locally with the next
 clock and stores it on the key's ``replication`` closest peers, with at most one replication
-round in flight per key (writes made meanwhile go out with the next one). A push is
-acknowledged once a round holding its write was taken by every holder it chose (*durable*),
-so an acknowledged update survives the owner's death while one of those holders lives.
+round in flight per key (writes made meanwhile go out with the next one). Another peer's
+push is acknowledged once a round holding its write was taken by every holder it chose
+(*durable*), so an update acknowledged to a peer survives the owner's death while one of
+those holders lives; the owner's own pushes go on at once (if it dies first, they die with
+the only peer that saw them acknowledged).
 
 Owner changes are serialised:
 
@@ -163,7 +165,9 @@ class KeyOwner:
         self.applied[name] = self.applied.get(name, 0) + 1
         record = self.node.storage.get(kid, now)
         assert record is not None
-        if name not in store.written:
+        if name not in store.written or sender.node_id == self.node.node_id:
+            # our own update needs no wait: if we die before it is on the holders, it is
+            # lost with the only peer that saw it acknowledged
             return Status.OK, (record.clock,), record.value
         self._waiting.setdefault(kid, []).append((record.clock, later))
         return None

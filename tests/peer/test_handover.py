@@ -50,9 +50,13 @@ def owners(sim: SimRun) -> dict[str, str]:
 
 
 def check(sim: SimRun, result: object) -> tuple[int, int]:
-    """(acknowledged updates, updates held twice); asserts none acknowledged is missing."""
+    """(acknowledged updates, updates held twice); asserts that no update acknowledged to a
+    peer still alive is missing (an owner's own updates go on before they are on the
+    holders: when it is killed they may die with it, the only peer that saw them)."""
     acked, twice = 0, 0
     for index, address in enumerate(sim.order):
+        if address not in sim.net.alive:
+            continue
         runner = sim.peers[address].runner
         assert runner is not None
         # a joiner starts at the step it caught up to
@@ -91,7 +95,7 @@ class TestHandOver:
         assert any(after[n] in joined for n in KEYS)             # a joiner took a key over
         assert len(taken) >= 4
         acked, twice = check(sim, result)
-        assert acked >= 5 * STEPS
+        assert acked >= 5 * STEPS                 # the 5 survivors of the first 8, at least
         assert twice <= len(KEYS) * MAX_PEERS       # re-pushes after a failover, bounded
 
     def test_under_psp_too(self):

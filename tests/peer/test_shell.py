@@ -212,7 +212,7 @@ class TestGracefulLeave:
             left.update(address=run.addresses[index], keys=owners.count(index),
                         seconds=time.monotonic() - started, run=run)
 
-        result = job.run(cluster, peers=5, init=init(), data=shard, timeout_s=120,
+        result = job.run(cluster, peers=5, init=init(), data=shard, timeout_s=50,
                          on_poll=leave_once)
         assert left and result.left == [left["address"]] and result.lost == []
         assert left["seconds"] < 5                      # the leave itself waited on no timeout
