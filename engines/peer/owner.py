@@ -92,6 +92,7 @@ class KeyOwner:
         self.owned: set[int] = set()                # keys taken over (newest copy fetched)
         self._queued: dict[int, list[tuple[Callable[[float, Effects], None], Later]]] = {}
         self._waiting: dict[int, list[tuple[int, Later]]] = {}   # acks waiting on a round
+        self._pushed: dict[tuple[int, int], int] = {}   # (key, pusher) -> last step applied
         node.accept_store = self.accept_store
 
     def on_call(self, sender: Contact, call: Call, now: float, eff: Effects) -> Answer | None:
@@ -146,6 +147,13 @@ class KeyOwner:
             return None                 # served once the key is taken over
         if method == Method.GET:
             return Status.OK, (record.clock,), record.value
+        mine = sender.node_id == self.node.node_id
+        if not mine and step >= 0 and self._pushed.get((kid, sender.node_id), -1) >= step:
+            # the same push again (its first answer came after the pusher's timeout and the
+            # node asked again): applied once, answered once its write is durable
+            self._waiting.setdefault(kid, []).append((record.clock, later))
+            self._replicate(kid, now, eff)
+            return None
         read = lambda n: ((r.value.to_value(), r.clock)  # noqa: E731
                           if (r := self.node.storage.get(key_id(n), now)) is not None else None)
         store = OwnerStore(read, sender.address, step)
@@ -163,9 +171,11 @@ class KeyOwner:
                                   is_origin=True, clock=clock, writer=self.node.node_id)
             self._replicate(written, now, eff)
         self.applied[name] = self.applied.get(name, 0) + 1
+        if not mine and step >= 0:
+            self._pushed[(kid, sender.node_id)] = step
         record = self.node.storage.get(kid, now)
         assert record is not None
-        if name not in store.written or sender.node_id == self.node.node_id:
+        if name not in store.written or mine:
             # our own update needs no wait: if we die before it is on the holders, it is
             # lost with the only peer that saw it acknowledged
             return Status.OK, (record.clock,), record.value
