@@ -110,9 +110,16 @@ class KeyOwner:
         return self.serve(sender, call.args[0], call.key, Method(call.method), step, update,
                           now, eff, later)
 
+    def _closest_known(self, kid: int) -> Contact | None:
+        """The contact closest to ``kid`` in our table, suspects included: one that missed a
+        reply (a loaded peer, most often) still owns its keys until it is evicted, or each
+        missed reply would move them and back."""
+        closest = self.node.routing.closest(kid, 1)
+        return closest[0] if closest else None
+
     def _is_owner(self, kid: KadId) -> bool:
-        closest = self.node._closest(kid)[:1]
-        return not closest or self.node.node_id ^ kid < closest[0].node_id ^ kid
+        closest = self._closest_known(kid)
+        return closest is None or self.node.node_id ^ kid < closest.node_id ^ kid
 
     def accept_store(self, sender: Contact, store: Any, now: float) -> bool:
         """The fence (module docstring): refuse an owner's write when we know a peer closer
@@ -122,8 +129,8 @@ class KeyOwner:
         distance = sender.node_id ^ store.key
         if self.node.node_id ^ store.key < distance:
             return False
-        closest = self.node._closest(store.key)[:1]
-        return not closest or closest[0].node_id ^ store.key >= distance
+        closest = self._closest_known(store.key)
+        return closest is None or closest.node_id ^ store.key >= distance
 
     def serve(self, sender: Contact, name: str, kid: KadId, method: Method, step: int,
               update: Any, now: float, eff: Effects, later: Later) -> Answer | None:
