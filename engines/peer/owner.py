@@ -6,7 +6,8 @@ round in flight per key (writes made meanwhile go out with the next one). Anothe
 push is acknowledged once a round holding its write was taken by every holder it chose
 (*durable*), so an update acknowledged to a peer survives the owner's death while one of
 those holders lives; the owner's own pushes go on at once (if it dies first, they die with
-the only peer that saw them acknowledged).
+the only peer that saw them acknowledged). When the pusher is the only other holder, the
+answer itself is its copy: the pusher keeps the value it is answered with.
 
 Owner changes are serialised:
 
@@ -185,6 +186,10 @@ class KeyOwner:
         if name not in store.written or mine:
             # our own update needs no wait: if we die before it is on the holders, it is
             # lost with the only peer that saw it acknowledged
+            return Status.OK, (record.clock,), record.value
+        holders = self.node.holders_of(kid, now)
+        if holders is not None and all(h.node_id == sender.node_id for h in holders):
+            # the pusher is the only other holder: the answer is its copy (it keeps it)
             return Status.OK, (record.clock,), record.value
         self._waiting.setdefault(kid, []).append((record.clock, later))
         return None

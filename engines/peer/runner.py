@@ -25,6 +25,7 @@ from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
+from .kademlia.values import Blob
 from .owner import KeyOwner, Method, Status
 
 log = logging.getLogger(__name__)
@@ -225,12 +226,23 @@ class PeerRunner:
             if status == Status.OK:
                 self.pushed += 1
                 self.values[name] = (value, clock)
+                self._keep_copy(name, value, clock, when)
                 self._outstanding.discard(name)
                 if not self._outstanding:
                     self._step_done(when, e)
             else:
                 self._retry(lambda t, ef: self._push(name, t, ef), status, when, e)
         self._ask(name, Method.PUSH, self._updates[name], now, eff, acked)
+
+    def _keep_copy(self, name: str, value: Any, clock: int, now: float) -> None:
+        """A holder of a key keeps the value an owner answered its push with: when it is the
+        owner's only other holder, that answer is the write's replica (``owner.py``)."""
+        kid = key_id(name)
+        held = self.node.storage.get(kid, now)
+        owner = self.owners.get(name)
+        if held is not None and owner is not None and clock > held.clock:
+            self.node.storage.put(kid, Blob.of(value), now, self.node.config.ttl_s,
+                                  clock=clock, writer=owner.node_id)
 
     def _step_done(self, now: float, eff: Effects) -> None:
         self.step += 1

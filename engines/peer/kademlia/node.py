@@ -238,6 +238,16 @@ class KademliaNode(NodeOps):
         self._evict(node_id, now, eff)
         return True, eff
 
+    def holders_of(self, key: KadId, now: float) -> list[Contact] | None:
+        """The other peers ``set(key)`` would store on now, if its last lookup for the key is
+        still cached (``holders_cache_s``), else None."""
+        cached = self._holders.get(key)
+        if cached is None or now >= cached[1]:
+            return None
+        me = Contact(self.node_id, self.address)
+        chosen = sorted([*cached[0], me], key=lambda c: c.node_id ^ key)[:self.config.copies]
+        return [c for c in chosen if c != me]
+
     def answer_call(self, sender: Contact, call: Call, answer: Answer) -> Send:
         """The REPLY to a CALL whose handler returned None (answered later)."""
         return Send(sender.address, self._reply(sender, call, answer))
