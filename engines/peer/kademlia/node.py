@@ -102,6 +102,7 @@ class KademliaNode(NodeOps):
         self._suspects: set[int] = set()     # table contacts that missed a reply: not handed out
         self._holders: dict[int, tuple[list[Contact], float]] = {}
         self.leaving = False                 # leave() began: an engine takes no more writes
+        self.left = False                    # LEAVE sent: silent from now on
         self._next_op = 1
         self._sampler = Sampler(node_id, self.config.ksize, self.subtrees,
                                 self.config.sample_cache_s, self._subtree_lookup)
@@ -275,6 +276,10 @@ class KademliaNode(NodeOps):
             ProtocolError: malformed, unsolicited, or claiming an id it does not own; nothing
                 was changed. The shell logs it and keeps serving.
         """
+        if self.left:
+            # we told every contact we left: answering now would put us back in its table
+            # (a live contact its fence would still defer to), so stay silent
+            return Effects()
         if type(message) not in MESSAGE_TYPES:
             # anything but our own message objects is wire data from a peer: validate it all
             message = decode(message, frames, max_contacts=self.config.ksize,
@@ -332,6 +337,8 @@ class KademliaNode(NodeOps):
     def on_timer(self, kind: TimerKind, token: int, now: float) -> Effects:
         """A timer set through ``SetTimer`` is due."""
         eff = Effects()
+        if self.left:
+            return eff                      # left: no more replica checks, refreshes, ...
         if kind == TimerKind.RPC_TIMEOUT:
             pending = self._pending.pop(token, None)
             if pending is not None:
