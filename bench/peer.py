@@ -1,38 +1,57 @@
-"""P2P engine benchmark, simulated part: overlay lookups and P2P SGD under each barrier.
+"""P2P engine benchmark over the real wire, beside the PS engine, in one run.
 
-Run: ``python bench/peer.py [--peers 64] [--lookups 200] [--train-peers 16] [--seed 0]``
+Run: ``python bench/peer.py``  (Job A at 20 000 x 1000; ``--full``: the issue's 100 000 x 1000)
 
-Everything here runs on ``SimNetwork`` (virtual time, one process): the same sans-I/O peers a
-real shell drives, with a cluster-like network (one-way latency 0.1-0.5 ms, 100 ms RPC
-timeout). Times are virtual seconds. The real-wire rows (64 peers as core services, the PS
-engine's ASP/BSP beside P2P) come with the shell.
+1. Lookups: ``--peers`` peers (``PeerService``s, spread over ``--lookup-workers`` worker
+   processes) joined into one overlay, 20 keys stored (replication 3); FIND_VALUE of those
+   keys from random live peers, latency on the asking peer's clock (median, p95) and rounds,
+   and FIND_NODE of random ids (which must hear from, or time out on, all k closest). Then one
+   worker process of the four is SIGKILLed (25 % of the peers die with it, mid-overlay, no
+   goodbye), 1 s for the replica checks, the lookups again, and every key read back (lost:
+   no live copy).
+2. Job A (``bench/ps.py``'s problem: linear regression on ROWS x FEATURES float32 with known
+   w*, plain SGD, lr 0.002, minibatch 256 per worker or peer, stop at |w - w*| / |w*| < 0.05)
+   on 2 workers: the PS engine's ASP and BSP (one server shard on one of the workers), and the
+   P2P engine with 2 peers (one per worker; the key's owner is one of them) under pBSP, pSSP,
+   BSP and ASP. A P2P peer stops once the w its last push returned is within the target.
+   Then the same with worker / peer 2 three times slower (it sleeps twice its compute time
+   each step). Seconds from the start (every worker / peer ready) to the target.
 
-1. Lookups: FIND_VALUE of stored keys among ``--peers`` peers with 0 % and 25 % of them
-   killed at once, then 1 s for the overlay to notice (replica checks every 0.5 s) before the
-   lookups: median and p95 latency, rounds, failed lookups, keys lost (no live copy left).
-   The lookups still meet dead peers in routing tables that nobody has asked about yet.
-2. Training: linear regression (the PS engine's Job A problem: d = 32, known w*, batch 32,
-   lr 0.005) on ``--train-peers`` peers, each step 1 ms of compute, until the relative weight
-   error is under 1 %. pBSP, pSSP, BSP, SSP, ASP; then the same with one peer 3x slower.
-   The error is probed from the owner's copy every 0.5 ms (outside the protocol).
+Targets (printed, never asserted): lookup median < 5 ms and p95 < 1 s with 25 % dead, no
+failed lookup, no lost key; P2P pSSP within 1.5x the PS engine's ASP; under the straggler,
+pSSP loses less than half of what BSP loses.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import signal
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-import numpy as np
+# Benchmark the checkout this script lives in, not whatever actorpy is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actorpy.barrier import ASP, BSP, PSP, SSP, Policy
-from engines.peer import Job, OwnerStore, PeerContext, SimRun
-from engines.peer.kademlia.events import KademliaConfig
-from engines.peer.kademlia.ids import key_id
-from engines.peer.kademlia.sim import SimNetwork
+import cloudpickle  # noqa: E402
+import numpy as np  # noqa: E402
 
-LAN = (0.0001, 0.0005)
+import actorpy  # noqa: E402
+from actorpy.barrier import ASP, BSP, PSP, Policy  # noqa: E402
+from engines import peer  # noqa: E402
+from engines.peer.cluster_run import start_peers  # noqa: E402
+from engines.peer.kademlia.events import KademliaConfig  # noqa: E402
+from engines.peer.shell import PeerKind  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ps  # noqa: E402  (the PS benchmark's Job A: problem, callbacks, runner)
+
+cloudpickle.register_pickle_by_value(ps)   # its callbacks travel to the workers by value
+CALL_S = 30.0
+PSSP = "P2P pSSP"      # the row the targets compare (staleness 4, as bench/ps.py's pSSP)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -40,116 +59,178 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def lookups(peers: int, count: int, seed: int) -> list[str]:
+# ------------------------------------------------------------------ 1. lookups
+def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
+    """Lookups among ``peers`` on ``workers`` processes, then with one process SIGKILLed."""
+    config = KademliaConfig(rpc_timeout_s=0.25, replica_check_s=0.5, replication=3,
+                            refresh_on_join=False)
+    rng = random.Random(seed)
     rows = []
-    for failed in (0.0, 0.25):
-        started = time.perf_counter()
-        config = KademliaConfig(replication=3, rpc_timeout_s=0.1, replica_check_s=0.5,
-                                refresh_on_join=False, refresh_interval_s=1e9,
-                                republish_interval_s=1e9)
-        net = SimNetwork(config, seed=seed, latency_s=LAN)
-        live = net.grow(peers)
-        rng = random.Random(seed + 1)
-        keys = {key_id(f"key{i}"): f"value{i}".encode() for i in range(50)}
-        for key, value in keys.items():
-            net.set(rng.choice(live), key, value)
-        if failed:
-            net.kill_fraction(failed, rng)
-            net.run_for(1.0)        # replica checks notice the dead, holders store again
-        survivors = sorted(net.alive)
-        lost = sum(1 for key in keys if not any(
-            net.nodes[a].storage.get(key, net.clock.now()) for a in survivors))
-        done = []
-        while len(done) < count:
-            source, key = rng.choice(survivors), rng.choice(sorted(keys))
-            if net.nodes[source].storage.get(key, net.clock.now()) is None:
-                done.append(net.get(source, key))
-        latency = [d.elapsed_s * 1e3 for d in done]
-        failed_lookups = sum(d.value != keys[d.target] for d in done)
-        rows.append(f"{peers:>5} {failed:>5.0%} {statistics.median(latency):>9.2f} "
-                    f"{pct(latency, 0.95):>9.2f} {statistics.mean(d.rounds for d in done):>6.2f} "
-                    f"{failed_lookups:>7} {lost:>5} {time.perf_counter() - started:>7.1f}")
+    with actorpy.connect(workers=workers, task_threads=2) as cluster:
+        refs, _ = start_peers(cluster, peers, config, seed, name="bench")
+        live = list(range(peers))
+        keys = [f"key-{i}" for i in range(20)]
+        for i, name in enumerate(keys):
+            cluster.call(refs[i % peers], PeerKind.SET, (name, np.full(8, i, np.float32)),
+                         timeout_s=CALL_S)
+        for dead in (False, True):
+            if dead:
+                victim = cluster.workers()[-1]          # peer 0 (the bootstrap) lives on [0]
+                pid = {r["node_id"]: r["pid"] for r in cluster.nodes()}[victim]
+                os.kill(pid, signal.SIGKILL)
+                live = [i for i in live if refs[i].node != victim]
+                time.sleep(1.0)                 # replica checks notice the dead holders
+            started = time.monotonic()
+            times, rounds, failed, node_times = [], [], 0, []
+            for _ in range(count):
+                found, hops, seconds = cluster.call(
+                    refs[rng.choice(live)], PeerKind.LOOKUP, rng.choice(keys),
+                    timeout_s=CALL_S)
+                failed += not found
+                times.append(seconds)
+                rounds.append(hops)
+            for _ in range(max(1, count // 4)):
+                _, _, seconds = cluster.call(refs[rng.choice(live)], PeerKind.FIND,
+                                             rng.getrandbits(160), timeout_s=CALL_S)
+                node_times.append(seconds)
+            lost = sum(cluster.call(refs[live[0]], PeerKind.GET, name, timeout_s=CALL_S)
+                       is None for name in keys)
+            rows.append(f"{peers:>5} {100 - 100 * len(live) // peers:>4}% "
+                        f"{statistics.median(times) * 1e3:>9.2f} "
+                        f"{pct(times, 0.95) * 1e3:>9.2f} {statistics.mean(rounds):>6.2f} "
+                        f"{failed:>7} {lost:>5} {statistics.median(node_times) * 1e3:>9.2f} "
+                        f"{pct(node_times, 0.95) * 1e3:>9.2f} "
+                        f"{time.monotonic() - started:>7.1f}")
     return rows
 
 
-D, ROWS, BATCH, LR, TARGET = 32, 2000, 32, 0.005, 0.01
-W_STAR = np.random.default_rng(0).normal(size=D)
+# ------------------------------------------------------------------ 2. Job A, P2P side
+class PeerHalf:
+    """``data(index)``: peer ``index`` holds worker ``index % 2``'s rows of ``bench/ps.py``."""
+
+    def __init__(self, seed: int, rows: int, features: int) -> None:
+        self.seed, self.rows, self.features = seed, rows, features
+
+    def __call__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return ps.half(self.seed, index % 2, self.rows // 2, self.features)
 
 
-def shard(index: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(100 + index)
-    x = rng.normal(size=(ROWS, D))
-    return x, x @ W_STAR + 0.01 * rng.normal(size=ROWS)
+class PeerPush:
+    """``bench/ps.py``'s ``Push`` for a peer (peer 1 sleeps twice its compute when
+    ``straggle``); it remembers the error of the w it was handed, for ``PeerStop``."""
 
+    def __init__(self, seed: int, features: int, batch: int, straggle: bool) -> None:
+        self.ws, self.batch, self.straggle = ps.w_star(seed, features), batch, straggle
+        self.error = float("inf")
 
-def train(policy: Policy, peers: int, straggler: bool, seed: int) -> dict[str, Any]:
-    """Time (virtual) until the model on the overlay is within TARGET of w*."""
-    hit: dict[str, float] = {}
-    job = Job("linreg", barrier=policy, seed=seed)
-    job.register_schedule(lambda ctx: ["w"])
-
-    @job.register_push
-    def push(ctx: PeerContext, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, ctx: peer.PeerContext, values: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
         x, y = ctx.data
-        rows = ctx.rng.integers(0, ROWS, BATCH)
-        return {"w": x[rows].T @ (x[rows] @ values["w"] - y[rows]) / BATCH}
+        w = values["w"]
+        self.error = ps.error(w, self.ws)
+        i = ctx.rng.integers(0, len(y), self.batch)
+        g = ps.gradient(w, x[i], y[i])
+        if self.straggle and ctx.index == 1:
+            time.sleep(2 * (time.perf_counter() - t0))
+        return {"w": g}
 
-    @job.register_pull
-    def pull(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
-        w, _ = store.get("w")
-        store.set("w", w - LR * updates["w"])
 
-    job.register_stop(lambda ctx: "at" in hit or ctx.step >= 5000)
-    compute = lambda index, step: 0.003 if straggler and index == 0 else 0.001  # noqa: E731
-    run = SimRun(job, peers, {"w": np.zeros(D)}, data=shard, compute_s=compute, latency_s=LAN,
-                 max_s=600.0)
+class PeerStop:
+    """Stop once the w this peer last read is within the target (``push``: the same peer's
+    ``PeerPush``; shipped together they stay one object)."""
 
-    def probe() -> None:
-        owner = run.net.true_closest(key_id("w"), 1)[0].address
-        record = run.net.nodes[owner].storage.get(key_id("w"), run.net.clock.now())
-        if record is not None and "at" not in hit:
-            w = record.value.to_value()
-            if np.linalg.norm(w - W_STAR) / np.linalg.norm(W_STAR) < TARGET:
-                hit["at"] = run.net.clock.now() - begin   # from the job's start, not the joins
-                return
-        run.net.clock.call_later(0.0005, probe)
+    def __init__(self, push: PeerPush, target: float) -> None:
+        self.push, self.target = push, target
 
-    begin = run.net.clock.now()
-    run.net.clock.call_later(0.0, probe)
-    started = time.perf_counter()
-    result = run.run()
-    steps = list(result.steps.values())
-    return {"t": hit.get("at", float("nan")), "mean_steps": statistics.mean(steps),
-            "slow_steps": result.steps[run.order[0]], "updates": result.updates,
-            "messages": result.messages, "wall": time.perf_counter() - started}
+    def __call__(self, ctx: peer.PeerContext) -> bool:
+        return self.push.error < self.target
+
+
+def p2p_job_a(cluster: Any, args: argparse.Namespace, barrier: Policy,
+              straggle: bool) -> tuple[float, int, float, list[int]]:
+    job = peer.Job("bench-a", barrier=barrier, seed=args.seed, rpc_timeout_s=0.5)
+    job.register_schedule(lambda ctx: ["w"])
+    push = PeerPush(args.seed, args.features, args.batch, straggle)
+    job.register_push(push)
+    job.register_pull(ps.Pull(args.lr))
+    job.register_stop(PeerStop(push, args.target))
+    result = job.run(cluster, peers=args.peers_a,
+                     init={"w": np.zeros(args.features, dtype=np.float32)},
+                     data=PeerHalf(args.seed, args.rows, args.features),
+                     timeout_s=args.timeout)
+    err = ps.error(result.model["w"], ps.w_star(args.seed, args.features))
+    return result.seconds, result.updates, err, list(result.steps.values())
+
+
+def job_a_rows(args: argparse.Namespace) -> dict[tuple[str, bool], float]:
+    ps_runs = [("PS ASP", ASP()), ("PS BSP", BSP())]
+    beta = min(args.sample, args.peers_a - 1)
+    p2p_runs = [(f"P2P pBSP({beta})", PSP(beta, 0)), (PSSP, PSP(beta, 4)), ("P2P BSP", BSP()),
+                ("P2P ASP", ASP())]
+    times: dict[tuple[str, bool], float] = {}
+    with actorpy.connect(workers=2, task_threads=2) as cluster:
+        for straggle in (False, True):
+            print("\n  peer / worker 2 three times slower" if straggle else "\n  no straggler")
+            print(f"  {'run':<16} {'to target':>9} {'updates':>8} {'ms/update':>9} "
+                  f"{'error':>7} {'steps':>11}")
+            for name, barrier in ps_runs + p2p_runs:
+                if name.startswith("PS"):
+                    seconds, updates, err = ps.actorpy_job_a(cluster, args, barrier, straggle)
+                    steps = ""
+                else:
+                    seconds, updates, err, per_peer = p2p_job_a(cluster, args, barrier,
+                                                               straggle)
+                    steps = f"{min(per_peer)}-{max(per_peer)}"
+                times[(name, straggle)] = seconds
+                extra = (f"  loses {100 * (seconds / times[(name, False)] - 1):+.0f} %"
+                         if straggle else "")
+                print(f"  {name:<16} {seconds:>8.2f}s {updates:>8} "
+                      f"{1e3 * seconds / max(updates, 1):>9.3f} {err:>7.4f} {steps:>11}{extra}",
+                      flush=True)
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--peers", type=int, default=64)
+    parser.add_argument("--peers", type=int, default=64, help="lookup part (default 64)")
+    parser.add_argument("--lookup-workers", type=int, default=4,
+                        help="worker processes for the lookup part; one is killed (default 4)")
     parser.add_argument("--lookups", type=int, default=200)
-    parser.add_argument("--train-peers", type=int, default=16)
+    parser.add_argument("--full", action="store_true",
+                        help="Job A at the issue's size, 100 000 x 1000 (default 20 000 rows)")
+    parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument("--features", type=int, default=1000)
+    parser.add_argument("--lr", type=float, default=0.002)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--target", type=float, default=0.05)
+    parser.add_argument("--peers-a", type=int, default=2, help="P2P peers for Job A (default 2)")
+    parser.add_argument("--sample", type=int, default=2,
+                        help="peers pBSP and pSSP sample (default 2; at most peers - 1)")
+    parser.add_argument("--skip-lookups", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
-    print(f"1. FIND_VALUE among {args.peers} simulated peers (one-way 0.1-0.5 ms, timeout "
-          "100 ms, 2 misses evict), 50 keys, replication 3, 1 s after the kills")
-    print(f"{'N':>5} {'dead':>5} {'median ms':>9} {'p95 ms':>9} {'rounds':>6} {'failed':>7} "
-          f"{'lost':>5} {'wall s':>7}")
-    for line in lookups(args.peers, args.lookups, args.seed):
-        print(line, flush=True)
-    n = args.train_peers
-    print(f"\n2. P2P SGD, linear regression d={D} on {n} simulated peers, 1 ms compute per "
-          f"step, to {TARGET:.0%} weight error (virtual seconds)")
-    print(f"{'barrier':>14} {'straggler':>9} {'to target':>9} {'steps':>6} {'slow':>5} "
-          f"{'updates':>7} {'messages':>8} {'wall s':>7}")
-    policies = [("pBSP(4)", PSP(4, 0)), ("pSSP(4,2)", PSP(4, 2)), ("BSP", BSP()),
-                ("SSP(2)", SSP(2)), ("ASP", ASP())]
-    for straggler in (False, True):
-        for name, policy in policies:
-            r = train(policy, n, straggler, args.seed)
-            print(f"{name:>14} {'3x' if straggler else '-':>9} {r['t']:>9.3f} "
-                  f"{r['mean_steps']:>6.1f} {r['slow_steps']:>5} {r['updates']:>7} "
-                  f"{r['messages']:>8} {r['wall']:>7.1f}", flush=True)
+    if args.rows is None:
+        args.rows = 100_000 if args.full else 20_000
+    print(f"P2P engine over the real wire; {os.cpu_count()} cores")
+    if not args.skip_lookups:
+        print(f"\n1. FIND_VALUE of stored keys among {args.peers} peers on "
+              f"{args.lookup_workers} worker processes (timeout 250 ms, 2 misses evict), "
+              "20 keys, replication 3; then one process SIGKILLed; node med/p95: FIND_NODE "
+              "of random ids (ms)")
+        print(f"{'N':>5} {'dead':>5} {'median ms':>9} {'p95 ms':>9} {'rounds':>6} "
+              f"{'failed':>7} {'lost':>5} {'node med':>9} {'node p95':>9} {'wall s':>7}")
+        for line in lookup_rows(args.peers, args.lookup_workers, args.lookups, args.seed):
+            print(line, flush=True)
+    print(f"\n2. Job A: {args.rows} x {args.features} float32, lr {args.lr}, batch "
+          f"{args.batch} per worker / peer, target |w-w*|/|w*| < {args.target}; 2 workers; "
+          f"P2P: {args.peers_a} peers, no server")
+    times = job_a_rows(args)
+    ratio = times[(PSSP, False)] / times[("PS ASP", False)]
+    loss = {n: times[(n, True)] - times[(n, False)] for n in (PSSP, "P2P BSP")}
+    print(f"\n  P2P pSSP / PS ASP time to target: {ratio:.2f} (target <= 1.5)")
+    print(f"  straggler costs P2P pSSP {loss[PSSP]:+.2f} s, P2P BSP "
+          f"{loss['P2P BSP']:+.2f} s (target: pSSP's <= half of BSP's)")
     return 0
 
 

@@ -5,6 +5,10 @@ The driver only places and starts the peers and reads the result: it starts N
 joins each through the first one, stores the initial model on the overlay, starts every
 runner, waits until every live peer's stop said so, and reads the model back from the
 overlay (newest copy among each key's holders). Training itself never touches the driver.
+
+At the end every peer leaves gracefully, one after the other (``LEAVE``: it hands the keys it
+holds to the next closest peers and tells its contacts, who drop it at once), then its
+service stops; ``leave_peer`` does the same for one peer while the job runs.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from .shell import PeerKind, PeerService
 log = logging.getLogger(__name__)
 
 CALL_S = 30.0
+LEAVE_S = 10.0     # a peer's graceful leave at the end of a job (then it is stopped anyway)
 
 
 @dataclass
@@ -37,6 +42,7 @@ class RunResult:
         updates: pushes folded in by the owners, over all keys (a lost owner: up to its
             last report).
         lost: addresses of peers whose worker went away during the run.
+        left: addresses of peers that left the running job (``leave_peer``).
         rejected: overlay messages the peers dropped as malformed or unauthenticated.
     """
 
@@ -47,6 +53,7 @@ class RunResult:
     updates: int
     lost: list[str]
     rejected: int
+    left: list[str]
 
 
 def start_peers(cluster: Any, n: int, config: KademliaConfig, seed: int = 0,
@@ -104,6 +111,7 @@ class ClusterRun:
         self.refs: list[Any] = []
         self.addresses: list[str] = []
         self.lost: set[int] = set()
+        self.left: set[int] = set()
         self.last: dict[int, dict[str, Any]] = {}
         self.on_poll = on_poll
         self.started = 0.0
@@ -144,7 +152,8 @@ class ClusterRun:
                              steps={s["address"]: s["step"] for s in self.last.values()},
                              seconds=seconds, updates=self.updates(),
                              lost=[self.addresses[i] for i in sorted(self.lost)],
-                             rejected=sum(s["rejected"] for s in live))
+                             rejected=sum(s["rejected"] for s in live),
+                             left=[self.addresses[i] for i in sorted(self.left)])
         finally:
             self.stop()
 
@@ -155,7 +164,7 @@ class ClusterRun:
         Raises:
             ActorpyError: no live peer to join through.
         """
-        live = [i for i in range(len(self.refs)) if i not in self.lost]
+        live = self._live()
         if not live:
             raise ActorpyError("no live peer to join the job through")
         workers = self.cluster.workers()
@@ -172,13 +181,31 @@ class ClusterRun:
         self.cluster.call(ref, PeerKind.START, True, timeout_s=CALL_S)
         return address
 
+    def leave_peer(self, index: int) -> None:
+        """Peer ``index`` leaves the running job gracefully: it stops stepping and takes no
+        more writes (pushers retry), hands every key it holds to the next closest peers,
+        tells its contacts (they drop it at once and look its keys' owners up again), then
+        its service stops. Call it from ``on_poll``.
+
+        Raises:
+            ActorpyError: ``index`` is not a live peer of this job.
+        """
+        if index not in self._live():
+            raise ActorpyError(f"peer {index} is not a live peer of this job")
+        ref = self.refs[index]
+        self.cluster.call(ref, PeerKind.LEAVE, timeout_s=CALL_S)
+        self.last[index] = self.cluster.call(ref, PeerKind.STATUS, timeout_s=CALL_S)
+        self.left.add(index)
+        self.cluster.stop_service(ref)
+
+    def _live(self) -> list[int]:
+        return [i for i in range(len(self.refs)) if i not in self.lost and i not in self.left]
+
     def read(self, name: str) -> tuple[Any, int] | None:
         """``(value, clock)`` of key ``name`` read through a live peer, or None."""
-        for i, ref in enumerate(self.refs):
-            if i in self.lost:
-                continue
+        for i in self._live():
             try:
-                return self.cluster.call(ref, PeerKind.GET, name, timeout_s=CALL_S)
+                return self.cluster.call(self.refs[i], PeerKind.GET, name, timeout_s=CALL_S)
             except (NodeLost, RemoteError) as exc:
                 log.info("reading %r through peer %d failed (%s); trying another", name, i, exc)
                 self.lost.add(i)
@@ -186,16 +213,15 @@ class ClusterRun:
 
     def status(self) -> dict[int, dict[str, Any]]:
         """Every live peer's report; a peer whose worker went away is marked lost."""
-        for i, ref in enumerate(self.refs):
-            if i in self.lost:
-                continue
+        for i in self._live():
             try:
-                self.last[i] = self.cluster.call(ref, PeerKind.STATUS, timeout_s=CALL_S)
+                self.last[i] = self.cluster.call(self.refs[i], PeerKind.STATUS,
+                                                 timeout_s=CALL_S)
             except (NodeLost, RemoteError, TimeoutError) as exc:
                 log.warning("peer %s is gone (%s); the job goes on without it",
                             self.addresses[i] if self.addresses else i, exc)
                 self.lost.add(i)
-        return {i: s for i, s in self.last.items() if i not in self.lost}
+        return {i: self.last[i] for i in self._live() if i in self.last}
 
     def _finished(self) -> bool:
         live = self.status()
@@ -221,10 +247,16 @@ class ClusterRun:
                                      f"{what}; steps: {[s['step'] for s in self.last.values()]}")
 
     def stop(self) -> None:
-        """Stop every peer service still running."""
-        for i, ref in enumerate(self.refs):
-            if i not in self.lost:
-                try:
-                    self.cluster.stop_service(ref)
-                except Exception as exc:  # noqa: BLE001 - best effort at the end
-                    log.debug("stopping peer %d: %s", i, exc)
+        """Every peer still running leaves (hands its keys on, tells its contacts), one after
+        the other, and its service stops."""
+        for i in reversed(self._live()):
+            ref = self.refs[i]
+            try:
+                self.cluster.call(ref, PeerKind.LEAVE, timeout_s=LEAVE_S)
+            except Exception as exc:  # noqa: BLE001 - best effort at the end
+                log.debug("peer %d did not leave cleanly: %s", i, exc)
+            try:
+                self.cluster.stop_service(ref)
+            except Exception as exc:  # noqa: BLE001 - best effort at the end
+                log.debug("stopping peer %d: %s", i, exc)
+            self.left.add(i)

@@ -2,14 +2,28 @@
 
 An owner runs ``pull`` on each update pushed to it, writes the result locally with the next
 clock and stores it on the key's ``replication`` closest peers, with at most one replication
-in flight per key (writes made meanwhile go out with the next one). A peer asked for a key it
-should own but does not hold yet (it joined closer to the key than the old owner) fetches it
-from the overlay and answers MISSING, so the pusher retries shortly.
+round in flight per key (writes made meanwhile go out with the next one). Another peer's
+push is acknowledged once a round holding its write was taken by every holder it chose
+(*durable*), so an update acknowledged to a peer survives the owner's death while one of
+those holders lives; the owner's own pushes go on at once (if it dies first, they die with
+the only peer that saw them acknowledged). When the pusher is the only other holder, the
+answer itself is its copy: the pusher keeps the value it is answered with.
 
-Owner changes are not serialised: while peers disagree on who is closest (a join or a death
-not yet noticed by all), two peers may each accept updates, and replicas keep the highest
-version (clock, writer), so the other branch's updates are lost. SGD tolerates this, as
-Hippo's elastic PS does (papers.md).
+Owner changes are serialised:
+
+- **Take-over.** A peer that finds itself closest to a key answers MISSING (the pusher
+  retries shortly) until it has fetched the newest copy from the key's holders (FIND_VALUE
+  of the k closest, its own copy included). Asking them tells them of it, so from then on
+  they refuse the old owner's writes (below), and the old owner, one of the k closest, learns
+  of it too and stops taking writes: every write the old owner applied before that is in the
+  copy fetched, and every one it acknowledged is on the holders.
+- **Fence.** A holder refuses an owner's write (a STORE whose writer is its sender, clock
+  > 0) when it knows a peer closer to the key than that writer, itself included; it answers
+  with the version it holds, so the write's round is not durable.
+- **Stale owner.** A round refused by a holder means a closer peer has taken over: the pushes
+  waiting on it are answered NOT_OWNER (their pushers look the owner up again; an update
+  applied here but not acknowledged may so be applied twice, never lost), and the key is
+  taken over again (fetched) before this peer serves it again.
 """
 from __future__ import annotations
 
@@ -47,6 +61,9 @@ class Status(IntEnum):
 
 Then = Callable[[Done, float, Effects], None]
 StartOp = Callable[[tuple[int, Effects], Then, Effects], None]
+Answer = tuple[int, tuple[Any, ...], Any]
+#: ``later(answer, now, effects)``: how a deferred answer reaches the asker.
+Later = Callable[[Answer, float, Effects], None]
 
 
 class KeyOwner:
@@ -60,6 +77,7 @@ class KeyOwner:
 
     Attributes:
         applied: updates folded in here, per key.
+        owned: the keys this peer has taken over (fetched the newest copy of) and serves.
         error: the last ``pull`` failure here (type, message, traceback), if any.
     """
 
@@ -69,13 +87,18 @@ class KeyOwner:
         self._start_op = start_op
         self.applied: dict[str, int] = {}
         self.error: tuple[str, str, str] | None = None
-        self._replicating: set[int] = set()
+        self._replicating: dict[int, int] = {}      # key -> clock of the round in flight
         self._dirty: set[int] = set()
         self._adopting: set[int] = set()
+        self.owned: set[int] = set()                # keys taken over (newest copy fetched)
+        self._queued: dict[int, list[tuple[Callable[[float, Effects], None], Later]]] = {}
+        self._waiting: dict[int, list[tuple[int, Later]]] = {}   # acks waiting on a round
+        self._pushed: dict[tuple[int, int], int] = {}   # (key, pusher) -> last step applied
+        node.accept_store = self.accept_store
 
-    def on_call(self, sender: Contact, call: Call, now: float,
-                 eff: Effects) -> tuple[int, tuple[Any, ...], Any]:
-        """The node's CALL handler: GET and PUSH for the keys this peer owns."""
+    def on_call(self, sender: Contact, call: Call, now: float, eff: Effects) -> Answer | None:
+        """The node's CALL handler: GET and PUSH for the keys this peer owns (None: a push
+        answered once durable)."""
         if call.method not in (Method.GET, Method.PUSH) or not call.args \
                 or type(call.args[0]) is not str or key_id(call.args[0]) != call.key:
             return Status.ERROR, ("ProtocolError", "malformed P2P engine call"), None
@@ -83,23 +106,62 @@ class KeyOwner:
         update = call.value.to_value() if call.value is not None else None
         if call.method == Method.PUSH and update is None:
             return Status.ERROR, ("ProtocolError", "PUSH without an update"), None
+        def later(answer: Answer, when: float, e: Effects) -> None:
+            e.sends.append(self.node.answer_call(sender, call, answer))
         return self.serve(sender, call.args[0], call.key, Method(call.method), step, update,
-                           now, eff)
+                          now, eff, later)
+
+    def _closest_known(self, kid: int) -> Contact | None:
+        """The contact closest to ``kid`` in our table, suspects included: one that missed a
+        reply (a loaded peer, most often) still owns its keys until it is evicted, or each
+        missed reply would move them and back."""
+        closest = self.node.routing.closest(kid, 1)
+        return closest[0] if closest else None
 
     def _is_owner(self, kid: KadId) -> bool:
-        closest = self.node._closest(kid)[:1]
-        return not closest or self.node.node_id ^ kid < closest[0].node_id ^ kid
+        closest = self._closest_known(kid)
+        return closest is None or self.node.node_id ^ kid < closest.node_id ^ kid
+
+    def accept_store(self, sender: Contact, store: Any, now: float) -> bool:
+        """The fence (module docstring): refuse an owner's write when we know a peer closer
+        to the key than that owner, ourselves included."""
+        if store.clock == 0 or store.writer != sender.node_id:
+            return True             # a seed, a hand-off or a copy passed on: not a new write
+        distance = sender.node_id ^ store.key
+        if self.node.node_id ^ store.key < distance:
+            return False
+        closest = self._closest_known(store.key)
+        return closest is None or closest.node_id ^ store.key >= distance
 
     def serve(self, sender: Contact, name: str, kid: KadId, method: Method, step: int,
-               update: Any, now: float, eff: Effects) -> tuple[int, tuple[Any, ...], Any]:
+              update: Any, now: float, eff: Effects, later: Later) -> Answer | None:
+        """Serve a GET or PUSH; a PUSH is answered through ``later`` once durable (None
+        returned), anything else at once."""
+        if self.node.leaving:
+            # our keys are being handed on: a write taken now would miss the copy handed
+            # over; the pusher retries and, once our LEAVE reached it, asks the next owner
+            return Status.MISSING, (), None
         if not self._is_owner(kid):
+            self.owned.discard(kid)
             return Status.NOT_OWNER, (), None
         record = self.node.storage.get(kid, now)
-        if record is None:
+        if kid not in self.owned or record is None:
+            def again(when: float, e: Effects) -> None:
+                got = self.serve(sender, name, kid, method, step, update, when, e, later)
+                if got is not None:
+                    later(got, when, e)
+            self._queued.setdefault(kid, []).append((again, later))
             self._adopt(kid, now, eff)
-            return Status.MISSING, (), None
+            return None                 # served once the key is taken over
         if method == Method.GET:
             return Status.OK, (record.clock,), record.value
+        mine = sender.node_id == self.node.node_id
+        if not mine and step >= 0 and self._pushed.get((kid, sender.node_id), -1) >= step:
+            # the same push again (its first answer came after the pusher's timeout and the
+            # node asked again): applied once, answered once its write is durable
+            self._waiting.setdefault(kid, []).append((record.clock, later))
+            self._replicate(kid, now, eff)
+            return None
         read = lambda n: ((r.value.to_value(), r.clock)  # noqa: E731
                           if (r := self.node.storage.get(key_id(n), now)) is not None else None)
         store = OwnerStore(read, sender.address, step)
@@ -117,37 +179,81 @@ class KeyOwner:
                                   is_origin=True, clock=clock, writer=self.node.node_id)
             self._replicate(written, now, eff)
         self.applied[name] = self.applied.get(name, 0) + 1
+        if not mine and step >= 0:
+            self._pushed[(kid, sender.node_id)] = step
         record = self.node.storage.get(kid, now)
         assert record is not None
-        return Status.OK, (record.clock,), record.value
+        if name not in store.written or mine:
+            # our own update needs no wait: if we die before it is on the holders, it is
+            # lost with the only peer that saw it acknowledged
+            return Status.OK, (record.clock,), record.value
+        holders = self.node.holders_of(kid, now)
+        if holders is not None and all(h.node_id == sender.node_id for h in holders):
+            # the pusher is the only other holder: the answer is its copy (it keeps it)
+            return Status.OK, (record.clock,), record.value
+        self._waiting.setdefault(kid, []).append((record.clock, later))
+        return None
 
     def _adopt(self, kid: KadId, now: float, eff: Effects) -> None:
-        """We are closest to a key we do not hold: fetch it from its other holders."""
+        """Take a key over: fetch the newest copy among its holders (ours included), which
+        also tells them of us (the fence), before serving it."""
         if kid in self._adopting:
             return
         self._adopting.add(kid)
 
         def fetched(done: Done, when: float, e: Effects) -> None:
             self._adopting.discard(kid)
-            if done.blob is not None and self.node.storage.get(kid, when) is None:
+            held = self.node.storage.get(kid, when)
+            if done.blob is not None and (held is None or done.clock > held.clock):
                 self.node.storage.put(kid, done.blob, when, self.node.config.ttl_s,
                                       is_origin=True, clock=done.clock, writer=KadId(0))
+                held = self.node.storage.get(kid, when)
+            if held is not None and self._is_owner(kid):
+                self.owned.add(kid)
                 self._replicate(kid, when, e)
-        self._start_op(self.node.get(kid, now), fetched, eff)
+            for again, later in self._queued.pop(kid, []):
+                if kid in self.owned:
+                    again(when, e)              # served now (or NOT_OWNER if that changed)
+                else:                           # not found (yet), or no longer ours
+                    later((Status.MISSING, (), None), when, e)
+        self._start_op(self.node.get(kid, now, newest=True), fetched, eff)
 
     def _replicate(self, kid: KadId, now: float, eff: Effects) -> None:
-        """Store the newest local copy on the key's closest peers; one round at a time."""
+        """Store the newest local copy on the key's closest peers; one round at a time. A
+        durable round answers the pushes whose writes it holds; a refused one answers every
+        waiting push NOT_OWNER and drops the key (taken over again before it is served)."""
         if kid in self._replicating:
             self._dirty.add(kid)
             return
         record = self.node.storage.get(kid, now)
         if record is None:
             return
+        clock = record.clock
 
         def replicated(done: Done, when: float, e: Effects) -> None:
-            self._replicating.discard(kid)
+            del self._replicating[kid]
+            waiting = self._waiting.pop(kid, [])
+            if done.refused:
+                log.info("peer %s: a holder of key %s refused our write: a closer peer took "
+                         "it over", self.node.address, kid)
+                self.owned.discard(kid)
+                self._dirty.discard(kid)
+                for _, later in waiting:
+                    later((Status.NOT_OWNER, (), None), when, e)
+                return
+            if done.durable:
+                held = self.node.storage.get(kid, when)
+                assert held is not None
+                done_now = [w for w in waiting if w[0] <= clock]
+                waiting = [w for w in waiting if w[0] > clock]
+                for _, later in done_now:
+                    later((Status.OK, (held.clock,), held.value), when, e)
+            else:
+                self._dirty.add(kid)            # a holder did not answer: go again
+            if waiting:
+                self._waiting[kid] = waiting
             if kid in self._dirty:
                 self._dirty.discard(kid)
                 self._replicate(kid, when, e)
-        self._replicating.add(kid)
-        self._start_op(self.node.set(kid, record.value, now, clock=record.clock), replicated, eff)
+        self._replicating[kid] = clock
+        self._start_op(self.node.set(kid, record.value, now, clock=clock), replicated, eff)

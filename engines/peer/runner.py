@@ -25,6 +25,7 @@ from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
+from .kademlia.values import Blob
 from .owner import KeyOwner, Method, Status
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class PeerRunner:
         self._updates: dict[str, Any] = {}
         self._outstanding: set[str] = set()
         self._early: Decision | None = None
+        self._serving_here = False      # inside a push or get this peer serves itself
         self._next_token = 0
         self.owner = KeyOwner(spec, node, self._start_op)
         node.on_call = self.owner.on_call
@@ -224,12 +226,23 @@ class PeerRunner:
             if status == Status.OK:
                 self.pushed += 1
                 self.values[name] = (value, clock)
+                self._keep_copy(name, value, clock, when)
                 self._outstanding.discard(name)
                 if not self._outstanding:
                     self._step_done(when, e)
             else:
                 self._retry(lambda t, ef: self._push(name, t, ef), status, when, e)
         self._ask(name, Method.PUSH, self._updates[name], now, eff, acked)
+
+    def _keep_copy(self, name: str, value: Any, clock: int, now: float) -> None:
+        """A holder of a key keeps the value an owner answered its push with: when it is the
+        owner's only other holder, that answer is the write's replica (``owner.py``)."""
+        kid = key_id(name)
+        held = self.node.storage.get(kid, now)
+        owner = self.owners.get(name)
+        if held is not None and owner is not None and clock > held.clock:
+            self.node.storage.put(kid, Blob.of(value), now, self.node.config.ttl_s,
+                                  clock=clock, writer=owner.node_id)
 
     def _step_done(self, now: float, eff: Effects) -> None:
         self.step += 1
@@ -268,11 +281,17 @@ class PeerRunner:
         if self.phase != Phase.BARRIER:
             return
         if decision.advance:
-            # the next step begins from a timer due at once, not from here: a peer that owns
-            # every key it works on would otherwise run all its steps in one call (deep
-            # recursion), and a shell would serve no other message meanwhile
             self.waiting_on = frozenset()
-            eff.timers.append(SetTimer(0.0, Timer.NEXT, self._epoch))
+            if self._serving_here:
+                # decided inside a push this peer served itself: the next step begins from
+                # a timer due at once, not from here, or a peer that owns every key it works
+                # on would run all its steps in one call (deep recursion) and its shell
+                # would serve no other message meanwhile
+                eff.timers.append(SetTimer(0.0, Timer.NEXT, self._epoch))
+            else:
+                # decided on a message or a timer (an owner's reply, a PONG, a re-check):
+                # begin at once; a timer would cost the shell a hop through its event loop
+                self._begin_step(now, eff)
         else:
             self.waits += 1
             self.waiting_on = frozenset(decision.waiting_on)
@@ -303,6 +322,9 @@ class PeerRunner:
              answer: Callable[[Status, int, Any, float, Effects], None]) -> None:
         """Send ``method`` for ``name`` to its owner (looked up if unknown), or run it here."""
         kid = key_id(name)
+        cached = self.owners.get(name)
+        if cached is not None and self.node.is_gone(cached.node_id, now):
+            del self.owners[name]               # it left (or died): look the owner up again
         if name not in self.owners:
             def located(done: Done, when: float, e: Effects) -> None:
                 closest = done.contacts[0] if done.contacts else None
@@ -313,15 +335,24 @@ class PeerRunner:
             return
         owner = self.owners[name]
         if owner is None:
+            def served(got: tuple[int, tuple[Any, ...], Any], when: float, e: Effects) -> None:
+                status, args, value = got
+                if status != Status.OK:
+                    self.owners.pop(name, None)
+                if status == Status.ERROR:
+                    self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
+                    return
+                serving, self._serving_here = self._serving_here, True
+                try:
+                    answer(Status(status), args[0] if args else 0,
+                           value.to_value() if value else None, when, e)
+                finally:
+                    self._serving_here = serving
+
             me = Contact(self.node.node_id, self.node.address)
-            status, args, value = self.owner.serve(me, name, kid, method, self.step, update,
-                                                   now, eff)
-            if status != Status.OK:
-                self.owners.pop(name, None)
-            if status == Status.ERROR:
-                self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
-                return
-            answer(status, args[0] if args else 0, value.to_value() if value else None, now, eff)
+            got = self.owner.serve(me, name, kid, method, self.step, update, now, eff, served)
+            if got is not None:                 # else answered once the write is durable
+                served(got, now, eff)
             return
 
         def replied(done: Done, when: float, e: Effects) -> None:

@@ -12,7 +12,8 @@ from actorpy.barrier import ASP
 from actorpy.errors import ProtocolError
 from engines.peer import Job, Peer
 from engines.peer.kademlia.ids import KadId, key_id
-from engines.peer.kademlia.messages import Call, Reply
+from engines.peer.kademlia.events import Effects
+from engines.peer.kademlia.messages import Call, FindNode, Nodes, Reply
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.rpc import decode, encode, value_frames
 from engines.peer.kademlia.values import Blob
@@ -23,7 +24,7 @@ EVIL = KadId(0xE << 150)
 
 
 def counting_job() -> Job:
-    job = Job("count", barrier=ASP())
+    job = Job("count", barrier=ASP(), replication=1)    # a push is durable once applied
     job.register_schedule(lambda ctx: ["n"])
     job.register_push(lambda ctx, values: {"n": np.ones(1)})
     job.register_pull(lambda store, up: store.set("n", store.get("n")[0] + up["n"]))
@@ -32,16 +33,27 @@ def counting_job() -> Job:
 
 
 def lone_owner() -> Peer:
-    """A peer alone on its overlay, holding key "n" (so it owns it)."""
+    """A peer alone on its overlay, holding key "n" and serving it (taken over)."""
     node = KademliaNode(KadId(1), "me", counting_job().config, rng=random.Random(0))
     node.storage.put(key_id("n"), Blob.of(np.zeros(1)), 0.0, 3600.0)
-    return Peer(node, PeerRunner(counting_job().spec(), node, 0))
+    runner = PeerRunner(counting_job().spec(), node, 0)
+    runner.owner.owned.add(key_id("n"))
+    return Peer(node, runner)
 
 
 def reply_to(peer: Peer, call: Call) -> Reply:
+    """Send ``call`` from EVIL and return the owner's reply; a push is answered once its
+    write is durable, so EVIL (now in the owner's table) answers the owner's lookups."""
     wire, frames = encode(call), [bytes(f) for f in value_frames(call)]
     eff = peer.receive("evil", wire, now=1.0, frames=frames)
-    replies = [s.message for s in eff.sends if isinstance(s.message, Reply)]
+    for _ in range(10):
+        replies = [s.message for s in eff.sends if isinstance(s.message, Reply)]
+        asked = [s.message for s in eff.sends if isinstance(s.message, FindNode)]
+        if replies or not asked:
+            break
+        eff = Effects()
+        for ask in asked:
+            eff.extend(peer.receive("evil", Nodes(ask.rpc_id, EVIL, ()), now=1.0))
     assert len(replies) == 1
     return replies[0]
 

@@ -2,7 +2,9 @@
 keys surviving lost holders, hostile messages dropped, a job trained through ``Job.run``."""
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from engines.peer.kademlia.messages import Ping
 from actorpy.runtime.service import handles
 from engines.peer.shell import PeerKind, PeerService, address_of, ref_of, wire_payload
 from tests.conftest import wait_until
-from tests.peer.test_job import init, linreg, shard, weight_error
+from tests.peer.test_job import NAMES, init, linreg, shard, weight_error
 
 CONFIG = KademliaConfig(rpc_timeout_s=0.5, replica_check_s=0.3, replication=3,
                         refresh_on_join=False)
@@ -188,3 +190,37 @@ class TestJoinMidRun:
         assert result.steps[joined[0]] == 150           # it caught up and finished
         assert weight_error(result.model) < 0.02
         assert result.updates > 4 * 150 * 4            # its pushes were folded in too
+
+
+class TestGracefulLeave:
+    def test_an_owner_leaving_mid_run_loses_no_update_and_waits_for_no_timeout(self, cluster):
+        """The peer owning the most keys leaves mid-run (LEAVE, not a kill). With a 60 s RPC
+        timeout, anything waiting on a timeout would hold the run past 60 s."""
+        job = linreg(PSP(sample=2, staleness=2), steps=120)
+        job.config = dataclasses.replace(job.config, rpc_timeout_s=60.0)
+        left: dict[str, object] = {}
+
+        def leave_once(run, seconds):
+            if left or not run.last or min(s["step"] for s in run.last.values()) < 30:
+                return
+            ids = [cluster.call(ref, PeerKind.INFO, timeout_s=CALL_S)[0] for ref in run.refs]
+            owners = [min(range(len(ids)), key=lambda i: ids[i] ^ int(key_id(n)))
+                      for n in NAMES]
+            index = max(set(owners), key=owners.count)
+            started = time.monotonic()
+            run.leave_peer(index)
+            left.update(address=run.addresses[index], keys=owners.count(index),
+                        seconds=time.monotonic() - started, run=run)
+
+        result = job.run(cluster, peers=5, init=init(), data=shard, timeout_s=50,
+                         on_poll=leave_once)
+        assert left and result.left == [left["address"]] and result.lost == []
+        assert left["seconds"] < 5                      # the leave itself waited on no timeout
+        assert result.seconds < 40                      # and neither did any push after it
+        assert result.steps[left["address"]] < 120      # it stopped when it left
+        assert sorted(s for a, s in result.steps.items() if a != left["address"]) == [120] * 4
+        statuses = left["run"].last.values()        # every peer's last report, the left one's too
+        applied = {n: sum(s["applied"].get(n, 0) for s in statuses) for n in NAMES}
+        assert result.clocks == applied                 # every update folded in once, none lost
+        assert sum(applied.values()) == result.updates
+        assert weight_error(result.model) < 0.02

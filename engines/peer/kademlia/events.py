@@ -133,6 +133,9 @@ class Done:
         stored_on: STORE / LEAVE: the contacts that acknowledged (STORE: plus this node if
             it keeps a copy).
         reply: CALL's reply, or None if the peer never answered.
+        durable: STORE: every other peer chosen to hold the value answered holding a copy at
+            its clock (none timed out, none refused it or held a newer one).
+        refused: STORE: how many of them answered holding another clock.
         rounds: lookup rounds (hops); rpcs: requests sent; elapsed_s: time on the node's clock.
     """
 
@@ -144,6 +147,8 @@ class Done:
     clock: int = 0
     stored_on: tuple[Contact, ...] = ()
     reply: Reply | None = None
+    durable: bool = False
+    refused: int = 0
     rounds: int = 0
     rpcs: int = 0
     elapsed_s: float = 0.0

@@ -44,8 +44,12 @@ log = logging.getLogger(__name__)
 #: What an engine answers a CALL with: (status, args, value or None).
 Answer = tuple[int, tuple[Any, ...], Any]
 #: ``on_call(sender, call, now, effects) -> Answer``: runs on the node's thread; it may add
-#: effects (e.g. start a ``set``) to the effects it is handed.
-CallHandler = Callable[[Contact, Call, float, Effects], Answer]
+#: effects (e.g. start a ``set``) to the effects it is handed. None: no answer yet, the
+#: engine sends it later (``answer_call``).
+CallHandler = Callable[[Contact, Call, float, Effects], "Answer | None"]
+#: ``accept_store(sender, store, now) -> bool``: whether to take a STORE (an engine's fence;
+#: a refused one is answered with the version held, so the writer sees it was not taken).
+StoreFilter = Callable[[Contact, Store, float], bool]
 NO_HANDLER = 0   # the status of a CALL that no engine handles
 
 
@@ -85,6 +89,7 @@ class KademliaNode(NodeOps):
         self.step = NO_STEP
         self.steps = StepTable()
         self.on_call: CallHandler = _no_handler
+        self.accept_store: StoreFilter = lambda sender, store, now: True
         self.watchers: dict[int, Contact] = {}
         self.subtrees = SubtreeCache()
         self.upkeep = Upkeep(self)
@@ -96,6 +101,8 @@ class KademliaNode(NodeOps):
         self._probing: set[int] = set()      # table contacts with a PING in flight
         self._suspects: set[int] = set()     # table contacts that missed a reply: not handed out
         self._holders: dict[int, tuple[list[Contact], float]] = {}
+        self.leaving = False                 # leave() began: an engine takes no more writes
+        self.left = False                    # LEAVE sent: silent from now on
         self._next_op = 1
         self._sampler = Sampler(node_id, self.config.ksize, self.subtrees,
                                 self.config.sample_cache_s, self._subtree_lookup)
@@ -211,6 +218,7 @@ class KademliaNode(NodeOps):
         contact (LEAVE) so they drop this node at once. Ends in a Done (``stored_on``: the
         peers that took keys); the shell may stop the node after it."""
         op = self._single(OpKind.LEAVE, self.node_id, now)
+        self.leaving = True
         eff = Effects()
         self.upkeep.leave(op, now, eff)
         return op.op_id, eff
@@ -231,6 +239,29 @@ class KademliaNode(NodeOps):
         self._evict(node_id, now, eff)
         return True, eff
 
+    def holders_of(self, key: KadId, now: float) -> list[Contact] | None:
+        """The other peers ``set(key)`` would store on now, if its last lookup for the key is
+        still cached (``holders_cache_s``), else None."""
+        cached = self._holders.get(key)
+        if cached is None or now >= cached[1]:
+            return None
+        me = Contact(self.node_id, self.address)
+        chosen = sorted([*cached[0], me], key=lambda c: c.node_id ^ key)[:self.config.copies]
+        return [c for c in chosen if c != me]
+
+    def answer_call(self, sender: Contact, call: Call, answer: Answer) -> Send:
+        """The REPLY to a CALL whose handler returned None (answered later)."""
+        return Send(sender.address, self._reply(sender, call, answer))
+
+    def _reply(self, sender: Contact, call: Call, answer: Answer) -> Reply:
+        status, args, value = answer
+        gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
+        return Reply(call.rpc_id, self.node_id, status, tuple(args), value, self.step, gossip)
+
+    def is_gone(self, node_id: int, now: float) -> bool:
+        """Whether ``node_id`` left or was found dead lately (evicted, not yet heard from)."""
+        return self._is_dead(node_id, now)
+
     def size_estimate(self) -> float:
         """Network size estimated from id density in our routing table (this node counted)."""
         return table_size_estimate(self.routing)
@@ -245,6 +276,10 @@ class KademliaNode(NodeOps):
             ProtocolError: malformed, unsolicited, or claiming an id it does not own; nothing
                 was changed. The shell logs it and keeps serving.
         """
+        if self.left:
+            # we told every contact we left: answering now would put us back in its table
+            # (a live contact its fence would still defer to), so stay silent
+            return Effects()
         if type(message) not in MESSAGE_TYPES:
             # anything but our own message objects is wire data from a peer: validate it all
             message = decode(message, frames, max_contacts=self.config.ksize,
@@ -264,10 +299,17 @@ class KademliaNode(NodeOps):
             if known is not None:               # only a peer we hold can take itself out
                 log.debug("%s: %s left", short(self.node_id), sender_address)
                 self._evict(sender.node_id, now, eff)
+                self._fail_pending_to(sender.node_id, now, eff)
             return eff
         if message.KIND in REQUEST_KINDS:
             self._note_alive(sender, message.step, now, eff)
-            eff.sends.append(Send(sender_address, self._answer(sender, message, now, eff)))
+            # the answer goes out before what answering started (an owner's replication
+            # STOREs): the asker waits for it, the STOREs' holders do not
+            started = Effects()
+            answer = self._answer(sender, message, now, started)
+            if answer is not None:          # None: a CALL the engine answers later
+                eff.sends.append(Send(sender_address, answer))
+            eff.extend(started)
             return eff
         pending = self._pending.get(message.rpc_id)
         if pending is None or pending.contact.address != sender_address:
@@ -295,6 +337,8 @@ class KademliaNode(NodeOps):
     def on_timer(self, kind: TimerKind, token: int, now: float) -> Effects:
         """A timer set through ``SetTimer`` is due."""
         eff = Effects()
+        if self.left:
+            return eff                      # left: no more replica checks, refreshes, ...
         if kind == TimerKind.RPC_TIMEOUT:
             pending = self._pending.pop(token, None)
             if pending is not None:
@@ -313,7 +357,8 @@ class KademliaNode(NodeOps):
         return eff
 
     # ------------------------------------------------------------ internals
-    def _answer(self, sender: Contact, message: Message, now: float, eff: Effects) -> Message:
+    def _answer(self, sender: Contact, message: Message, now: float,
+                eff: Effects) -> Message | None:
         me, step = self.node_id, self.step
         if isinstance(message, Ping):
             if message.step > step >= 0:
@@ -321,16 +366,16 @@ class KademliaNode(NodeOps):
                 self.watchers[sender.node_id] = sender
             return Pong(message.rpc_id, me, step)
         if isinstance(message, Store):
-            self.storage.put(message.key, message.value, now,
-                             min(message.ttl_s, self.config.ttl_s), clock=message.clock,
-                             writer=message.writer)
+            if self.accept_store(sender, message, now):
+                self.storage.put(message.key, message.value, now,
+                                 min(message.ttl_s, self.config.ttl_s), clock=message.clock,
+                                 writer=message.writer)
             held = self.storage.get(message.key, now)
             clock, writer = (held.clock, held.writer) if held is not None else (0, KadId(0))
             return Stored(message.rpc_id, me, clock, writer, step)
         if isinstance(message, Call):
-            status, args, value = self.on_call(sender, message, now, eff)
-            gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
-            return Reply(message.rpc_id, me, status, tuple(args), value, step, gossip)
+            answer = self.on_call(sender, message, now, eff)
+            return None if answer is None else self._reply(sender, message, answer)
         if isinstance(message, FindValue):
             record = self.storage.get(message.key, now)
             if record is not None:

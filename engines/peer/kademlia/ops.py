@@ -51,6 +51,9 @@ class _Op:
     newest: bool = False                # FIND_VALUE: the highest version of the k closest
     awaiting: int = 0
     stored_on: list[Contact] = field(default_factory=list)
+    holders: int = 0                    # STORE phase: other peers asked to store
+    confirmed: int = 0                  # ... that answered holding the version written
+    refused: int = 0                    # ... that answered holding another version
     reply: Reply | None = None
     in_flight: int = 0
     rpcs: int = 0
@@ -197,6 +200,10 @@ class NodeOps:
         if isinstance(message, Stored):                  # STORE phase
             op.awaiting -= 1
             op.stored_on.append(sender)
+            taken = message.clock == op.clock   # (another writer at the same clock: the
+            # same round's copy, e.g. a seed taken over; a fence answers with an older one)
+            op.confirmed += taken
+            op.refused += not taken
             if op.awaiting == 0:
                 self._finish(op, now, eff)
             return
@@ -241,6 +248,21 @@ class NodeOps:
                 self._probe(pending.contact, now, eff)
             return
         self._evict(node_id, now, eff)      # consecutive misses: dead (or gone)
+        self._give_up(pending, op, now, eff)
+
+    def _fail_pending_to(self, node_id: int, now: float, eff: Effects) -> None:
+        """``node_id`` left: what we asked it will never be answered, so it fails now
+        rather than at its timeout."""
+        for rpc_id in [r for r, p in self._pending.items() if p.contact.node_id == node_id]:
+            pending = self._pending.pop(rpc_id)
+            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+            if op is not None:
+                op.in_flight -= 1
+            self._give_up(pending, op, now, eff)
+
+    def _give_up(self, pending: _Pending, op: _Op | None, now: float, eff: Effects) -> None:
+        """An operation's request to a peer now evicted will get no answer: go on without."""
+        node_id = pending.contact.node_id
         if op is None:
             return
         if pending.kind == Kind.STORE:
@@ -287,6 +309,7 @@ class NodeOps:
                 self._request(contact, lambda rpc: Store(rpc, self.node_id, op.target, value,
                                                          op.ttl_s, op.clock, op.writer,
                                                          self.step), op, now, eff)
+        op.holders = op.awaiting
         if op.awaiting == 0:
             self._finish(op, now, eff)
 
@@ -311,6 +334,8 @@ class NodeOps:
             blob=found.value if found is not None else None,
             clock=found.clock if found is not None else op.clock,
             stored_on=tuple(op.stored_on) if op.kind in (OpKind.STORE, OpKind.LEAVE) else (),
+            durable=op.kind == OpKind.STORE and op.confirmed == op.holders,
+            refused=op.refused,
             reply=op.reply, rounds=lookup.rounds if lookup is not None else 0,
             rpcs=op.rpcs, elapsed_s=now - op.started_s))
 

@@ -164,8 +164,35 @@ class Sampler:
 
     # ------------------------------------------------------------------ operations
     def sample(self, op: SampleOp, now: float, eff: Effects) -> None:
-        """Draw until ``op.beta`` distinct peers are chosen (or the overlay has no more)."""
-        self._advance(op, now, eff)
+        """Draw until ``op.beta`` distinct peers are chosen (or the overlay has no more).
+
+        When every depth-``op.depth`` subtree is cached, the draws are skipped: the accepted
+        draws are a uniform subset of all the peers but us, so ``rng.sample`` of their union
+        is the same distribution, without the rejected draws (most of them on a small
+        overlay: 2 peers accept 1 draw in 2k)."""
+        everyone = self._everyone_cached(op.depth, now)
+        if everyone is None:
+            self._advance(op, now, eff)
+            return
+        others = [c for c in everyone if c.node_id != self.own_id]
+        assert op.beta is not None
+        for pick in op.rng.sample(others, min(op.beta, len(others))):
+            op.chosen[pick.node_id] = pick
+        self._end(op, now, eff)
+
+    def _everyone_cached(self, depth: int, now: float) -> list[Contact] | None:
+        """Every peer of the overlay, if each depth-``depth`` subtree is cached (and there
+        are at most ``MAX_PARALLEL`` of them to look at), else None."""
+        if 1 << depth > MAX_PARALLEL:
+            return None
+        everyone: list[Contact] = []
+        for prefix in range(1 << depth):
+            members = self.cache.members(KadId(prefix << (ID_BITS - depth) if depth else 0),
+                                         depth, now)
+            if members is None:
+                return None
+            everyone.extend(members)
+        return everyone
 
     def enumerate(self, op: SampleOp, now: float, eff: Effects) -> None:
         """Collect the complete membership of every depth-``op.depth`` subtree."""

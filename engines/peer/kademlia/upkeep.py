@@ -117,6 +117,7 @@ class Upkeep:
         node = self._node
         for contact in node.routing.contacts():
             eff.sends.append(Send(contact.address, Leave(0, node.node_id, node.step)))
+        node.left = True                    # and silent from now on
         for key in node.storage.keys():
             node.storage.drop(key)          # handed on: serve no stale copy from here
         node._finish(op, now, eff)

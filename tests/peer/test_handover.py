@@ -1,0 +1,105 @@
+"""Owner hand-over is serialised: while pushes flow, key owners are killed and peers join
+closer to keys than their owners, and no acknowledged update is lost.
+
+Each push is a one-hot vector naming its (peer, step), added into every key, so the final
+model says exactly which updates it holds: every step a peer completed (its pushes were all
+acknowledged) must be there, in every key."""
+from __future__ import annotations
+
+import numpy as np
+
+from actorpy.barrier import ASP, PSP
+from engines.peer import Job, OwnerStore, PeerContext, SimRun
+from engines.peer.kademlia.ids import key_id
+
+KEYS = [f"k{i}" for i in range(8)]
+STEPS, MAX_PEERS = 40, 12
+
+
+def tally(barrier: object) -> Job:
+    job = Job("tally", barrier=barrier, seed=5)
+    job.register_schedule(lambda ctx: KEYS)
+
+    @job.register_push
+    def push(ctx: PeerContext, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        mark = np.zeros(MAX_PEERS * STEPS)
+        mark[ctx.index * STEPS + ctx.step] = 1.0
+        return {name: mark for name in KEYS}
+
+    @job.register_pull
+    def pull(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
+        for name, mark in updates.items():
+            store.set(name, store.get(name)[0] + mark)
+
+    job.register_stop(lambda ctx: ctx.step >= STEPS)
+    return job
+
+
+def owner_of(sim: SimRun, name: str) -> str:
+    """The live job peer closest to the key: the one that should own it."""
+    live = [a for a in sim.order if a in sim.net.alive]
+    return min(live, key=lambda a: sim.net.nodes[a].node_id ^ key_id(name))
+
+
+def kill_owner_of(name: str):
+    return lambda sim: sim.kill(sim.order.index(owner_of(sim, name)))
+
+
+def owners(sim: SimRun) -> dict[str, str]:
+    return {n: owner_of(sim, n) for n in KEYS}
+
+
+def check(sim: SimRun, result: object) -> tuple[int, int]:
+    """(acknowledged updates, updates held twice); asserts that no update acknowledged to a
+    peer still alive is missing (an owner's own updates go on before they are on the
+    holders: when it is killed they may die with it, the only peer that saw them)."""
+    acked, twice = 0, 0
+    for index, address in enumerate(sim.order):
+        if address not in sim.net.alive:
+            continue
+        runner = sim.peers[address].runner
+        assert runner is not None
+        # a joiner starts at the step it caught up to
+        first = runner.barrier.records[0].my_step if index >= 8 else 0
+        done = range(max(0, first), runner.step)
+        acked += len(done)
+        for name in KEYS:
+            held = result.model[name][index * STEPS:(index + 1) * STEPS]  # type: ignore
+            missing = [k for k in done if held[k] < 1]
+            assert not missing, f"{name}: acknowledged updates of peer {index} lost: {missing}"
+            twice += int(np.sum(held > 1))
+    return acked, twice
+
+
+def run(barrier: object, events: list) -> tuple[SimRun, object]:
+    sim = SimRun(tally(barrier), 8, {n: np.zeros(MAX_PEERS * STEPS) for n in KEYS},
+                 events=events)
+    return sim, sim.run()
+
+
+class TestHandOver:
+    def test_owners_killed_and_peers_joining_mid_push_lose_no_acknowledged_update(self):
+        before: dict[str, dict[str, str]] = {}
+        # about 10 ms a step: the events fall between steps 8 and 22 of 40
+        events = [(0.01, lambda s: before.setdefault("start", owners(s))),
+                  (0.08, kill_owner_of("k0")), (0.10, lambda s: s.add_peer()),
+                  (0.13, kill_owner_of("k3")), (0.16, lambda s: s.add_peer()),
+                  (0.19, kill_owner_of("k5")), (0.22, lambda s: s.add_peer())]
+        sim, result = run(ASP(), events)
+        after = owners(sim)
+        joined = set(sim.order[8:])
+        taken = [n for n in KEYS if after[n] != before["start"][n]]
+        dead = [a for a in sim.order if a not in sim.net.alive]
+        assert len(dead) == 3                                     # three owners killed ...
+        assert all(0 < sim.peers[a].runner.step < STEPS for a in dead)   # ... mid-run
+        assert any(after[n] in joined for n in KEYS)             # a joiner took a key over
+        assert len(taken) >= 4
+        acked, twice = check(sim, result)
+        assert acked >= 5 * STEPS                 # the 5 survivors of the first 8, at least
+        assert twice <= len(KEYS) * MAX_PEERS       # re-pushes after a failover, bounded
+
+    def test_under_psp_too(self):
+        events = [(0.08, kill_owner_of("k1")), (0.11, lambda s: s.add_peer()),
+                  (0.14, kill_owner_of("k6"))]
+        sim, result = run(PSP(2, 2), events)
+        check(sim, result)
