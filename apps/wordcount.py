@@ -33,22 +33,23 @@ def count_blocks(blocks: Iterator[bytes]) -> Iterable[tuple[str, int]]:
     """Word counts of one partition read as undecoded blocks of lines (``load(...,
     lines=False)``), the same as ``count_partition`` of their decoded lines.
 
-    The words are counted as bytes (``bytes.split`` and ``Counter``, both in C, with no
-    decoding of the text), then only the distinct words are decoded and lower-cased, all
-    joined in one string: a few C calls per partition. ``bytes.split`` cuts only at ASCII
-    whitespace, which never occurs inside a UTF-8 sequence; a distinct word that holds other
-    whitespace (``\\x1c``, NEL, U+2003, ...) is split again as str, so the words are exactly
-    those of ``str.split``.
+    Each block is lower-cased as bytes (ASCII letters only, one C pass) and its words are
+    counted as bytes (``bytes.split`` and ``Counter``, both in C, with no decoding of the
+    text); then only the distinct words are decoded and lower-cased again (for non-ASCII
+    letters), all joined in one string: a few C calls per partition. ``bytes.split`` cuts
+    only at ASCII whitespace, which never occurs inside a UTF-8 sequence; a distinct word
+    that holds other whitespace (``\\x1c``, NEL, U+2003, ...) is split again as str, so the
+    words are exactly those of ``str.split``. Lower-casing ASCII first changes nothing
+    ``str.lower`` would not (it maps letters one by one, and a lower-case letter is still a
+    cased letter for the final-sigma rule).
     """
-    raw = Counter(chain.from_iterable(map(bytes.split, blocks)))
+    raw = Counter(chain.from_iterable(map(bytes.split, map(bytes.lower, blocks))))
     text = b"\n".join(raw).decode("utf-8", "replace").lower()  # "strict" was checked on read
     words = text.split("\n")
-    counts: dict[str, int] = {}
-    get = counts.get
-    if text.split() == words or not raw:  # every distinct word is one str word
-        for word, n in zip(words, raw.values()):
-            counts[word] = get(word, 0) + n  # lower-casing merges "The" and "the"
-    else:
+    counts = dict(zip(words, raw.values()))
+    if len(counts) < len(raw) or text.split() != words:  # "É" and "é" merged, or whitespace
+        counts = {}
+        get = counts.get
         for piece, n in zip(words, raw.values()):
             for word in piece.split():
                 counts[word] = get(word, 0) + n
