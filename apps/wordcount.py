@@ -1,8 +1,8 @@
 """``actorpy wordcount``: count words in text files on a cluster (Actor's classic example).
 
 Lines are split on whitespace (``str.split()``), lower-cased, Actor's stop words are dropped,
-and the rest are counted. Each partition is counted with a C-level ``Counter`` and the counts
-are combined by ``reduce_by_key`` (map-side first, then one shuffle).
+and the rest are counted. Each partition is counted with a C-level ``Counter`` and the driver
+merges the partitions' counts as they come back (``reduce_by_key_locally``).
 
     actorpy wordcount --workers 2 --top 10 books/*.txt
     actorpy wordcount --json corpus/ > counts.json
@@ -74,13 +74,12 @@ def word_counts(cluster: Any, paths: Sequence[str], *, timeout_s: float = 3600.0
                 progress: bool | None = None) -> dict[str, int]:
     """``{word: count}`` over every line of ``paths`` (files, directories or globs).
 
-    One reduce partition per worker (few, big tasks), and the driver builds the dict as the
-    partitions stream in."""
-    counts = (mapre.load(cluster, list(paths), lines=False)
-              .map_partitions(count_blocks)
-              .reduce_by_key(operator.add, partitions=max(1, len(cluster.workers())))
-              .iterate(timeout_s=timeout_s, progress=progress))
-    return dict(counts)
+    Each partition's counts come back to the driver, which merges them while the other
+    partitions are still being counted (the whole dict ends up here anyway, so a shuffle
+    would only add a stage)."""
+    return (mapre.load(cluster, list(paths), lines=False)
+            .map_partitions(count_blocks)
+            .reduce_by_key_locally(operator.add, timeout_s=timeout_s, progress=progress))
 
 
 def format_top(counts: dict[str, int], k: int) -> list[str]:
