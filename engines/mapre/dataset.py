@@ -1,7 +1,8 @@
 """``Dataset[T]``: an immutable, lazy, distributed collection.
 
 Transformations return a new Dataset and do no work; actions (``collect``, ``count``,
-``reduce``, ``fold``, ``take``, ``top``, ``save``) run the plan on the cluster and take a
+``reduce``, ``fold``, ``take``, ``top``, ``save``, ``reduce_by_key_locally``) run the plan on
+the cluster and take a
 ``timeout_s``. User functions must be picklable and deterministic: a lost partition is
 recomputed by running them again.
 """
