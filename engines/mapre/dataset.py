@@ -2,9 +2,8 @@
 
 Transformations return a new Dataset and do no work; actions (``collect``, ``count``,
 ``reduce``, ``fold``, ``take``, ``top``, ``save``, ``reduce_by_key_locally``) run the plan on
-the cluster and take a
-``timeout_s``. User functions must be picklable and deterministic: a lost partition is
-recomputed by running them again.
+the cluster and take a ``timeout_s``. User functions must be picklable and deterministic: a
+lost partition is recomputed by running them again.
 """
 from __future__ import annotations
 
