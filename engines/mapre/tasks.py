@@ -20,8 +20,8 @@ from engines.mapre.broadcast import bind as bind_task_context
 from engines.mapre.broadcast import unbind as unbind_task_context
 from engines.mapre.ops import Op, apply_ops
 from engines.mapre.plan import Split
-from engines.mapre.shuffle import (Block, ShuffleSpec, bucket, chunked, combined, fetch_blocks, merge,
-                                   reduce_values, store_block)
+from engines.mapre.shuffle import (Block, ShuffleSpec, bucket, chunked, combined, fetch_blocks,
+                                   merge, reduce_values, store_block)
 
 
 @dataclass
