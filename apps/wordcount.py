@@ -86,9 +86,10 @@ def word_counts(cluster: Any, paths: Sequence[str], *, timeout_s: float = 3600.0
     per worker, none under ``MIN_SPLIT_BYTES`` (a 2 GB input on 2 workers: 8 splits of
     250 MB, each read 4 MB at a time, rather than 64 of 32 MB, each merged on the driver)."""
     total = sum(os.path.getsize(f) for f in mapre.list_inputs(list(paths)))
-    splits = SPLITS_PER_WORKER * max(1, len(cluster.workers()))
+    # 10% over the even share, so that files of about that share stay one split each
+    share = total * 11 // (10 * SPLITS_PER_WORKER * max(1, len(cluster.workers())))
     return (mapre.load(cluster, list(paths), lines=False,
-                       split_bytes=max(MIN_SPLIT_BYTES, -(-total // splits)))
+                       split_bytes=max(MIN_SPLIT_BYTES, share))
             .map_partitions(count_blocks)
             .reduce_by_key_locally(operator.add, timeout_s=timeout_s, progress=progress))
 
