@@ -8,8 +8,11 @@ hand-written multiprocessing.Pool(2), Dask bag and PySpark (when installed).
 The corpus is Zipf-like text generated deterministically (seeded) outside the repository,
 under --corpus-dir (default: $TMPDIR/actorpy-bench). Every variant runs as its own process,
 started and timed from here; the table gives seconds, MB/s, speed relative to (c), and the
-peak RSS of the driver process and of each worker process (VmHWM, polled from /proc). Each
-variant's counts are checked against (c)'s.
+CPU seconds (user + system) of the whole process tree, and the peak RSS of the driver process
+and of each worker process (VmHWM, polled from /proc). Each variant's counts are checked
+against (c)'s. On a shared machine the CPU seconds say what a variant costs even when the
+load from other jobs makes its wall time meaningless (they count only processes that were
+waited for: PySpark's JVM is not among them).
 
 Variants:
   (a) `actorpy wordcount --workers 2 --json`  (apps/wordcount.py)
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -237,9 +241,17 @@ def _hwm_mb(pid: int) -> tuple[float, str] | None:
     return None
 
 
-def run(cmd: list[str], out_path: str, timeout_s: float) -> tuple[float, float, list[float], int]:
-    """Run ``cmd`` (stdout to ``out_path``); returns (seconds, driver MB, worker MBs, rc)."""
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(cmd: list[str], out_path: str,
+        timeout_s: float) -> tuple[float, float, float, list[float], int]:
+    """Run ``cmd`` (stdout to ``out_path``); returns (seconds, CPU seconds of the whole
+    process tree, driver MB, worker MBs, rc)."""
     peaks: dict[int, tuple[float, str]] = {}
+    cpu0 = _children_cpu_s()
     env = {**os.environ, "PYTHONPATH": ROOT, "ACTORPY_PROGRESS": "0"}
     with open(out_path, "w") as out:
         t0 = time.perf_counter()
@@ -261,6 +273,7 @@ def run(cmd: list[str], out_path: str, timeout_s: float) -> tuple[float, float, 
             proc.kill()
             _, err = proc.communicate()
         seconds = time.perf_counter() - t0
+        cpu = _children_cpu_s() - cpu0  # every process of the tree was waited for by its parent
         stop.set()
         poller.join()
     if proc.returncode != 0:
@@ -269,7 +282,7 @@ def run(cmd: list[str], out_path: str, timeout_s: float) -> tuple[float, float, 
     # workers: every other process of the tree but the manager and helpers under 5 MB
     workers = [mb for pid, (mb, cmd) in peaks.items()
                if pid != proc.pid and "actorpy manager" not in cmd and mb >= 5]
-    return seconds, driver, sorted(workers, reverse=True), proc.returncode
+    return seconds, cpu, driver, sorted(workers, reverse=True), proc.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated variant letters, e.g. a,c")
     parser.add_argument("--timeout-s", type=float, default=3600.0)
     parser.add_argument("--repeat", type=int, default=1,
-                        help="rounds over all variants; each reports its best time")
+                        help="rounds over all variants; each reports its best time (with "
+                             "that run's CPU seconds)")
     args = parser.parse_args(argv)
     corpus = os.path.join(args.corpus_dir, f"zipf-{args.size_mb}mb-{args.files}files")
     t0 = time.perf_counter()
@@ -293,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {os.getloadavg()[0]:.2f}, best of {args.repeat}")
     chosen = [(label, cmd, why) for label, cmd, why in variants(corpus)
               if not args.only or label[1] in args.only.split(",")]
-    best: dict[str, tuple[float, float, list[float]]] = {}
+    best: dict[str, tuple[float, float, float, list[float]]] = {}
     failed: dict[str, str] = {}
     counts_of: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -305,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 if cmd is None or letter in failed:
                     continue
                 out_path = os.path.join(tmp, f"{letter}.json")
-                seconds, driver, workers, rc = run(cmd, out_path, args.timeout_s)
+                seconds, cpu, driver, workers, rc = run(cmd, out_path, args.timeout_s)
                 if rc != 0:
                     failed[letter] = f"failed (exit {rc}), see stderr above"
                     continue
@@ -314,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
                         counts_of[letter] = json.load(f)
                 old = best.get(letter)
                 if old is None:
-                    best[letter] = (seconds, driver, workers)
+                    best[letter] = (seconds, cpu, driver, workers)
                 else:
-                    best[letter] = (min(old[0], seconds), max(old[1], driver),
-                                    workers if max(workers, default=0) > max(old[2], default=0)
-                                    else old[2])
+                    best[letter] = ((seconds, cpu) if seconds < old[0] else old[:2]) + (
+                        max(old[2], driver),
+                        workers if max(workers, default=0) > max(old[3], default=0) else old[3])
     reference = counts_of.get("c")
     results = {k: v[0] for k, v in best.items()}
     rows: list[tuple[str, Any, Any]] = []
@@ -331,20 +345,21 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows.append((label, best[letter], counts_of[letter]))
     base = results.get("c")
-    print(f"\n{'variant':<30} {'seconds':>8} {'MB/s':>7} {'vs (c)':>7} {'driver MB':>10}  "
-          f"{'worker MB (each)':<20} check")
+    print(f"\n{'variant':<30} {'seconds':>8} {'MB/s':>7} {'vs (c)':>7} {'CPU s':>6} "
+          f"{'driver MB':>10}  {'worker MB (each)':<20} check")
     for label, measured, extra in rows:
         if measured is None:
-            print(f"{label:<30} {'-':>8} {'-':>7} {'-':>7} {'-':>10}  {'-':<20} skipped: {extra}")
+            print(f"{label:<30} {'-':>8} {'-':>7} {'-':>7} {'-':>6} {'-':>10}  {'-':<20} "
+                  f"skipped: {extra}")
             continue
-        seconds, driver, workers = measured
+        seconds, cpu, driver, workers = measured
         ratio = f"{base / seconds:.2f}x" if base else "-"
         check = "-" if reference is None else ("same counts" if extra == reference else
                                                "DIFFERENT COUNTS")
         each = "/".join(f"{w:.0f}" for w in workers[:4]) or "-"
         if len(workers) > 4:
             each += f" +{len(workers) - 4}"
-        print(f"{label:<30} {seconds:>8.2f} {size_mb / seconds:>7.1f} {ratio:>7} "
+        print(f"{label:<30} {seconds:>8.2f} {size_mb / seconds:>7.1f} {ratio:>7} {cpu:>6.1f} "
               f"{driver:>10.0f}  {each:<20} {check}")
     return 0
 

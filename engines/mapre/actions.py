@@ -20,7 +20,9 @@ from engines.mapre.codec import unpack
 from engines.mapre.engine import Engine
 from engines.mapre.errors import EmptyDatasetError, JobFailed
 from engines.mapre.scheduler import MAX_ATTEMPTS, Job, Stage
-from engines.mapre.tasks import Collect, Count, Fold, Reduce, Save, Take, Top
+from engines.mapre.shuffle import combine
+from engines.mapre.tasks import (Collect, CombineByKey, Count, Fold, Reduce, Save, Take,
+                                 TaskOutcome, Top)
 
 #: Result partitions up to this many items come back inside the task's reply.
 INLINE_ITEMS = 2048
@@ -98,6 +100,25 @@ def fold(engine: Engine, node: P.Node, zero: Any, op: Callable[[Any, Any], Any],
     with Job(engine, "fold", node, timeout_s, progress) as job:
         partials = _values(job.run(node, "fold", lambda p: Fold(zero, op)))
     return _reduce(op, partials, zero)
+
+
+def reduce_by_key_locally(engine: Engine, node: P.Node, op: Callable[[Any, Any], Any],
+                          timeout_s: float, progress: bool | None) -> dict[Any, Any]:
+    """Each partition's pairs combined on its worker, then merged here as the tasks come
+    back (while the others still run): no shuffle and no second stage."""
+    acc: dict[Any, Any] = {}
+
+    def merge(part: int, outcome: TaskOutcome) -> None:
+        for chunk in outcome.value:
+            pairs = unpack(chunk)
+            if acc:
+                combine(pairs, op, acc)
+            else:
+                acc.update(pairs)  # the keys of one partition's output are distinct
+
+    with Job(engine, "reduce_by_key_locally", node, timeout_s, progress) as job:
+        job.run(node, "reduce_by_key_locally", lambda p: CombineByKey(op), consume=merge)
+    return acc
 
 
 def take(engine: Engine, node: P.Node, n: int, timeout_s: float,

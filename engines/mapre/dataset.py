@@ -1,9 +1,9 @@
 """``Dataset[T]``: an immutable, lazy, distributed collection.
 
 Transformations return a new Dataset and do no work; actions (``collect``, ``count``,
-``reduce``, ``fold``, ``take``, ``top``, ``save``) run the plan on the cluster and take a
-``timeout_s``. User functions must be picklable and deterministic: a lost partition is
-recomputed by running them again.
+``reduce``, ``fold``, ``take``, ``top``, ``save``, ``reduce_by_key_locally``) run the plan on
+the cluster and take a ``timeout_s``. User functions must be picklable and deterministic: a
+lost partition is recomputed by running them again.
 """
 from __future__ import annotations
 
@@ -348,6 +348,21 @@ class Dataset(Generic[T]):
         """
         _check_fn(op, "fold")
         return actions.fold(self._engine, self._node, zero, op, timeout_s, progress)
+
+    def reduce_by_key_locally(self: Dataset[tuple[K, V]], op: Callable[[V, V], V], *,
+                              timeout_s: float = DEFAULT_TIMEOUT_S,
+                              progress: bool | None = None) -> dict[K, V]:
+        """``reduce_by_key(op)`` returned as a dict on the driver (PySpark's
+        ``reduceByKeyLocally``): each partition is combined on its worker, and the driver
+        merges the partitions as they finish, with no shuffle. For results that fit in the
+        driver's memory.
+
+        Example::
+
+            words.map(lambda w: (w, 1)).reduce_by_key_locally(operator.add)  # {"a": 3, ...}
+        """
+        _check_fn(op, "reduce_by_key_locally")
+        return actions.reduce_by_key_locally(self._engine, self._node, op, timeout_s, progress)
 
     def take(self, n: int, *, timeout_s: float = DEFAULT_TIMEOUT_S,
              progress: bool | None = None) -> list[T]:

@@ -64,14 +64,15 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 def make_splits(files: Iterable[str], split_bytes: int) -> list[Split]:
-    """Cut each non-empty file into byte ranges of at most ``split_bytes``."""
+    """Cut each non-empty file into the fewest byte ranges of at most ``split_bytes``, all
+    of about the same size (so no small last split makes some worker finish early)."""
     if split_bytes < 1:
         raise ValueError(f"split_bytes must be >= 1, got {split_bytes}")
     splits = []
     for path in files:
         size = os.path.getsize(path)
-        for start in range(0, size, split_bytes):
-            splits.append(Split(path, start, min(start + split_bytes, size)))
+        n = -(-size // split_bytes)
+        splits.extend(Split(path, i * size // n, (i + 1) * size // n) for i in range(n))
     return splits
 
 

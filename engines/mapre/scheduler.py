@@ -13,7 +13,7 @@ import logging
 import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from actorpy.barrier import BSP, FullView
@@ -57,6 +57,8 @@ class Stage:
     keys: list[Key]
     outputs: dict[Key, tuple[NodeId, TaskOutcome]] = field(default_factory=dict)
     attempts: Counter[Key] = field(default_factory=Counter)
+    #: Takes each output's value on the driver as it arrives (then held by the driver).
+    consume: Callable[[int, TaskOutcome], None] | None = None
 
     def waiting_on(self) -> tuple[NodeId, ...]:
         """The barrier over this stage's partitions: who has not completed it yet."""
@@ -110,14 +112,18 @@ class Job:
 
     # ---------------------------------------------------------------- entry points
     def run(self, node: P.Node, name: str, sink_for: Callable[[int], Any],
-            parts: list[int] | None = None, release: bool = True) -> Stage:
+            parts: list[int] | None = None, release: bool = True,
+            consume: Callable[[int, TaskOutcome], None] | None = None) -> Stage:
         """Run a result stage over ``parts`` of ``node`` (default: all); every output is
         in ``stage.outputs[(0, part)]`` when it returns. With ``release`` the shuffle
-        blocks it read are deleted right away (pass False to run more parts later)."""
+        blocks it read are deleted right away (pass False to run more parts later). With
+        ``consume`` each output's value goes to ``consume(part, outcome)`` as soon as its
+        task is back, once, and is not kept (so a worker lost later costs nothing)."""
         if self._consumers is None:
             self._consumers = P.shuffle_readers(node, _RESULT)
         parts = list(range(node.partitions)) if parts is None else parts
-        stage = Stage(next(self._stage_ids), name, (node,), [(0, p) for p in parts])
+        stage = Stage(next(self._stage_ids), name, (node,), [(0, p) for p in parts],
+                      consume=consume)
         self._result_stages.append(stage)
         self._ensure(stage, lambda key: self._build(node, key[1], sink_for(key[1])))
         if release:
@@ -345,7 +351,11 @@ class Job:
             self.suspects.add(NodeId(cause.node))
             self._retry(stage, key, str(cause))
             return _INPUT_LOST
-        stage.outputs[key] = (worker, outcome)
+        if stage.consume is None:
+            stage.outputs[key] = (worker, outcome)
+        else:  # taken here: the driver holds it now, a loss of the worker does not undo it
+            stage.consume(key[1], outcome)
+            stage.outputs[key] = (NodeId(self.engine.owner), replace(outcome, value=None))
         self.stored_on.add(worker)
         for handle, part, chunks in outcome.cached:
             self._caches[handle].record(part, worker, chunks)

@@ -77,14 +77,20 @@ def combine(pairs: Iterable[tuple[Any, Any]], op: Callable[[Any, Any], Any],
     return acc
 
 
+def combined(items: Iterator[Any], op: Callable[[Any, Any], Any]) -> list[tuple[Any, Any]]:
+    """One ``(key, value)`` pair per key of ``items``, the values combined with ``op``.
+    A dict's items (e.g. a ``Counter``'s, from ``map_partitions``) are taken as they are."""
+    if type(items) is _DICT_ITEMS:  # keys already distinct
+        return list(items)
+    return list(combine(items, op).items())
+
+
 def bucket(spec: ShuffleSpec, items: Iterator[Any], map_part: int) -> list[list[Any]]:
     """The map side: one partition's output, combined where the kind allows, cut into
     ``spec.partitions`` buckets (order within a bucket follows the input)."""
     n, kind = spec.partitions, spec.kind
     if kind is ShuffleKind.REDUCE_BY_KEY:
-        if type(items) is _DICT_ITEMS:  # a dict's items (e.g. a Counter's): keys already distinct
-            return bucket_pairs(list(items), n)
-        return bucket_pairs(list(combine(items, spec.fn).items()), n)  # type: ignore[arg-type]
+        return bucket_pairs(combined(items, spec.fn), n)  # type: ignore[arg-type]
     if kind is ShuffleKind.GROUP_BY_KEY:
         groups: dict[Any, list[Any]] = {}
         get = groups.get

@@ -19,9 +19,9 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
          lines: bool = True) -> Dataset[Any]:
     """Lines of text files: one item per line, ``\\n`` / ``\\r\\n`` stripped, UTF-8.
 
-    Each file is cut into byte ranges of ``split_bytes`` on line boundaries, one partition
-    each; every worker reads its own ranges, so no process ever holds a whole file. Paths
-    must be readable at the same path on every worker.
+    Each file is cut into even byte ranges of at most ``split_bytes`` on line boundaries,
+    one partition each; every worker reads its own ranges, so no process ever holds a whole
+    file. Paths must be readable at the same path on every worker.
 
     Args:
         cluster: from ``actorpy.connect()``.

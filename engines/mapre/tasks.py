@@ -20,8 +20,8 @@ from engines.mapre.broadcast import bind as bind_task_context
 from engines.mapre.broadcast import unbind as unbind_task_context
 from engines.mapre.ops import Op, apply_ops
 from engines.mapre.plan import Split
-from engines.mapre.shuffle import (Block, ShuffleSpec, bucket, fetch_blocks, merge, reduce_values,
-                                   store_block)
+from engines.mapre.shuffle import (Block, ShuffleSpec, bucket, chunked, combined, fetch_blocks,
+                                   merge, reduce_values, store_block)
 
 
 @dataclass
@@ -173,6 +173,18 @@ class Collect:
         if len(data) <= self.inline_items and sum(map(sys.getsizeof, data)) <= self.inline_bytes:
             return ("inline", data), len(data)
         return ("stored", store_block(env.ctx, self.key, data)), len(data)
+
+
+@dataclass(frozen=True)
+class CombineByKey:
+    """``reduce_by_key_locally``: the partition's pairs combined per key with ``op``, sent
+    back in the reply as packed chunks (the driver merges them as partitions finish)."""
+
+    op: Callable[[Any, Any], Any]
+
+    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+        pairs = combined(items, self.op)
+        return list(chunked(pairs)), len(pairs)
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ class TestActions:
         assert empty.fold(0, operator.add, timeout_s=60) == 0
         assert empty.take(3, timeout_s=60) == [] and empty.top(3, timeout_s=60) == []
         assert pairs.reduce_by_key(operator.add).collect(timeout_s=60) == []
+        assert pairs.reduce_by_key_locally(operator.add, timeout_s=60) == {}
         assert empty.sort_by().collect(timeout_s=60) == []
         assert pairs.join(pairs).collect(timeout_s=60) == []
         assert empty.distinct().shuffle(3).count(timeout_s=60) == 0
@@ -101,6 +102,7 @@ class TestShuffles:
         for k, v in pairs:
             expected[k] = expected.get(k, 0) + v
         assert len(reduced) == len(expected) and dict(reduced) == expected
+        assert d.reduce_by_key_locally(operator.add, timeout_s=60) == expected
         grouped = d.group_by_key(partitions=out).collect(timeout_s=60)
         groups: dict = {}
         for k, v in pairs:

@@ -104,6 +104,34 @@ class TestWorkerKilled:
         assert dict(got) == expected and len(got) == len(expected)
         assert _marks(marks, "M") > partitions  # the victim's partitions ran again
 
+    def test_reduce_by_key_locally_with_a_worker_killed_counts_each_partition_once(self, tmp_path):
+        # partitions the driver has already merged stay merged; the victim's others run again
+        corpus = tmp_path / "corpus.txt"
+        _corpus(corpus, 60_000, seed=11)
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        expected = collections.Counter(
+            w for line in corpus.read_text(encoding="utf-8").splitlines()
+            for w in map(str.lower, line.split()) if w not in STOP)
+        with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
+            victim = cluster.workers()[0]
+            pid = _pid_of(cluster, victim)
+            words = (mapre.load(cluster, str(corpus), split_bytes=64 << 10)
+                     .map_partitions(_mark_and_gate(marks, "L", free=2))
+                     .flat_map(str.split).map(str.lower).filter(lambda w: w not in STOP)
+                     .map(lambda w: (w, 1)))
+            partitions = words.partitions
+            thread, box = _run_in_thread(
+                lambda: words.reduce_by_key_locally(operator.add, timeout_s=90))
+            wait_until(lambda: _marks(marks, "L", pid) >= 3, 30,
+                       "the victim to finish two partitions and start a third")
+            os.kill(pid, signal.SIGKILL)
+            (marks / "go").touch()
+            got = _result(thread, box, 90)
+            assert victim not in cluster.workers()
+        assert got == dict(expected)
+        assert _marks(marks, "L") > partitions  # the victim's unfinished partitions ran again
+
     def test_reducers_fetching_from_a_dead_worker_recover(self, tmp_path):
         marks = tmp_path / "marks"
         marks.mkdir()
