@@ -77,15 +77,20 @@ def _result(thread, box, timeout_s: float):
     return box["value"]
 
 
+def _expected_counts(corpus) -> collections.Counter:
+    """Word counts of ``corpus`` as the pipelines below count them, in one process."""
+    return collections.Counter(
+        w for line in corpus.read_text(encoding="utf-8").splitlines()
+        for w in map(str.lower, line.split()) if w not in STOP)
+
+
 class TestWorkerKilled:
     def test_wordcount_with_a_worker_killed_mid_job_equals_counter(self, tmp_path):
         corpus = tmp_path / "corpus.txt"
         _corpus(corpus, 60_000)
         marks = tmp_path / "marks"
         marks.mkdir()
-        expected = collections.Counter(
-            w for line in corpus.read_text(encoding="utf-8").splitlines()
-            for w in map(str.lower, line.split()) if w not in STOP)
+        expected = _expected_counts(corpus)
         with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
             victim = cluster.workers()[0]
             pid = _pid_of(cluster, victim)
@@ -110,9 +115,7 @@ class TestWorkerKilled:
         _corpus(corpus, 60_000, seed=11)
         marks = tmp_path / "marks"
         marks.mkdir()
-        expected = collections.Counter(
-            w for line in corpus.read_text(encoding="utf-8").splitlines()
-            for w in map(str.lower, line.split()) if w not in STOP)
+        expected = _expected_counts(corpus)
         with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
             victim = cluster.workers()[0]
             pid = _pid_of(cluster, victim)
