@@ -76,6 +76,7 @@ class TestJob:
         # every push folded in (once, unless a reply came after its rpc timeout: retried):
         # a key's clock counts the writes folded into it since the seed's clock 0
         assert all(4 * 40 <= c <= 4 * 40 + 2 for c in result.clocks.values())
+        assert result.updates == sum(result.clocks.values())   # counted after the last push
         assert result.lost == [] and result.rejected == 0
         # the peers serve on, without the job: a second one starts from a fresh store
         again = linreg(PSP(sample=2, staleness=1), steps=5).run_overlay(
