@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from apps import wordcount
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,6 +69,21 @@ def test_byte_block_counter_matches_the_str_counter():
     assert got == dict(wordcount.count_partition(iter(lines)))
     assert got["cat"] == 3 and got["b"] == 1 and got["c"] == 1
     assert dict(wordcount.count_blocks(iter([]))) == {}
+
+
+# words from letters whose lower case is longer, or changes in context (İ, final Σ, ǅ, ŉ),
+# ASCII and unicode whitespace, stop words in every case
+_PIECES = list("aAzZ İıΣσςǅŉß\u00a0\u2003\u2028\x1c\x85\t") + ["The", "OF", "é", "e\u0301", "日本"]
+_WORD_TEXT = st.lists(st.sampled_from(_PIECES), max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_WORD_TEXT, max_size=6), max_size=4))
+def test_byte_block_counter_equals_the_str_counter_on_any_text(blocks_of_lines):
+    lines = [line for block in blocks_of_lines for line in block]
+    blocks = ["\n".join(block).encode() + b"\n" for block in blocks_of_lines if block]
+    got = dict(wordcount.count_blocks(iter(blocks)))
+    assert got == dict(wordcount.count_partition(iter(lines)))
 
 
 def test_demo_section_prints_the_top_words(capsys):
