@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 from typing import Any, TextIO
 
@@ -57,6 +58,18 @@ def connect_from_args(args: argparse.Namespace, **settings: Any) -> Any:
     if workers < 1:
         raise ConfigError("--workers must be at least 1")
     return connect(workers=workers, **settings)
+
+
+def summary(doc: str | None) -> str:
+    """An app's ``--help`` description from its module docstring: the first paragraph,
+    without the leading "``actorpy NAME``: ", as one sentence.
+
+    >>> summary("``actorpy sgd``: regression by SGD, on\\ngenerated data.\\n\\n    actorpy sgd")
+    'Regression by SGD, on generated data.'
+    """
+    first = " ".join((doc or "").strip().split("\n\n")[0].split())
+    first = re.sub(r"^``actorpy [\w-]+``: ", "", first)
+    return first[:1].upper() + first[1:]
 
 
 def print_json(value: Any, out: TextIO | None = None) -> None:

@@ -185,7 +185,8 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="actorpy dnn", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="actorpy dnn",
+                                     description=apputil.summary(__doc__))
     parser.add_argument("--data", metavar="DIR",
                         help="MNIST idx files (train-images-idx3-ubyte[.gz] ...); default: "
                              "scikit-learn's bundled 8x8 digits")

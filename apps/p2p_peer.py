@@ -24,7 +24,13 @@ from engines.peer.standalone import StandalonePeer, zmq_bind
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="actorpy peer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="actorpy peer",
+        description="A standalone P2P peer, with no manager anywhere: it joins the overlay "
+                    "through any live peer and serves the jobs submitted to it "
+                    "(actorpy p2p-sgd --bootstrap, or Job.run_overlay). The first line on "
+                    "stdout says where it listens; SIGTERM or Ctrl-C hands its keys on and "
+                    "exits.")
     parser.add_argument("--bind", required=True, metavar="tcp://HOST:PORT",
                         help="where to listen (PORT 0: any free port)")
     parser.add_argument("--bootstrap", metavar="tcp://HOST:PORT",

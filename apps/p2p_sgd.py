@@ -146,7 +146,7 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="actorpy p2p-sgd",
-                                     description=__doc__.splitlines()[0])
+                                     description=apputil.summary(__doc__))
     parser.add_argument("--peers", type=int, default=4, help="peers (default 4); several "
                         "per worker when there are more peers than workers")
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")

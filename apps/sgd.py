@@ -142,7 +142,8 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="actorpy sgd", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="actorpy sgd",
+                                     description=apputil.summary(__doc__))
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
     add_barrier_arguments(parser)
     parser.add_argument("--steps", type=int, default=500, help="steps per worker (default 500)")
