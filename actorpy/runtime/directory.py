@@ -308,6 +308,7 @@ class Directory:
             sock.connect(peer.address)
         except zmq.ZMQError as exc:
             if monitor is not None:
+                sock.disable_monitor()   # before its PAIR closes: see _close_link
                 monitor.close(linger=0)
             sock.close(linger=0)
             if exc.errno == errno.EMFILE:
@@ -326,6 +327,13 @@ class Directory:
             link.backlog.clear()
             self._backlogged.discard(link)
             link.cond.notify_all()
+            if link.monitor is not None:
+                # Stop the events first. libzmq's I/O thread sends each monitor event with a
+                # blocking send; one sent while the socket lingers (a DISCONNECTED as the
+                # peer goes) to a monitor PAIR we already closed blocks that thread for
+                # good, and with it every socket of the node (seen: a manager went deaf
+                # once a driver left, about 1 run in 10).
+                link.sock.disable_monitor()
             link.sock.close(linger=linger_ms)
         if link.monitor is not None:
             self._release(link.monitor)

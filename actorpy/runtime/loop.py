@@ -63,6 +63,9 @@ class SocketLoop:
         self._throttle = Throttle(10.0)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.on_teardown: Callable[[], None] | None = None
+        #: runs on the loop's thread before it closes its sockets (stop socket monitors
+        #: there: a monitor's PAIR must not close while its socket can still send events)
+        self.before_teardown: Callable[[], None] | None = None
 
     # ------------------------------------------------------------- any thread
     def start(self) -> None:
@@ -200,6 +203,11 @@ class SocketLoop:
             log.exception("the fatal-error callback failed")
 
     def _teardown(self, poller: zmq.Poller) -> None:
+        if self.before_teardown is not None:
+            try:
+                self.before_teardown()
+            except Exception:  # noqa: BLE001 - the sockets must close all the same
+                log.exception("stopping the socket monitors failed")
         with self._handoff_lock:
             self._state = "done"
             leftover = [s for s, _ in self._adopted] + self._released

@@ -120,6 +120,7 @@ class Node:
                                 lambda: self._receiver.drain(self._router), self._tick,
                                 self._fatal)
         self._loop.on_teardown = self._teardown
+        self._loop.before_teardown = self._stop_monitors
         self._dir = Directory(self._ctx, security, self._sender, linger_ms=linger_ms,
                               send_hwm=send_hwm, times=liveness or _default_liveness(),
                               adopt=self._loop.adopt, release=self._loop.release,
@@ -171,12 +172,19 @@ class Node:
                 log.warning("node %s: the I/O thread is still busy in a handler; its sockets "
                             "close when it returns", self.node_id)
 
-    def _teardown(self) -> None:
-        """Close what the loop's thread owned (runs on it as it exits)."""
+    def _stop_monitors(self) -> None:
+        """Stop every socket monitor before the loop closes their PAIR sockets (runs on the
+        loop's thread as it exits): libzmq sends monitor events with a blocking send, so an
+        event for a closed PAIR would block its I/O thread, and ``ctx.term`` with it."""
         self._closed.set()
-        self._dir.close(0)
+        self._dir.close(0)   # links: monitors stopped, then sockets closed
         if self._monitor is not None:
             self._router.disable_monitor()
+            self._monitor = None
+
+    def _teardown(self) -> None:
+        """Close what the loop's thread owned (runs on it as it exits)."""
+        self._stop_monitors()
         self._router.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
