@@ -68,6 +68,10 @@ class Reply:
         """Answer with ``value``. If it cannot be sent (it does not pickle) the caller gets
         that error instead, and it is raised here too.
 
+        Unlike a handler's return value, ``value``'s arrays are not copied first: they may
+        still be on their way after this returns, so send only arrays nothing changes
+        afterwards (the parameter server's read-only store values rely on this).
+
         Raises:
             ActorpyError: the request was answered already.
         """

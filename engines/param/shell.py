@@ -181,8 +181,9 @@ class ShardService(Service):
             return mine   # the runtime's reply copies the arrays first
         reply = env.defer()
         if mine is not None:
-            # Read-only store values are replaced by pull, never changed in place: they go
-            # out as they are, without the reply's copy (4 MB per step for a 1M-float model).
+            # Read-only store values are replaced by pull, never changed in place: a deferred
+            # reply sends them as they are (``Reply.send`` copies nothing), without the copy
+            # a returned value gets (4 MB per step for a 1M-float model).
             reply.send(mine)
         else:
             self._waiting[worker] = reply
