@@ -114,6 +114,22 @@ class TestTraining:
         # finishes its 40 steps far sooner (it meets the straggler in 3 of 11 draws)
         assert finish["pssp"] < 0.75 * finish["bsp"]
 
+    @pytest.mark.parametrize("barrier", [PSP(1, 4), ASP()], ids=["pssp1-4", "asp"])
+    def test_two_peers_exchange_little_more_than_a_push_and_its_answer(
+            self, barrier: Policy) -> None:
+        # each pushes to the other the keys the other owns; the blocked peer does not PING
+        # the one that pushes to it (its next push says how far it got), the answer to a
+        # push is the pusher's copy, and an owner's own writes ride on those answers or go
+        # to the one other holder with a round every replicate_s (before: a STORE per
+        # write, and PING, PONG, PING back, PONG per wait: 1 634 messages here)
+        slow = lambda index, step: 0.002 if index == 1 else 0.001  # noqa: E731
+        sim, result = run(linreg(barrier, steps=60), peers=2, compute_s=slow)
+        owners = {n: sim.net.true_closest(key_id(n), 1)[0].address for n in NAMES}
+        remote = sum(steps * sum(1 for n in NAMES if owners[n] != address)
+                     for address, steps in result.steps.items())
+        assert remote > 100 and result.messages < 3 * remote
+        assert weight_error(result.model) < 0.02 and result.updates == 2 * 60 * KEYS
+
     def test_wire_round_trips_give_the_same_model(self) -> None:
         _, plain = run(linreg(ASP(), steps=10), peers=4)
         _, wired = run(linreg(ASP(), steps=10), peers=4, wire=True)
