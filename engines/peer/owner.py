@@ -121,11 +121,12 @@ class KeyOwner:
                           now, eff, later)
 
     def pushing(self, node_id: int, now: float) -> bool:
-        """Whether ``node_id`` pushes to us at least every ``poll_s`` and did lately: its next
-        push (which carries its step) is due before a barrier's re-check would be."""
+        """Whether ``node_id`` pushes to us (twice at least) and its next push, which will
+        carry its step, is not overdue: at most twice its last interval (or ``poll_s``)
+        since its last push."""
         last = self._pushes.get(node_id)
-        return last is not None and last[1] <= self.spec.poll_s \
-            and now - last[0] <= self.spec.poll_s
+        return last is not None and now - last[0] <= max(2 * last[1], self.spec.poll_s) \
+            and last[1] != float("inf")
 
     def _closest_known(self, kid: int) -> Contact | None:
         """The contact closest to ``kid`` in our table, suspects included: one that missed a
