@@ -6,8 +6,11 @@ round in flight per key (writes made meanwhile go out with the next one). Anothe
 push is acknowledged once a round holding its write was taken by every holder it chose
 (*durable*), so an update acknowledged to a peer survives the owner's death while one of
 those holders lives; the owner's own pushes go on at once (if it dies first, they die with
-the only peer that saw them acknowledged). When the pusher is the only other holder, the
-answer itself is its copy: the pusher keeps the value it is answered with.
+the only peer that saw them acknowledged). When the pusher is the only other holder (and
+holds a copy), the answer itself is its copy: the pusher keeps the value it is answered
+with. The owner remembers the clock each holder has (from durable rounds and those answers)
+and sends no round that would tell the holders nothing new; a write nobody waits on (its
+own push's) goes out with a round within ``replicate_s``, or with such an answer sooner.
 
 Owner changes are serialised:
 
