@@ -239,6 +239,11 @@ class ServiceContext(WorkerContext):
                                              lambda: self._runner.post(self._fire, timer))
         return timer
 
+    def post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on this service's thread after the messages already in its
+        inbox: a ``schedule(0, ...)`` without the hop through the node's I/O thread."""
+        self._runner.post(fn, *args)
+
     def _fire(self, timer: ServiceTimer) -> None:
         self._runner.drop_timer(timer)
         if not timer.cancelled:

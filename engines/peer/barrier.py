@@ -91,6 +91,10 @@ class OverlayBarrier:
         self.records: list[CheckRecord] = []
         #: called with each record as it is decided (a simulator compares it with the truth)
         self.observer: Callable[[CheckRecord], None] | None = None
+        #: ``pushing(node_id, now)``: whether that peer pushes to us, so that its next push
+        #: carries its next step (the runner wires its ``KeyOwner``'s); under a policy with
+        #: staleness such a peer is not PINGed when it blocks us
+        self.pushing: Callable[[int, float], bool] = lambda node_id, now: False
         self._check: _Check | None = None
 
     @property
@@ -134,8 +138,15 @@ class OverlayBarrier:
             for contact in check.peers:
                 seen = self.node.steps.get(contact.node_id)
                 # a known step that lets us pass is still right (steps only grow); ask only
-                # the ones that would block us and were not heard from during this check
-                if seen is None or (seen.step < floor and seen.seen_at <= check.started_s):
+                # the ones that would block us and were not heard from during this check.
+                # With staleness, not one that pushes to us either: blocked, we are ahead
+                # of it and it does not wait on us, so its next push (which brings its
+                # step) is soon enough; a PING would cost four messages a wait (PING, PONG,
+                # and its PING back once it moves, PONG). Without staleness it waits on us
+                # next: we ask, so as to start our step as soon as it finished its own.
+                if seen is None or (seen.step < floor and seen.seen_at <= check.started_s
+                                    and not (floor < check.my_step
+                                             and self.pushing(contact.node_id, now))):
                     op_id, ping = self.node.ping(contact, now)
                     check.pings.add(op_id)
                     check.pinged += 1

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from actorpy.barrier import ASP, Policy
 from actorpy.errors import ConfigError
+
+
+class Timer(IntEnum):
+    """The engine's timers (the overlay's are ``kademlia.events.TimerKind``)."""
+
+    COMPUTED = 1      # a simulated compute time is over
+    RECHECK = 2       # check the barrier again
+    RETRY = 3         # ask again for the key in the token's slot
+    NEXT = 4          # the barrier let us advance: begin the next step
+    REPLICATE = 5     # an owner's write nobody waits on goes to the key's holders
 
 
 @dataclass
@@ -98,6 +109,8 @@ class JobSpec:
         poll_s: how long a blocked peer waits before checking the barrier again (it also
             re-checks at once when a peer it waits on reports a new step).
         retry_s: how long to wait before asking again for a key its owner does not hold yet.
+        replicate_s: how long an owner's write that nobody waits on (its own push's) may
+            wait for a round to the key's holders; answers to their pushes carry it sooner.
     """
 
     name: str
@@ -109,9 +122,10 @@ class JobSpec:
     seed: int = 0
     poll_s: float = 0.01
     retry_s: float = 0.05
+    replicate_s: float = 0.01
 
     def __post_init__(self) -> None:
-        for name in ("poll_s", "retry_s"):
+        for name in ("poll_s", "retry_s", "replicate_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")

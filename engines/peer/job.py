@@ -57,6 +57,8 @@ class Job:
         ksize: Kademlia's k (bucket size, lookup width).
         alpha: Kademlia's α (requests in flight per lookup).
         poll_s: how long a blocked peer waits before checking its barrier again.
+        replicate_s: how long a key owner's own writes may wait for a round to the key's
+            other holders (an answer to a holder's push carries them sooner).
         **overlay: any other ``KademliaConfig`` field (e.g. ``rpc_timeout_s``).
 
     Raises:
@@ -65,7 +67,7 @@ class Job:
 
     def __init__(self, name: str, barrier: Policy | None = None, replication: int = 3,
                  seed: int = 0, *, ksize: int = 20, alpha: int = 3, poll_s: float = 0.01,
-                 **overlay: Any) -> None:
+                 replicate_s: float = 0.01, **overlay: Any) -> None:
         if not isinstance(replication, int) or not 1 <= replication <= ksize:
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
@@ -77,6 +79,7 @@ class Job:
         self.policy: Policy = barrier if barrier is not None else ASP()
         self.seed = seed
         self.poll_s = poll_s
+        self.replicate_s = replicate_s
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
                                         "alpha": alpha, "replication": replication})
         self._schedule: Schedule | None = None
@@ -128,7 +131,8 @@ class Job:
         if self._pull is not None:
             kwargs["pull"] = self._pull
         return JobSpec(self.name, self._schedule, self._push, stop=self._stop,
-                       policy=self.policy, seed=self.seed, poll_s=self.poll_s, **kwargs)
+                       policy=self.policy, seed=self.seed, poll_s=self.poll_s,
+                       replicate_s=self.replicate_s, **kwargs)
 
     def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
         """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and

@@ -6,8 +6,11 @@ round in flight per key (writes made meanwhile go out with the next one). Anothe
 push is acknowledged once a round holding its write was taken by every holder it chose
 (*durable*), so an update acknowledged to a peer survives the owner's death while one of
 those holders lives; the owner's own pushes go on at once (if it dies first, they die with
-the only peer that saw them acknowledged). When the pusher is the only other holder, the
-answer itself is its copy: the pusher keeps the value it is answered with.
+the only peer that saw them acknowledged). When the pusher is the only other holder (and
+holds a copy), the answer itself is its copy: the pusher keeps the value it is answered
+with. The owner remembers the clock each holder has (from durable rounds and those answers)
+and sends no round that would tell the holders nothing new; a write nobody waits on (its
+own push's) goes out with a round within ``replicate_s``, or with such an answer sooner.
 
 Owner changes are serialised:
 
@@ -32,8 +35,8 @@ import traceback
 from enum import IntEnum
 from typing import Any, Callable
 
-from .context import JobSpec, OwnerStore
-from .kademlia.events import Done, Effects
+from .context import JobSpec, OwnerStore, Timer
+from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import KadId, key_id
 from .kademlia.messages import Call
 from .kademlia.node import KademliaNode
@@ -94,6 +97,12 @@ class KeyOwner:
         self._queued: dict[int, list[tuple[Callable[[float, Effects], None], Later]]] = {}
         self._waiting: dict[int, list[tuple[int, Later]]] = {}   # acks waiting on a round
         self._pushed: dict[tuple[int, int], int] = {}   # (key, pusher) -> last step applied
+        self._pushes: dict[int, tuple[float, float]] = {}   # pusher -> (last push, interval)
+        # key -> holder -> the newest clock it holds: taken in a durable round, or answered
+        # to its push (a holder keeps the value its push is answered with)
+        self._copies: dict[int, dict[int, int]] = {}
+        self._later: dict[int, int] = {}            # replication timer token -> key
+        self._tokens = 0
         node.accept_store = self.accept_store
 
     def on_call(self, sender: Contact, call: Call, now: float, eff: Effects) -> Answer | None:
@@ -106,10 +115,21 @@ class KeyOwner:
         update = call.value.to_value() if call.value is not None else None
         if call.method == Method.PUSH and update is None:
             return Status.ERROR, ("ProtocolError", "PUSH without an update"), None
+        if call.method == Method.PUSH:
+            last = self._pushes.get(sender.node_id)
+            self._pushes[sender.node_id] = (now, now - last[0] if last else float("inf"))
         def later(answer: Answer, when: float, e: Effects) -> None:
             e.sends.append(self.node.answer_call(sender, call, answer))
         return self.serve(sender, call.args[0], call.key, Method(call.method), step, update,
                           now, eff, later)
+
+    def pushing(self, node_id: int, now: float) -> bool:
+        """Whether ``node_id`` pushes to us (twice at least) and its next push, which will
+        carry its step, is not overdue: at most twice its last interval (or ``poll_s``)
+        since its last push."""
+        last = self._pushes.get(node_id)
+        return last is not None and now - last[0] <= max(2 * last[1], self.spec.poll_s) \
+            and last[1] != float("inf")
 
     def _closest_known(self, kid: int) -> Contact | None:
         """The contact closest to ``kid`` in our table, suspects included: one that missed a
@@ -177,7 +197,10 @@ class KeyOwner:
             clock = 0 if held is None else held.clock + 1
             self.node.storage.put(written, Blob.of(value), now, self.node.config.ttl_s,
                                   is_origin=True, clock=clock, writer=self.node.node_id)
-            self._replicate(written, now, eff)
+            if written != kid or mine:
+                # nobody waits on this write: it goes to the holders with a round at most
+                # ``replicate_s`` from now, or with an answer to a holder's push before that
+                self._replicate_later(written, eff)
         self.applied[name] = self.applied.get(name, 0) + 1
         if not mine and step >= 0:
             self._pushed[(kid, sender.node_id)] = step
@@ -188,11 +211,38 @@ class KeyOwner:
             # lost with the only peer that saw it acknowledged
             return Status.OK, (record.clock,), record.value
         holders = self.node.holders_of(kid, now)
-        if holders is not None and all(h.node_id == sender.node_id for h in holders):
-            # the pusher is the only other holder: the answer is its copy (it keeps it)
+        if holders is not None and sender.node_id in self._copies.get(kid, {}) \
+                and all(h.node_id == sender.node_id for h in holders):
+            # the pusher is the only other holder and holds a copy: the answer is its new
+            # copy (it keeps it), so the write needs no round
+            self._copies[kid][sender.node_id] = record.clock
             return Status.OK, (record.clock,), record.value
         self._waiting.setdefault(kid, []).append((record.clock, later))
+        self._replicate(kid, now, eff)
         return None
+
+    def on_timer(self, token: int, now: float) -> Effects:
+        """A ``_replicate_later`` timer is due: replicate its key unless the holders already
+        have the newest copy."""
+        eff = Effects()
+        kid = self._later.pop(token, None)
+        if kid is not None:
+            self._replicate(KadId(kid), now, eff)
+        return eff
+
+    def _replicate_later(self, kid: KadId, eff: Effects) -> None:
+        if kid in self._later.values():
+            return
+        self._tokens += 1
+        self._later[self._tokens] = kid
+        eff.timers.append(SetTimer(self.spec.replicate_s, Timer.REPLICATE, self._tokens))
+
+    def _covered(self, kid: KadId, clock: int, now: float) -> bool:
+        """Whether every holder of ``kid`` has (or was answered with) a copy at ``clock``."""
+        holders = self.node.holders_of(kid, now)
+        copies = self._copies.get(kid, {})
+        return holders is not None and all(copies.get(h.node_id, -1) >= clock
+                                           for h in holders)
 
     def _adopt(self, kid: KadId, now: float, eff: Effects) -> None:
         """Take a key over: fetch the newest copy among its holders (ours included), which
@@ -229,6 +279,8 @@ class KeyOwner:
         if record is None:
             return
         clock = record.clock
+        if not self._waiting.get(kid) and self._covered(kid, clock, now):
+            return                  # the holders' copies are as new: nothing to send
 
         def replicated(done: Done, when: float, e: Effects) -> None:
             del self._replicating[kid]
@@ -242,6 +294,9 @@ class KeyOwner:
                     later((Status.NOT_OWNER, (), None), when, e)
                 return
             if done.durable:
+                copies = self._copies.setdefault(kid, {})
+                for holder in done.stored_on:
+                    copies[holder.node_id] = max(clock, copies.get(holder.node_id, -1))
                 held = self.node.storage.get(kid, when)
                 assert held is not None
                 done_now = [w for w in waiting if w[0] <= clock]

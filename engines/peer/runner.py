@@ -20,7 +20,7 @@ import numpy as np
 from actorpy.barrier import Decision
 
 from .barrier import OverlayBarrier, blocking_floor
-from .context import JobSpec, PeerContext
+from .context import JobSpec, PeerContext, Timer
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
@@ -29,15 +29,6 @@ from .kademlia.values import Blob
 from .owner import KeyOwner, Method, Status
 
 log = logging.getLogger(__name__)
-
-
-class Timer(IntEnum):
-    """The runner's timers (the node's are ``kademlia.events.TimerKind``)."""
-
-    COMPUTED = 1      # a simulated compute time is over
-    RECHECK = 2       # check the barrier again
-    RETRY = 3         # ask again for the key in the token's slot
-    NEXT = 4          # the barrier let us advance: begin the next step
 
 
 class Phase(IntEnum):
@@ -89,9 +80,11 @@ class PeerRunner:
         self._outstanding: set[str] = set()
         self._early: Decision | None = None
         self._serving_here = False      # inside a push or get this peer serves itself
+        self._answering = False         # inside a message another peer awaits an answer to
         self._next_token = 0
         self.owner = KeyOwner(spec, node, self._start_op)
         node.on_call = self.owner.on_call
+        self.barrier.pushing = self.owner.pushing
 
     # ------------------------------------------------------------------ shell-facing
     def owns(self, op_id: int) -> bool:
@@ -149,6 +142,8 @@ class PeerRunner:
             self._check_barrier(now, eff)
         elif kind == Timer.NEXT and token == self._epoch and self.phase == Phase.BARRIER:
             self._begin_step(now, eff)
+        elif kind == Timer.REPLICATE:
+            eff.extend(self.owner.on_timer(token, now))
         elif kind == Timer.RETRY:
             retry = self._retries.pop(token, None)
             if retry is not None and self.phase not in (Phase.DONE, Phase.FAILED):
@@ -160,7 +155,13 @@ class PeerRunner:
         than at its next poll."""
         eff = Effects()
         if self.phase == Phase.BARRIER and self.waiting_on and not self.barrier.is_checking:
-            self._check_barrier(now, eff)
+            # heard on a message that may await our answer (a push): the step begins after
+            # it (a timer due at once), or the answer would wait for our compute
+            answering, self._answering = self._answering, True
+            try:
+                self._check_barrier(now, eff)
+            finally:
+                self._answering = answering
         return eff
 
     # ------------------------------------------------------------------ the step loop
@@ -282,11 +283,12 @@ class PeerRunner:
             return
         if decision.advance:
             self.waiting_on = frozenset()
-            if self._serving_here:
+            if self._serving_here or self._answering:
                 # decided inside a push this peer served itself: the next step begins from
                 # a timer due at once, not from here, or a peer that owns every key it works
                 # on would run all its steps in one call (deep recursion) and its shell
-                # would serve no other message meanwhile
+                # would serve no other message meanwhile; decided on another peer's message:
+                # our answer to it goes out first
                 eff.timers.append(SetTimer(0.0, Timer.NEXT, self._epoch))
             else:
                 # decided on a message or a timer (an owner's reply, a PONG, a re-check):

@@ -7,8 +7,10 @@ drives one ``Peer`` (its Kademlia node and, in a job, its runner).
 - Overlay messages travel as ``PeerKind.OVERLAY`` casts whose payload is
   ``(rpc.encode(message), [value buffers])``: the tuple holds only plain values and the
   buffers are uint8 arrays, which the core's serde sends out of band (no copy, no pickle).
-- Each ``SetTimer`` becomes a ``ctx.schedule`` timer on the service thread; stale timers are
-  no-ops in the node, so none is ever cancelled.
+- Each ``SetTimer`` runs on the service thread: one due at once is posted to the service's
+  inbox (after the messages already there); the others wait in one heap with a single
+  ``ctx.schedule`` armed for the earliest (``timers.py``: a peer sets an RPC timeout per
+  request). Stale timers are no-ops in the node, so none is ever cancelled.
 - A message that the node refuses (``ProtocolError``: malformed, oversize, impostor) is
   dropped with one WARNING naming the sender. A sender that is in the routing table (a
   peer answering with garbage) is dropped from it too; any other sender leaves the table as
@@ -38,6 +40,7 @@ from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
 from .peer import Peer
 from .runner import PeerRunner, Phase, Timer
+from .timers import TimerHeap
 
 if TYPE_CHECKING:
     from .dialer import Dialer
@@ -119,6 +122,7 @@ class PeerService(Service):
         self.dialer = dialer
         self.unreachable = 0    # overlay sends dropped: no endpoint known (standalone)
         self._waiting: dict[int, tuple[Reply, Callable[[Done], Any]]] = {}
+        self._timers = TimerHeap(ctx, self.clock.now, self._due)
         self.perform(node.start(self.clock.now()))
 
     # ------------------------------------------------------------------ effects
@@ -140,8 +144,11 @@ class PeerService(Service):
                 payload = (*payload, self.dialer.hints(named))
             self.ctx.cast(ref, PeerKind.OVERLAY, payload)
         for timer in eff.timers:
-            self.ctx.schedule(timer.delay_s, self._fire, timer.kind, timer.token,
-                              self.peer.runner)
+            if timer.delay_s <= 0:
+                self.ctx.post(self._fire, timer.kind, timer.token, self.peer.runner)
+            else:
+                self._timers.add(self.clock.now() + timer.delay_s,
+                                 (timer.kind, timer.token, self.peer.runner))
         for done in eff.done:
             waiting = self._waiting.pop(done.op_id, None)
             if waiting is not None:
@@ -150,6 +157,10 @@ class PeerService(Service):
                     reply.send(answer(done))
                 except Exception as exc:  # noqa: BLE001 - the driver gets the error
                     reply.fail(exc)
+
+    def _due(self, timers: list[tuple[Any, int, PeerRunner | None]]) -> None:
+        for kind, token, runner in timers:
+            self._fire(kind, token, runner)
 
     def _fire(self, kind: Any, token: int, runner: PeerRunner | None) -> None:
         if isinstance(kind, Timer) and runner is not self.peer.runner:

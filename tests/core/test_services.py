@@ -23,7 +23,7 @@ from actorpy.runtime.service import Envelope, Service, ServiceContext, handles
 from actorpy.wire.auth import Security, private_dir
 from tests.conftest import wait_until
 
-PING, ASK, TIMER, LOG, ECHO, HOLD, DIE, BAD, BLOCK_CALL = range(1, 10)
+PING, ASK, TIMER, LOG, ECHO, HOLD, DIE, BAD, BLOCK_CALL, POST = range(1, 11)
 A, B = NodeId("a"), NodeId("b")
 
 
@@ -101,6 +101,11 @@ class Recorder(Service):
     def timer(self, delay: float, env: Envelope) -> None:
         self.ctx.schedule(delay, lambda: self.log.append(("timer", delay, where())))
 
+    @handles(POST)
+    def post(self, n: int, env: Envelope) -> None:
+        self.ctx.post(lambda: self.log.append(("posted", n, where())))
+        self.log.append(("msg", -n, where()))   # the posted call runs after this handler
+
     @handles(LOG)
     def get_log(self, _: None, env: Envelope) -> list[tuple[Any, ...]]:
         return list(self.log)
@@ -118,15 +123,17 @@ class TestOwnThreadInOrder:
         wait_until(lambda: any(e[0] == "reply" for e in log()), 10, "the reply to ASK")
         b.cast(rec, TIMER, 0.0)
         wait_until(lambda: any(e[0] == "timer" for e in log()), 10, "the timer")
+        b.cast(rec, POST, 9)
+        wait_until(lambda: any(e[0] == "posted" for e in log()), 10, "the posted call")
         a.node.add_peer(NodeId("c"), f"ipc://{private_dir()}/c", "worker")  # posts JOINED now
         b.cast(rec, PING, 50)  # sent after the event was posted: must come after it
         wait_until(lambda: log()[-1][:2] == ("msg", 50), 10, "the last message")
         entries = log()
         threads = {e[2] for e in entries}
         assert len(threads) == 1 and threads.pop().startswith("actorpy-service-")
-        assert [e[1] for e in entries if e[0] == "msg"] == list(range(51))
+        assert [e[1] for e in entries if e[0] == "msg"] == list(range(50)) + [-9, 50]
         assert [e[:2] for e in entries if e[0] != "msg"] == [
-            ("init", None), ("reply", 7), ("timer", 0.0),
+            ("init", None), ("reply", 7), ("timer", 0.0), ("posted", 9),
             ("event", (NodeEventKind.JOINED, "c"))]
         assert entries[-2][0] == "event"
 

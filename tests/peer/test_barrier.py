@@ -94,3 +94,18 @@ class TestOverlayBarrier:
         net.kill("n3")
         decision = decide(net, barrier, 10)            # its PINGs time out: evicted
         assert decision.advance and "n3" not in barrier.records[-1].seen  # type: ignore
+
+    def test_a_blocking_peer_that_pushes_to_us_is_not_pinged(self) -> None:
+        net = overlay(6, seed=5, steps={0: 10, 3: 3})
+        n3 = net.nodes["n3"].node_id
+        for policy, pinged in ((SSP(2), 0), (BSP(), 1)):   # without staleness: asked
+            barrier = OverlayBarrier(net.nodes["n0"], policy, random.Random(4))
+            assert not decide(net, barrier, 10).advance  # type: ignore[attr-defined]
+            barrier.pushing = lambda node_id, now: node_id == n3   # its next push tells
+            assert not decide(net, barrier, 10).advance  # type: ignore[attr-defined]
+            assert barrier.records[-1].pinged == pinged and barrier.records[-1].seen["n3"] == 3
+        barrier = OverlayBarrier(net.nodes["n0"], SSP(2), random.Random(4))
+        assert not decide(net, barrier, 10).advance  # type: ignore[attr-defined]
+        net.nodes["n3"].step = 8                    # not pushing to us: asked, caught up
+        assert decide(net, barrier, 10).advance  # type: ignore[attr-defined]
+        assert barrier.records[-1].pinged == 1

@@ -95,10 +95,11 @@ class TestTraining:
             assert record.my_step - min(truth.values()) <= 1
         # Samples come from the cached overlay (after the first few checks nothing is sent to
         # draw them), steps from messages peers exchange anyway; only a peer whose last known
-        # step would block is PINGed, so a fair share of checks send nothing at all.
+        # step would block, and that does not push to us, is PINGed, so most checks send
+        # nothing at all (60 %; 30 % when pushers were PINGed too)
         checks = len(result.truth)
         assert sum(1 for r, _ in result.truth if r.rpcs == 0) >= 0.9 * checks
-        assert sum(1 for r, _ in result.truth if r.rpcs == 0 and r.pinged == 0) >= 0.2 * checks
+        assert sum(1 for r, _ in result.truth if r.rpcs == 0 and r.pinged == 0) >= 0.5 * checks
         assert all(r.pinged <= 3 for r, _ in result.truth)
 
     def test_psp_lets_fast_peers_run_ahead_of_a_straggler_bsp_does_not(self) -> None:
@@ -113,6 +114,41 @@ class TestTraining:
         # BSP paces everyone at the straggler's 3 ms a step; under pSSP the median fast peer
         # finishes its 40 steps far sooner (it meets the straggler in 3 of 11 draws)
         assert finish["pssp"] < 0.75 * finish["bsp"]
+
+    @pytest.mark.parametrize("barrier", [PSP(1, 4), ASP()], ids=["pssp1-4", "asp"])
+    def test_two_peers_exchange_little_more_than_a_push_and_its_answer(
+            self, barrier: Policy) -> None:
+        # each pushes to the other the keys the other owns; the blocked peer does not PING
+        # the one that pushes to it (its next push says how far it got), the answer to a
+        # push is the pusher's copy, and an owner's own writes ride on those answers or go
+        # to the one other holder with a round every replicate_s (before: a STORE per
+        # write, and PING, PONG, PING back, PONG per wait: 1 634 messages here)
+        slow = lambda index, step: 0.002 if index == 1 else 0.001  # noqa: E731
+        sim, result = run(linreg(barrier, steps=60), peers=2, compute_s=slow)
+        owners = {n: sim.net.true_closest(key_id(n), 1)[0].address for n in NAMES}
+        remote = sum(steps * sum(1 for n in NAMES if owners[n] != address)
+                     for address, steps in result.steps.items())
+        assert remote > 100 and result.messages < 3 * remote
+        assert weight_error(result.model) < 0.02 and result.updates == 2 * 60 * KEYS
+
+    def test_an_owners_own_writes_reach_the_other_holder_within_replicate_s(self) -> None:
+        # each peer works only on the keys it owns, so no answer carries its writes to the
+        # other holder: a round every replicate_s (10 ms) does
+        def job(owners: dict[str, str]) -> Job:
+            job = linreg(ASP(), steps=40)
+            job.register_schedule(lambda ctx: [n for n in NAMES if owners[n] == ctx.address])
+            job.register_push(lambda ctx, values: {n: np.ones_like(v) for n, v in values.items()})
+            return job
+        probe = SimRun(job({}), 2, init(), data=shard)
+        owners = {n: probe.net.true_closest(key_id(n), 1)[0].address for n in NAMES}
+        sim = SimRun(job(owners), 2, init(), data=shard)
+        result = sim.run()
+        sim.net.run_for(0.011)
+        now = sim.net.clock.now()
+        for name in NAMES:
+            clocks = [node.storage.get(key_id(name), now).clock  # type: ignore[union-attr]
+                      for node in sim.net.nodes.values()]
+            assert clocks == [40, 40] and result.clocks[name] == 40
 
     def test_wire_round_trips_give_the_same_model(self) -> None:
         _, plain = run(linreg(ASP(), steps=10), peers=4)
