@@ -243,6 +243,30 @@ class TestTuning:
         assert sum(batches.values()) == 128
         assert batches[A] == pytest.approx(96, abs=2) and batches[B] == pytest.approx(32, abs=2)
 
+    def test_lbbsp_round_is_one_step_on_the_union_of_the_batches(self):
+        """Once balanced (3:1), a round's updates weighted by the batches the workers used
+        move the model exactly as one gradient over both batches together would: the
+        updates needed to reach a target do not change with the split."""
+        rng = np.random.default_rng(5)
+        x, y = rng.normal(size=(200, 3)), rng.normal(size=200)
+
+        def grad(w, rows):
+            return x[rows].T @ (x[rows] @ w - y[rows]) / len(rows)
+
+        core = make_core(BSP(), [A, B], init={"w": rng.normal(size=3)}, balance=True, batch=64)
+        _start(core, A, B)
+        batches = {A: 64, B: 64}
+        for step in range(1, 9):
+            w, _ = core.store.get("w")
+            ba, bb = batches[A], batches[B]
+            a_rows, b_rows = np.arange(ba), np.arange(ba, ba + bb)
+            core.push(A, Push(step, {"w": grad(w, a_rows)}, ba, 0.001 * ba))
+            out = core.push(B, Push(step, {"w": grad(w, b_rows)}, bb, 0.003 * bb + 0.016))
+            assert np.allclose(core.store.get("w")[0], w - 0.1 * grad(w, np.arange(ba + bb)))
+            batches = {a.worker: a.reply.batch for a in out}
+            assert sum(batches.values()) == 128
+        assert batches[A] == pytest.approx(100, abs=2)   # 96, and 4 for B's fixed 16 ms
+
     def test_persistent_straggler_is_released_and_not_taken_back(self):
         core = make_core(SSP(staleness=2), [A, B, C], straggler_factor=3.0,
                          straggler_patience=3)
