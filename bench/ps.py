@@ -339,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-repeat", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3,
                         help="alternating runs per Job A row (medians are reported)")
+    parser.add_argument("--only", type=lambda s: s.split(","), default=None,
+                        metavar="ROW,...", help="run only these Job A rows (of BSP, ASP, "
+                        "pSSP(1,4), DSSP(1,5), LB-BSP; BSP and ASP bring their plain PS), "
+                        "with and without the straggler, and nothing else")
     args = parser.parse_args(argv)
 
     import actorpy
@@ -354,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     # args.repeat times, and the medians are reported: on a shared machine the load drifts
     # more between two runs a minute apart than a straggler changes a run.
     runs = barriers + [("LB-BSP", BSP())]
+    if args.only is not None:
+        unknown = set(args.only) - {name for name, _ in runs}
+        if unknown:
+            parser.error(f"--only: unknown row(s) {', '.join(sorted(unknown))}")
+        runs = [(name, barrier) for name, barrier in runs if name in args.only]
     results: dict[tuple[str, bool], list[tuple[float, int, float]]] = {}
     with actorpy.connect(workers=2) as cluster:
         for name, barrier in runs:
@@ -383,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
                         lost = plain[0] / med[(f"plain {name}", False)][0] - 1
                         extra = f"loses {100 * lost:+.0f} %; {extra}"
                     _row(f"plain pyzmq {name}", plain, extra)
-            if not straggle:
+            if not straggle and args.only is None:
                 _row("single-process SGD", single_process(args))
+        if args.only is not None:
+            return 0
 
         print(f"\npull-compute-push rate, {args.rate_floats} float32 model "
               f"({4 * args.rate_floats / 1e6:.1f} MB each way), ASP")
