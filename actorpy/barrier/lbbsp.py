@@ -8,9 +8,9 @@ origin while it has one point), which is exact for CPU-like ``t = c * b`` after 
 iteration and homes in on GPU-like curves (flat then linear) like a secant method as points
 accumulate. Measurements are noisy (on a shared machine one iteration in ten may take
 several times the usual): each point is a median, a measurement far off the fit counts
-only when ``confirm`` of them in a row agree (the worker's speed changed; the older points
-are then dropped, so it re-converges in a few iterations), and a balanced plan is kept
-until a new one is predicted to be ``min_gain`` faster. Updates are then combined with
+only when several in a row agree or most recent ones are off (the worker's speed changed;
+the older points are then dropped, so it re-converges in a few iterations), and a balanced
+plan is kept until a new one is predicted to be ``min_gain`` faster. Updates are then combined with
 :func:`weighted_average` so that every sample counts equally, as one full-batch step would.
 """
 from __future__ import annotations
@@ -40,9 +40,11 @@ class TimeCurve:
     dropped: a wrong one (a preempted first measurement) cannot pin the fit for good, and
     a worker held at one batch ends up with that point alone, through which the
     proportional fit balances exactly where it stands. A measurement that contradicts the
-    fit by more than the tolerance is held back as a suspect; ``confirm`` of them in a row
-    that agree (same side, similar ratios) mean the worker's speed changed: the older
-    points are dropped and the suspects become the curve.
+    fit by more than the tolerance is held back as a suspect. The worker's speed changed
+    when ``confirm`` suspects in a row agree (same side, similar ratios), or when the
+    median ratio of the last ``2 * confirm - 1`` measurements to the fit is off by more
+    than twice the tolerance (slower most of the time, by varying amounts: a loaded
+    machine); then the older points are dropped and those measurements become the curve.
 
     The fit is rebuilt when a point changes, not at every query: a balance asks each
     curve many times between two measurements."""
@@ -55,6 +57,7 @@ class TimeCurve:
         self._seen: dict[int, int] = {}               # batch -> when it was last measured
         self._count = 0                               # measurements stored
         self._suspects: list[tuple[int, float, float]] = []   # batch, time, time / fit
+        self._recent: deque[tuple[int, float, float]] = deque(maxlen=2 * confirm - 1)
         self._fitted: list[tuple[float, float]] = []
         self._tail = 0.0
 
@@ -62,20 +65,33 @@ class TimeCurve:
         """Add a measurement (see the class docstring for suspects and speed changes)."""
         if self._fitted:
             expected = self.time_at(batch)
-            if expected > 0 and abs(time_s - expected) > change_tolerance * expected:
-                self._suspects.append((batch, time_s, time_s / expected))
+            ratio = time_s / expected if expected > 0 else 1.0
+            self._recent.append((batch, time_s, ratio))
+            if abs(ratio - 1.0) > change_tolerance:
+                self._suspects.append((batch, time_s, ratio))
                 while not _agree([r for _, _, r in self._suspects], change_tolerance):
                     del self._suspects[0]   # noise (a preempted iteration), not a change
-                if len(self._suspects) < self._confirm:
-                    return
-                self._points.clear()   # the speed changed: the suspects are the curve
-                self._seen.clear()
-                for b, t, _ in self._suspects[:-1]:
-                    self._store(b, t)
+                if len(self._suspects) >= self._confirm:
+                    self._restart(self._suspects)
+                elif _far(statistics.median(r for _, _, r in self._recent), change_tolerance):
+                    self._restart(self._recent)   # slower (or faster) most of the time
+                self._fitted = self._fit()
+                self._tail = self._tail_slope(self._fitted) if self._fitted else 0.0
+                return
             self._suspects.clear()
         self._store(batch, time_s)
         self._fitted = self._fit()
         self._tail = self._tail_slope(self._fitted) if self._fitted else 0.0
+
+    def _restart(self, measurements: Sequence[tuple[int, float, float]]) -> None:
+        """The worker's speed changed: ``measurements`` replace the curve."""
+        kept = list(measurements)
+        self._points.clear()
+        self._seen.clear()
+        self._suspects.clear()
+        self._recent.clear()
+        for b, t, _ in kept:
+            self._store(b, t)
 
     def _store(self, batch: int, time_s: float) -> None:
         near = min(self._points, key=lambda b: abs(b - batch), default=None)
@@ -155,6 +171,13 @@ def _agree(ratios: list[float], tolerance: float) -> bool:
             and max(ratios) <= (1.0 + tolerance) * min(ratios))
 
 
+def _far(ratio: float, tolerance: float) -> bool:
+    """Whether the median ratio of the recent measurements to the fit says the speed
+    changed even though they do not agree with each other (a loaded machine: slower most
+    of the time, by varying amounts): off by more than twice the tolerance."""
+    return ratio > 1.0 + 2.0 * tolerance or ratio < 1.0 / (1.0 + 2.0 * tolerance)
+
+
 def _round_to_total(shares: Mapping[NodeId, float], total: int) -> dict[NodeId, int]:
     """Integers summing to ``total``, by largest remainder (ties by node id)."""
     floors = {n: int(math.floor(v)) for n, v in shares.items()}
@@ -176,10 +199,10 @@ class LBBSPController:
             measurements is dropped.
         drop_factor: a worker gets 0 only if even ``min_batch`` is predicted to take more
             than ``drop_factor`` times the balanced time of the others (hopeless).
-        change_tolerance: relative misprediction that makes a measurement a suspect
-            (``confirm`` suspects in a row that agree: the worker's speed changed).
+        change_tolerance: relative misprediction that makes a measurement a suspect (see
+            ``TimeCurve`` for when suspects mean a speed change).
         samples: measurements per batch whose median is that point's time.
-        confirm: suspects in a row that signal a speed change.
+        confirm: agreeing suspects in a row that signal a speed change.
         min_gain: the batches change only when the new ones are predicted to shorten the
             iteration by at least this fraction; otherwise the last ones are kept (a
             balanced plan is not reshuffled by noise, and a worker that keeps its batch

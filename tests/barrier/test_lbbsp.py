@@ -124,13 +124,15 @@ def test_a_3x_straggler_stays_balanced_through_preempted_iterations():
     curves = [affine(40, 0.9), affine(40, 0.9, slowdown=3, extra_us=80)]
     fast = (3 * 40 + 3 * 0.9 * GLOBAL + 80 - 40) / (4 * 0.9)
     ideal = curves[0](fast)
+    means = []
     for seed in range(8):
         lb = LBBSPController(WORKERS[:2], GLOBAL)
         costs, plans = noisy_run(lb, curves, 600, np.random.default_rng(seed))
         assert np.median(costs[15:30]) <= 1.05 * ideal
-        assert costs[15:].mean() <= 1.05 * ideal
+        means.append(costs[15:].mean() / ideal)
         changes = sum(a != b for a, b in zip(plans[15:], plans[16:]))
         assert changes < 0.4 * len(plans[15:])   # the old controller: ~95 %
+    assert max(means) <= 1.10 and np.mean(means) <= 1.04, means   # the old one: 1.17, 1.16
 
 
 def test_one_preempted_iteration_moves_nothing():
