@@ -37,9 +37,10 @@ class TimeCurve:
     measurements, so a worker kept at one batch gets a steadier estimate the longer it
     stays there, and one preempted iteration (ten times the usual, on a loaded machine)
     moves nothing. A point not measured again within the last ``window`` measurements is
-    dropped: a wrong one (a preempted first measurement) cannot pin the fit for good, and
-    a worker held at one batch ends up with that point alone, through which the
-    proportional fit balances exactly where it stands. A measurement that contradicts the
+    dropped, but for the two measured last: a wrong one (a preempted first measurement)
+    cannot pin the fit for good, and the fit keeps a slope (one point alone would be
+    extrapolated through the origin, which for a small batch with a fixed cost, such as a
+    message's trip, predicts far too much for a larger one). A measurement that contradicts the
     fit by more than the tolerance is held back as a suspect. The worker's speed changed
     when ``confirm`` suspects in a row agree (same side, similar ratios), or when the
     median ratio of the last ``2 * confirm - 1`` measurements to the fit is off by more
@@ -103,7 +104,8 @@ class TimeCurve:
         self._points[batch] = times            # the most recently measured batch goes last
         self._count += 1
         self._seen[batch] = self._count
-        for old in [b for b in self._points if self._count - self._seen[b] >= self._window]:
+        stale = [b for b in self._points if self._count - self._seen[b] >= self._window]
+        for old in stale[:len(self._points) - 2]:   # the two latest points stay: a shape
             del self._points[old], self._seen[old]
 
     def _fit(self) -> list[tuple[float, float]]:
