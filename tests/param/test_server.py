@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
+from actorpy.clock import FakeClock
 from actorpy.ids import NodeId
 from engines.param.errors import CallbackError, UpdateError
 from engines.param.kinds import Join, Push, Status
@@ -230,18 +231,43 @@ class TestStopAndCheckpoints:
         assert go(again.join(Join(B, 0, 0))) == {B: 4}   # resumes at the saved step
 
 
+def _lbbsp_round(core, clock, step, batches, compute, wire, updates=None):
+    """One BSP round on a FakeClock: each worker is let go now, computes ``compute[w](b)``
+    seconds and its push reaches the shard ``wire[w]`` seconds later (its reply's and its
+    push's trip); the pushes arrive in time order. Returns the next round's batches."""
+    start = clock.now()
+    arrivals = sorted((compute[w](batches[w]) + wire[w], w) for w in batches)
+    out = []
+    for at, w in arrivals:
+        clock.advance(start + at - clock.now())
+        update = updates[w] if updates else {"w": np.ones(2)}
+        out = core.push(w, Push(step, update, batches[w], compute[w](batches[w])))
+    return {a.worker: a.reply.batch for a in out}
+
+
 class TestTuning:
     def test_lbbsp_gives_the_slow_worker_a_smaller_batch(self):
-        core = make_core(BSP(), [A, B], balance=True, batch=64)
+        clock = FakeClock()
+        core = make_core(BSP(), [A, B], balance=True, batch=64, clock=clock)
         _start(core, A, B)
-        batches = {}
+        batches = {A: 64, B: 64}
+        compute = {A: lambda b: 0.001 * b, B: lambda b: 0.003 * b}
         for step in range(1, 5):
-            ba, bb = batches.get(A, 64), batches.get(B, 64)
-            core.push(A, Push(step, {"w": np.ones(2)}, ba, 0.001 * ba))
-            out = core.push(B, Push(step, {"w": np.ones(2)}, bb, 0.003 * bb))
-            batches = {a.worker: a.reply.batch for a in out}
+            batches = _lbbsp_round(core, clock, step, batches, compute, {A: 0.0, B: 0.0})
         assert sum(batches.values()) == 128
         assert batches[A] == pytest.approx(96, abs=2) and batches[B] == pytest.approx(32, abs=2)
+
+    def test_lbbsp_balances_the_time_from_go_to_push_messages_included(self):
+        """Equal compute, but B's messages take 32 ms (A shares the shard's process): the
+        barrier waits for B's push, so B gets less: 0.001 a = 0.001 (128 - a) + 0.032."""
+        clock = FakeClock()
+        core = make_core(BSP(), [A, B], balance=True, batch=64, clock=clock)
+        _start(core, A, B)
+        batches = {A: 64, B: 64}
+        compute = {A: lambda b: 0.001 * b, B: lambda b: 0.001 * b}
+        for step in range(1, 8):
+            batches = _lbbsp_round(core, clock, step, batches, compute, {A: 0.0, B: 0.032})
+        assert batches[A] == pytest.approx(80, abs=2)
 
     def test_lbbsp_round_is_one_step_on_the_union_of_the_batches(self):
         """Once balanced (3:1), a round's updates weighted by the batches the workers used
@@ -253,18 +279,21 @@ class TestTuning:
         def grad(w, rows):
             return x[rows].T @ (x[rows] @ w - y[rows]) / len(rows)
 
-        core = make_core(BSP(), [A, B], init={"w": rng.normal(size=3)}, balance=True, batch=64)
+        clock = FakeClock()
+        core = make_core(BSP(), [A, B], init={"w": rng.normal(size=3)}, balance=True,
+                         batch=64, clock=clock)
         _start(core, A, B)
         batches = {A: 64, B: 64}
+        compute = {A: lambda b: 0.001 * b, B: lambda b: 0.003 * b + 0.016}
         for step in range(1, 9):
             w, _ = core.store.get("w")
-            ba, bb = batches[A], batches[B]
-            a_rows, b_rows = np.arange(ba), np.arange(ba, ba + bb)
-            core.push(A, Push(step, {"w": grad(w, a_rows)}, ba, 0.001 * ba))
-            out = core.push(B, Push(step, {"w": grad(w, b_rows)}, bb, 0.003 * bb + 0.016))
-            assert np.allclose(core.store.get("w")[0], w - 0.1 * grad(w, np.arange(ba + bb)))
-            batches = {a.worker: a.reply.batch for a in out}
-            assert sum(batches.values()) == 128
+            rows = {A: np.arange(batches[A]), B: np.arange(batches[A], 128)}
+            updates = {v: {"w": grad(w, rows[v])} for v in (A, B)}
+            before = dict(batches)
+            batches = _lbbsp_round(core, clock, step, batches, compute, {A: 0.0, B: 0.0},
+                                   updates)
+            assert np.allclose(core.store.get("w")[0], w - 0.1 * grad(w, np.arange(128)))
+            assert sum(batches.values()) == 128 and sum(before.values()) == 128
         assert batches[A] == pytest.approx(100, abs=2)   # 96, and 4 for B's fixed 16 ms
 
     def test_persistent_straggler_is_released_and_not_taken_back(self):
