@@ -368,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                         "own (set before numpy loads; see _blas_threads)")
     parser.add_argument("--only", type=lambda s: s.split(","), default=None,
                         metavar="ROW,...", help="run only these Job A rows (of BSP, ASP, "
-                        "pSSP(1,4), DSSP(1,5), LB-BSP; BSP and ASP bring their plain PS), "
-                        "with and without the straggler, and nothing else")
+                        "pSSP, DSSP, LB-BSP; BSP and ASP bring their plain PS), with and "
+                        "without the straggler, and nothing else")
     args = parser.parse_args(argv)
 
     import actorpy
@@ -386,10 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     # more between two runs a minute apart than a straggler changes a run.
     runs = barriers + [("LB-BSP", BSP())]
     if args.only is not None:
-        unknown = set(args.only) - {name for name, _ in runs}
+        unknown = set(args.only) - {name.split("(")[0] for name, _ in runs}
         if unknown:
             parser.error(f"--only: unknown row(s) {', '.join(sorted(unknown))}")
-        runs = [(name, barrier) for name, barrier in runs if name in args.only]
+        runs = [(name, barrier) for name, barrier in runs if name.split("(")[0] in args.only]
     results: dict[tuple[str, bool], list[tuple[float, int, float]]] = {}
     with actorpy.connect(workers=2) as cluster:
         for name, barrier in runs:
