@@ -108,7 +108,6 @@ class ServerCore:
         self.gate = Gate(config.policy if coordinator else follower_policy(config.policy),
                          random.Random(config.seed * 1_000_003 + config.shard))
         self._balancer = Balancer(config.batch) if config.balance and coordinator else None
-        self._released_at: dict[NodeId, float] = {}   # LB-BSP: when each worker was let go
         self._stragglers = (StragglerWatch(config.straggler_factor, config.straggler_patience)
                             if config.straggler_factor and coordinator else None)
         self._expected = set(config.expected)
@@ -172,7 +171,7 @@ class ServerCore:
         if push.updates:
             self._pending.append((self.slots.get(w, 0), w, push.updates, max(push.batch, 0)))
         if self._balancer is not None:
-            self._balancer.observe(w, push.batch, self._iteration_s(w, push))
+            self._balancer.observe(w, push.batch, push.compute_s)
         if self._stragglers is not None:
             self._stragglers.observe(w, push.batch, push.compute_s)
             if self._stragglers.is_straggler(w) and len(self.progress.steps) > 1:
@@ -284,11 +283,7 @@ class ServerCore:
             self._fold()
             if self.halted is not None:   # the fold met the stop condition: all answered
                 return
-        batches: dict[NodeId, int] = {}
-        if self._balancer is not None:
-            batches = self._balancer.batches()
-            now = self._clock.now()
-            self._released_at.update((w, now) for w in workers)
+        batches = self._balancer.batches() if self._balancer is not None else {}
         plan = self._schedule(workers)
         for w in workers:
             self.held.pop(w, None)
@@ -368,16 +363,6 @@ class ServerCore:
             else:
                 combined[key] = _mean(parts)
         return combined
-
-    def _iteration_s(self, w: NodeId, push: Push) -> float:
-        """LB-BSP's measure of ``w``'s step: from the GO that let it go to its push here,
-        which is what the barrier waits for: its compute and both messages. A worker that
-        shares the shard's process gets its reply with no socket, another over one (on
-        Job A's 2-core machine 0.5 ms more, twice a step's compute): balancing compute
-        alone would leave the co-located one waiting every round. Without a GO seen (a
-        rejoin) the worker's own compute time stands in."""
-        started = self._released_at.pop(w, None)
-        return self._clock.now() - started if started is not None else push.compute_s
 
     def _should_stop(self) -> bool:
         try:
