@@ -24,6 +24,9 @@ float32 (1M by default) with 1 and 2 workers, ASP, against plain pyzmq moving th
 (update up, weights back, the same ``w - lr * g`` on the server). Last, start-up: from before
 ``connect()`` to the first push reaching the server.
 
+Every process gets one BLAS thread unless ``--blas-threads`` says otherwise (see
+``_blas_threads``); ``--only`` runs a few Job A rows and nothing else.
+
 Targets (printed, never asserted): ms per update <= 1.3x plain in the same mode; 1M-float
 rate >= 0.8x plain; with the straggler, pSSP, DSSP and LB-BSP lose < 25 % against their own
 no-straggler time (BSP about 70 %); start-up < 1.5 s.
@@ -43,6 +46,27 @@ from typing import Any
 
 # Benchmark the checkout this script lives in, not whatever actorpy is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _blas_threads(argv: list[str]) -> None:
+    """``--blas-threads N`` (default 1), set before numpy loads, here and in every process
+    started from here (actorpy's workers, the plain PS's): each of the 2 worker processes
+    gets N BLAS threads. With OpenBLAS's default (one per core) a worker that waits at the
+    barrier keeps its BLAS threads spinning on the 2 cores while the other's 2-thread
+    matrix-vector product waits for its second thread: a 500-sample step measured 1-80 ms
+    instead of 0.6 ms (torchrun sets one thread per process for the same reason)."""
+    threads = "1"
+    for i, arg in enumerate(argv):
+        if arg == "--blas-threads" and i + 1 < len(argv):
+            threads = argv[i + 1]
+        elif arg.startswith("--blas-threads="):
+            threads = arg.split("=", 1)[1]
+    if threads != "default":
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[name] = threads
+
+
+_blas_threads(sys.argv[1:])
 
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
@@ -339,6 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-repeat", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3,
                         help="alternating runs per Job A row (medians are reported)")
+    parser.add_argument("--blas-threads", default="1",
+                        help="BLAS threads per process, or 'default' for the library's "
+                        "own (set before numpy loads; see _blas_threads)")
+    parser.add_argument("--only", type=lambda s: s.split(","), default=None,
+                        metavar="ROW,...", help="run only these Job A rows (of BSP, ASP, "
+                        "pSSP, DSSP, LB-BSP; BSP and ASP bring their plain PS), with and "
+                        "without the straggler, and nothing else")
     args = parser.parse_args(argv)
 
     import actorpy
@@ -348,12 +379,17 @@ def main(argv: list[str] | None = None) -> int:
                 ("DSSP(1,5)", DSSP(low=1, high=5))]
     print(f"Job A: {args.rows} x {args.features} float32, lr {args.lr}, batch {args.batch} per "
           f"worker, target |w-w*|/|w*| < {args.target}; 2 workers, 1 server; "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores; BLAS threads per process: {args.blas_threads}")
     header = f"  {'':<28} {'to target':>10} {'updates':>8} {'ms/update':>9} {'error':>8}"
     # Each barrier's runs with and without the straggler (and the plain PS's) alternate,
     # args.repeat times, and the medians are reported: on a shared machine the load drifts
     # more between two runs a minute apart than a straggler changes a run.
     runs = barriers + [("LB-BSP", BSP())]
+    if args.only is not None:
+        unknown = set(args.only) - {name.split("(")[0] for name, _ in runs}
+        if unknown:
+            parser.error(f"--only: unknown row(s) {', '.join(sorted(unknown))}")
+        runs = [(name, barrier) for name, barrier in runs if name.split("(")[0] in args.only]
     results: dict[tuple[str, bool], list[tuple[float, int, float]]] = {}
     with actorpy.connect(workers=2) as cluster:
         for name, barrier in runs:
@@ -383,8 +419,10 @@ def main(argv: list[str] | None = None) -> int:
                         lost = plain[0] / med[(f"plain {name}", False)][0] - 1
                         extra = f"loses {100 * lost:+.0f} %; {extra}"
                     _row(f"plain pyzmq {name}", plain, extra)
-            if not straggle:
+            if not straggle and args.only is None:
                 _row("single-process SGD", single_process(args))
+        if args.only is not None:
+            return 0
 
         print(f"\npull-compute-push rate, {args.rate_floats} float32 model "
               f"({4 * args.rate_floats / 1e6:.1f} MB each way), ASP")

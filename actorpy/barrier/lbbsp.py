@@ -6,14 +6,17 @@ no clock. It needs no prior knowledge of the time curve: each worker's curve is 
 a monotone piecewise-linear fit through its recent measurements (proportional through the
 origin while it has one point), which is exact for CPU-like ``t = c * b`` after one
 iteration and homes in on GPU-like curves (flat then linear) like a secant method as points
-accumulate. A measurement that contradicts the fit by more than ``change_tolerance``
-(the worker's speed changed) discards the older points, so it re-converges in a few
-iterations. Updates are then combined with :func:`weighted_average` so that every sample
-counts equally, as one full-batch step would.
+accumulate. Measurements are noisy (on a shared machine one iteration in ten may take
+several times the usual): each point is a median, a measurement far off the fit counts
+only when several in a row agree or most recent ones are off (the worker's speed changed;
+the older points are then dropped, so it re-converges in a few iterations), and a balanced
+plan is kept until a new one is predicted to be ``min_gain`` faster. Updates are then combined with
+:func:`weighted_average` so that every sample counts equally, as one full-batch step would.
 """
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from typing import Mapping, Sequence, TypeVar
 
@@ -22,33 +25,92 @@ from actorpy.ids import NodeId
 
 T = TypeVar("T")
 
+#: A measurement within this fraction of a measured batch counts towards that point (scaled
+#: in proportion): points closer than that would give noise for slopes.
+_MERGE = 0.05
+
 
 class TimeCurve:
     """A worker's measured iteration time as a function of its batch (monotone fit).
 
-    The fit is rebuilt when a point is added, not at every query: a balance asks each
+    Each batch measured is a point whose time is the median of its last ``samples``
+    measurements, so a worker kept at one batch gets a steadier estimate the longer it
+    stays there, and one preempted iteration (ten times the usual, on a loaded machine)
+    moves nothing. A point not measured again within the last ``window`` measurements is
+    dropped, but for the two measured last: a wrong one (a preempted first measurement)
+    cannot pin the fit for good, and the fit keeps a slope (one point alone would be
+    extrapolated through the origin, which for a small batch with a fixed cost, such as a
+    message's trip, predicts far too much for a larger one). A measurement that contradicts the
+    fit by more than the tolerance is held back as a suspect. The worker's speed changed
+    when ``confirm`` suspects in a row agree (same side, similar ratios), or when the
+    median ratio of the last ``2 * confirm - 1`` measurements to the fit is off by more
+    than twice the tolerance (slower most of the time, by varying amounts: a loaded
+    machine); then the older points are dropped and those measurements become the curve.
+
+    The fit is rebuilt when a point changes, not at every query: a balance asks each
     curve many times between two measurements."""
 
-    def __init__(self, window: int) -> None:
-        self._points: deque[tuple[int, float]] = deque(maxlen=window)
+    def __init__(self, window: int, samples: int = 5, confirm: int = 3) -> None:
+        self._window = window
+        self._samples = samples
+        self._confirm = confirm
+        self._points: dict[int, deque[float]] = {}   # batch -> recent times, oldest first
+        self._seen: dict[int, int] = {}               # batch -> when it was last measured
+        self._count = 0                               # measurements stored
+        self._suspects: list[tuple[int, float, float]] = []   # batch, time, time / fit
+        self._recent: deque[tuple[int, float, float]] = deque(maxlen=2 * confirm - 1)
         self._fitted: list[tuple[float, float]] = []
         self._tail = 0.0
 
     def add(self, batch: int, time_s: float, change_tolerance: float) -> None:
-        """Add a point; drop the old ones if it contradicts them (speed change)."""
-        xs = [b for b, _ in self._points]
-        if xs and min(xs) <= batch <= max(xs):
+        """Add a measurement (see the class docstring for suspects and speed changes)."""
+        if self._fitted:
             expected = self.time_at(batch)
-            if expected > 0 and abs(time_s - expected) > change_tolerance * expected:
-                self._points.clear()
-        self._points = deque(((b, t) for b, t in self._points if b != batch),
-                             maxlen=self._points.maxlen)
-        self._points.append((batch, time_s))
+            ratio = time_s / expected if expected > 0 else 1.0
+            self._recent.append((batch, time_s, ratio))
+            if abs(ratio - 1.0) > change_tolerance:
+                self._suspects.append((batch, time_s, ratio))
+                while not _agree([r for _, _, r in self._suspects], change_tolerance):
+                    del self._suspects[0]   # noise (a preempted iteration), not a change
+                if len(self._suspects) >= self._confirm:
+                    self._restart(self._suspects)
+                elif _far(statistics.median(r for _, _, r in self._recent), change_tolerance):
+                    self._restart(self._recent)   # slower (or faster) most of the time
+                self._fitted = self._fit()
+                self._tail = self._tail_slope(self._fitted) if self._fitted else 0.0
+                return
+            self._suspects.clear()
+        self._store(batch, time_s)
         self._fitted = self._fit()
         self._tail = self._tail_slope(self._fitted) if self._fitted else 0.0
 
+    def _restart(self, measurements: Sequence[tuple[int, float, float]]) -> None:
+        """The worker's speed changed: ``measurements`` replace the curve."""
+        kept = list(measurements)
+        self._points.clear()
+        self._seen.clear()
+        self._suspects.clear()
+        self._recent.clear()
+        for b, t, _ in kept:
+            self._store(b, t)
+
+    def _store(self, batch: int, time_s: float) -> None:
+        near = min(self._points, key=lambda b: abs(b - batch), default=None)
+        if near is not None and abs(near - batch) <= _MERGE * near:   # the same point
+            time_s *= near / batch
+            batch = near
+        times = self._points.pop(batch, None) or deque(maxlen=self._samples)
+        times.append(time_s)
+        self._points[batch] = times            # the most recently measured batch goes last
+        self._count += 1
+        self._seen[batch] = self._count
+        stale = [b for b in self._points if self._count - self._seen[b] >= self._window]
+        for old in stale[:len(self._points) - 2]:   # the two latest points stay: a shape
+            del self._points[old], self._seen[old]
+
     def _fit(self) -> list[tuple[float, float]]:
-        pts = sorted((float(b), t) for b, t in self._points if b > 0)
+        pts = sorted((float(b), statistics.median(ts))
+                     for b, ts in self._points.items() if b > 0)
         fitted: list[tuple[float, float]] = []
         for b, t in pts:  # enforce monotone time (measurements are noisy)
             fitted.append((b, max(t, fitted[-1][1]) if fitted else t))
@@ -103,6 +165,21 @@ class TimeCurve:
         return bl + (time_s - tl) / self._tail
 
 
+def _agree(ratios: list[float], tolerance: float) -> bool:
+    """Whether measured/predicted ratios tell the same speed change: all on one side of 1,
+    within a factor ``1 + tolerance`` of each other (a worker slowed down 3x measures
+    3x every time; preempted iterations measure 3x, then 12x, then 1x)."""
+    return (len({r > 1.0 for r in ratios}) <= 1
+            and max(ratios) <= (1.0 + tolerance) * min(ratios))
+
+
+def _far(ratio: float, tolerance: float) -> bool:
+    """Whether the median ratio of the recent measurements to the fit says the speed
+    changed even though they do not agree with each other (a loaded machine: slower most
+    of the time, by varying amounts): off by more than twice the tolerance."""
+    return ratio > 1.0 + 2.0 * tolerance or ratio < 1.0 / (1.0 + 2.0 * tolerance)
+
+
 def _round_to_total(shares: Mapping[NodeId, float], total: int) -> dict[NodeId, int]:
     """Integers summing to ``total``, by largest remainder (ties by node id)."""
     floors = {n: int(math.floor(v)) for n, v in shares.items()}
@@ -120,10 +197,18 @@ class LBBSPController:
         workers: the workers sharing ``global_batch``.
         global_batch: samples per iteration, in total (kept exactly).
         min_batch: the least a working worker is given.
-        window: measurements kept per worker.
+        window: a point of a worker's curve not measured again within its last ``window``
+            measurements is dropped.
         drop_factor: a worker gets 0 only if even ``min_batch`` is predicted to take more
             than ``drop_factor`` times the balanced time of the others (hopeless).
-        change_tolerance: relative misprediction that signals a speed change.
+        change_tolerance: relative misprediction that makes a measurement a suspect (see
+            ``TimeCurve`` for when suspects mean a speed change).
+        samples: measurements per batch whose median is that point's time.
+        confirm: agreeing suspects in a row that signal a speed change.
+        min_gain: the batches change only when the new ones are predicted to shorten the
+            iteration by at least this fraction; otherwise the last ones are kept (a
+            balanced plan is not reshuffled by noise, and a worker that keeps its batch
+            refines that point's median).
 
     >>> lb = LBBSPController([NodeId("a"), NodeId("b")], global_batch=120)
     >>> lb.batches()
@@ -135,19 +220,24 @@ class LBBSPController:
 
     def __init__(self, workers: Sequence[NodeId], global_batch: int, *, min_batch: int = 1,
                  window: int = 6, drop_factor: float = 2.0,
-                 change_tolerance: float = 0.25) -> None:
+                 change_tolerance: float = 0.25, samples: int = 5, confirm: int = 3,
+                 min_gain: float = 0.01) -> None:
         if not workers:
             raise ConfigError("LBBSPController needs at least one worker")
         if global_batch < len(workers) * min_batch or min_batch < 1:
             raise ConfigError(f"global_batch={global_batch} cannot give {len(workers)} "
                               f"workers min_batch={min_batch} each")
-        if drop_factor < 1.0 or window < 2:
-            raise ConfigError("drop_factor must be >= 1 and window >= 2")
+        if drop_factor < 1.0 or window < 2 or samples < 1 or confirm < 1:
+            raise ConfigError("drop_factor must be >= 1, window >= 2, samples and confirm >= 1")
+        if not 0.0 <= min_gain < 1.0:
+            raise ConfigError(f"min_gain must be in [0, 1), got {min_gain}")
         self.global_batch = global_batch
         self.min_batch = min_batch
         self._drop_factor = drop_factor
         self._tolerance = change_tolerance
-        self._curves = {w: TimeCurve(window) for w in workers}
+        self._min_gain = min_gain
+        self._curves = {w: TimeCurve(window, samples, confirm) for w in workers}
+        self._last: dict[NodeId, int] | None = None
 
     def observe(self, node: NodeId, batch: int, time_s: float) -> None:
         """Record that ``node`` took ``time_s`` seconds for an iteration of ``batch``."""
@@ -189,8 +279,8 @@ class LBBSPController:
                 lo = mid + 1
         right = knots[lo]
         left = knots[lo - 1] if lo > 0 else 0.0
-        if right > left:   # S is linear on the open piece (left, right)
-            t1, t2 = left + (right - left) / 3, left + 2 * (right - left) / 3
+        t1, t2 = left + (right - left) / 3, left + 2 * (right - left) / 3
+        if t2 > t1:   # S is linear on the open piece (left, right), if it has width
             s1, s2 = total(t1), total(t2)
             slope = (s2 - s1) / (t2 - t1)
             from_left = s1 - slope * (t1 - left)   # S just after left
@@ -207,13 +297,16 @@ class LBBSPController:
     def batches(self) -> dict[NodeId, int]:
         """Next iteration's batch per worker; sums to ``global_batch``.
 
-        Workers not measured yet share the batch equally with the others' average.
+        Workers not measured yet share the batch equally with the others' average. Once
+        all are measured, the last batches are kept unless the balanced ones are predicted
+        to be at least ``min_gain`` faster.
         """
         nodes = list(self._curves)
         known = [n for n in nodes if self._curves[n].is_known()]
         if len(known) < len(nodes):
-            return _round_to_total({n: self.global_batch / len(nodes) for n in nodes},
-                                   self.global_batch)
+            self._last = _round_to_total({n: self.global_batch / len(nodes) for n in nodes},
+                                         self.global_batch)
+            return dict(self._last)
         active = known
         while True:
             target, shares = self._balance(active)
@@ -225,7 +318,17 @@ class LBBSPController:
         shares = {n: max(float(self.min_batch), shares[n]) for n in active}
         scale = self.global_batch / sum(shares.values())
         result = _round_to_total({n: s * scale for n, s in shares.items()}, self.global_batch)
-        return {n: result.get(n, 0) for n in nodes}
+        plan = {n: result.get(n, 0) for n in nodes}
+        last = self._last
+        if last is not None and last.keys() == plan.keys() and \
+                self._predicted(plan) > (1.0 - self._min_gain) * self._predicted(last):
+            return dict(last)
+        self._last = plan
+        return dict(plan)
+
+    def _predicted(self, plan: Mapping[NodeId, int]) -> float:
+        """The predicted iteration time of ``plan`` (its slowest worker)."""
+        return max((self._curves[n].time_at(b) for n, b in plan.items() if b > 0), default=0.0)
 
 
 def weighted_average(updates: Sequence[T], batch_sizes: Sequence[int]) -> T:

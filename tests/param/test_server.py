@@ -230,18 +230,51 @@ class TestStopAndCheckpoints:
         assert go(again.join(Join(B, 0, 0))) == {B: 4}   # resumes at the saved step
 
 
+def _lbbsp_round(core, step, batches, compute, updates=None):
+    """One BSP round: each worker pushes its update with the compute time ``compute[w](b)``
+    of its batch (the slower last). Returns the next round's batches."""
+    out = []
+    for _, w in sorted((compute[w](batches[w]), w) for w in batches):
+        update = updates[w] if updates else {"w": np.ones(2)}
+        out = core.push(w, Push(step, update, batches[w], compute[w](batches[w])))
+    return {a.worker: a.reply.batch for a in out}
+
+
 class TestTuning:
     def test_lbbsp_gives_the_slow_worker_a_smaller_batch(self):
         core = make_core(BSP(), [A, B], balance=True, batch=64)
         _start(core, A, B)
-        batches = {}
+        batches = {A: 64, B: 64}
+        compute = {A: lambda b: 0.001 * b, B: lambda b: 0.003 * b}
         for step in range(1, 5):
-            ba, bb = batches.get(A, 64), batches.get(B, 64)
-            core.push(A, Push(step, {"w": np.ones(2)}, ba, 0.001 * ba))
-            out = core.push(B, Push(step, {"w": np.ones(2)}, bb, 0.003 * bb))
-            batches = {a.worker: a.reply.batch for a in out}
+            batches = _lbbsp_round(core, step, batches, compute)
         assert sum(batches.values()) == 128
         assert batches[A] == pytest.approx(96, abs=2) and batches[B] == pytest.approx(32, abs=2)
+
+    def test_lbbsp_round_is_one_step_on_the_union_of_the_batches(self):
+        """Once balanced (3:1), a round's updates weighted by the batches the workers used
+        move the model exactly as one gradient over both batches together would, whatever
+        the split."""
+        rng = np.random.default_rng(5)
+        x, y = rng.normal(size=(200, 3)), rng.normal(size=200)
+
+        def grad(w, rows):
+            return x[rows].T @ (x[rows] @ w - y[rows]) / len(rows)
+
+        core = make_core(BSP(), [A, B], init={"w": rng.normal(size=3)}, balance=True,
+                         batch=64)
+        _start(core, A, B)
+        batches = {A: 64, B: 64}
+        compute = {A: lambda b: 0.001 * b, B: lambda b: 0.003 * b + 0.016}
+        for step in range(1, 9):
+            w, _ = core.store.get("w")
+            rows = {A: np.arange(batches[A]), B: np.arange(batches[A], 128)}
+            updates = {v: {"w": grad(w, rows[v])} for v in (A, B)}
+            before = dict(batches)
+            batches = _lbbsp_round(core, step, batches, compute, updates)
+            assert np.allclose(core.store.get("w")[0], w - 0.1 * grad(w, np.arange(128)))
+            assert sum(batches.values()) == 128 and sum(before.values()) == 128
+        assert batches[A] == pytest.approx(100, abs=2)   # 96, and 4 for B's fixed 16 ms
 
     def test_persistent_straggler_is_released_and_not_taken_back(self):
         core = make_core(SSP(staleness=2), [A, B, C], straggler_factor=3.0,
