@@ -245,7 +245,7 @@ class DirectReplies:
 
     def _receive(self, sock: zmq.Socket, dest: NodeId) -> None:
         """Take every reply waiting on ``sock`` (its thread's lock held)."""
-        while True:
+        while sock.get(zmq.EVENTS) & zmq.POLLIN:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:

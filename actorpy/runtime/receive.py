@@ -72,6 +72,10 @@ class Receiver:
 
     def drain(self, router: zmq.Socket) -> None:
         for _ in range(DRAIN_BATCH):
+            # Asking first costs no exception, and no release of the interpreter lock (a
+            # receive releases it, and another thread of the process may then keep it).
+            if not router.get(zmq.EVENTS) & zmq.POLLIN:
+                return
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
