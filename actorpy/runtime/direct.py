@@ -4,8 +4,11 @@ A request normally goes out over the node's link to ``dest`` and its reply comes
 node's ROUTER, whose I/O thread resolves the future and wakes the waiting thread: two thread
 wake-ups before the caller runs again. A *direct* request (``Node.request(..., direct=True)``)
 goes out over a DEALER of the calling thread's own, connected to ``dest``'s ROUTER under a
-routing id of its own (``<node id>\\0<n>``). ``dest`` sends the reply back over that
-connection, and the calling thread, waiting in ``Node.wait``, reads it off its socket itself.
+routing id of its own (``<node id>\\0<n>``). When ``dest`` answers on its I/O thread (a core
+handler, a service's quick kind), the reply goes back out of its ROUTER over that connection,
+and the calling thread, waiting in ``Node.wait``, reads it off its socket itself. A reply
+made on another thread of ``dest`` goes over the link as usual (only the I/O thread uses the
+ROUTER).
 
 Security is unchanged. The thread's DEALER is a CURVE client of the cluster's key (under ipc,
 an endpoint in the private directory), so only a member can answer on it; ``dest`` checks the

@@ -117,8 +117,6 @@ class Node:
         # Messages this node sends to itself (services on one node talking to each other:
         # several P2P peers per worker), dispatched by the I/O thread like received ones.
         self._loopback: deque[wm.Message] = deque()
-        # Direct replies produced off the I/O thread, for it to send on the ROUTER it owns.
-        self._routed: deque[tuple[NodeId, bytes, list[Any]]] = deque()
         self._planned_tick: float | None = None
         self._receiver = Receiver(node_id, security, max_frame_bytes, self._requests,
                                   self.reply_error)
@@ -339,12 +337,12 @@ class Node:
             self._dir.send(dest, frames)
 
     def _send_routed(self, dest: NodeId, route: bytes, frames: list[Any]) -> None:
-        """A direct reply: out of the ROUTER to the asking thread's socket. The I/O thread
-        owns the ROUTER, so another thread's reply waits for it (one hand-off here, none at
-        the receiver); a reply the ROUTER cannot route goes over the link."""
+        """A direct reply: out of the ROUTER to the asking thread's socket. Only the I/O
+        thread may use the ROUTER: a reply made on another thread goes over the link (its
+        receiver's I/O thread wakes the waiter: handing it to our I/O thread instead would
+        cost the same wake-up, in this process), as does one the ROUTER cannot route."""
         if not self._loop.in_loop():
-            self._routed.append((dest, route, frames))
-            self._loop.wake()
+            self._dir.send(dest, frames)
             return
         try:
             if write(self._router, [route, *frames]):
@@ -500,8 +498,6 @@ class Node:
         self._planned_tick = math.inf  # until decided below, every new deadline wakes us
         while self._loopback:
             self._guard(lambda msg=self._loopback.popleft(): self._receiver.dispatch(msg))
-        while self._routed:
-            self._guard(lambda item=self._routed.popleft(): self._send_routed(*item))
         while (handle := self._timers.pop_due(now)) is not None:
             self._guard(handle.callback)
         nexts = [self._timers.next_due()]
