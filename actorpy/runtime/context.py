@@ -67,10 +67,13 @@ class Caller:
                               from_service=self._from_service)
 
     def call_async(self, ref: ServiceRef, kind: int, payload: Any = wm.NO_PAYLOAD, *,
-                   step: int = 0) -> ReplyFuture:
+                   step: int = 0, direct: bool = False) -> ReplyFuture:
+        """Request ``kind`` from a service; the future resolves with its reply. With
+        ``direct`` the reply comes to this thread's own socket (see ``Node.request``): wait
+        for it on this thread (``node.wait`` or the future's ``result``)."""
         return self.node.request(ref.node, ref.service, kind, payload, step=step,
                                  what=f"call {int(kind)} to service {ref.name or ref.service}",
-                                 from_service=self._from_service)
+                                 from_service=self._from_service, direct=direct)
 
     def cast(self, ref: ServiceRef, kind: int, payload: Any = wm.NO_PAYLOAD, *,
              step: int = 0) -> None:

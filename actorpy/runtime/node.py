@@ -30,7 +30,8 @@ from actorpy.config import Config
 from actorpy.errors import AuthError, ConfigError, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime import remote
-from actorpy.runtime.directory import RETRY_S, Directory
+from actorpy.runtime.direct import DirectReplies
+from actorpy.runtime.directory import RETRY_S, Directory, write
 from actorpy.runtime.events import NodeEvent, NodeEventKind, Peer, Subscription
 from actorpy.runtime.liveness import LivenessTimes, Verdict
 from actorpy.runtime.loop import SocketLoop
@@ -89,6 +90,9 @@ class Node:
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
         self._router.rcvhwm = recv_hwm
+        # It sends only direct replies (actorpy.runtime.direct): one it cannot route (the
+        # thread's connection is gone or full) raises, and goes over the link instead.
+        self._router.router_mandatory = 1
         if handover:
             self._router.router_handover = 1
         # Checked by libzmq before any byte is kept, also during the CURVE handshake: an
@@ -126,6 +130,8 @@ class Node:
                               adopt=self._loop.adopt, release=self._loop.release,
                               wants_flush=self._wants_flush, in_io_thread=self._loop.in_loop)
         self._dir.on_verdict = self._verdict
+        self._direct = DirectReplies(self._ctx, security, node_id, max_frame_bytes,
+                                     self._address_of, self._dir.is_dead, self._receiver.resolve)
         # With CURVE, peers that fail the handshake never reach us; log them (the ZAP
         # callback in wire.auth logs wrong keys, this catches wrong mechanisms too).
         self._monitor: zmq.Socket | None = None
@@ -185,6 +191,7 @@ class Node:
     def _teardown(self) -> None:
         """Close what the loop's thread owned (runs on it as it exits)."""
         self._stop_monitors()
+        self._direct.close()
         self._router.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
@@ -302,7 +309,7 @@ class Node:
     # ----------------------------------------------------------------- sending
     def send(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
              request_id: int = 0, step: int = 0, from_service: int = 0,
-             snapshot: bool = False) -> None:
+             snapshot: bool = False, route: bytes | None = None) -> None:
         """Send one message (thread-safe; serializes in the calling thread).
 
         When ``dest`` does not keep up, this waits until its queue has room (the I/O thread
@@ -310,7 +317,8 @@ class Node:
         modify them until the request they belong to has been answered (or pass
         ``snapshot=True``: they are copied first, see ``wire.message.assemble``).
         ``from_service`` names the sending service on this node (0: the node itself);
-        receivers see it as ``msg.from_service``.
+        receivers see it as ``msg.from_service``. ``route`` (a reply's: the request's
+        ``msg.route``) sends it back to the thread that asked for a direct reply.
 
         Raises:
             SerializationError: the payload cannot be pickled or cannot fit max_frame_bytes.
@@ -323,8 +331,29 @@ class Node:
                              from_service=from_service)
         if dest == self.node_id:
             self._send_to_self(frames)
+        elif route is not None:
+            self._send_routed(dest, route, frames)
         else:
             self._dir.send(dest, frames)
+
+    def _send_routed(self, dest: NodeId, route: bytes, frames: list[Any]) -> None:
+        """A direct reply: out of the ROUTER to the asking thread's socket. Only the I/O
+        thread may use the ROUTER: a reply made on another thread goes over the link (its
+        receiver's I/O thread wakes the waiter: handing it to our I/O thread instead would
+        cost the same wake-up, in this process), as does one the ROUTER cannot route."""
+        if not self._loop.in_loop():
+            self._dir.send(dest, frames)
+            return
+        try:
+            if write(self._router, [route, *frames]):
+                return
+        except zmq.ZMQError as exc:   # EHOSTUNREACH: that thread's connection is gone
+            log.debug("direct reply to %s not routable (%s); sent over the link", dest, exc)
+        self._dir.send(dest, frames)
+
+    def _address_of(self, node_id: NodeId) -> str | None:
+        peer = self._dir.peer(node_id)
+        return None if peer is None or self._dir.is_dead(node_id) else peer.address
 
     def _send_to_self(self, frames: list[Any]) -> None:
         """Loopback: a message to this node is dispatched as if received. The frames are
@@ -344,13 +373,19 @@ class Node:
 
     def request(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
                 step: int = 0, what: str | None = None, timeout_s: float | None = None,
-                from_service: int = 0) -> ReplyFuture:
+                from_service: int = 0, direct: bool = False) -> ReplyFuture:
         """Send a request; the returned future resolves with the reply (RESULT or ERROR).
 
         With ``timeout_s`` the request is failed with ActorpyTimeout (and forgotten) at its
         deadline, whether or not anyone waits on it. It fails with NodeLost when ``dest``
         dies, AuthError when ``dest`` refuses our handshake. Its ``request_id`` is the id
         the request travels under (a driver cancels a task by it).
+
+        With ``direct`` the reply comes back to the calling thread's own socket
+        (actorpy.runtime.direct), no other thread in between: wait for it on this thread,
+        with ``wait`` or the future's ``result``/``exception`` (another thread waiting on it
+        would not read that socket). A direct request is not ordered with this node's other
+        messages to ``dest``.
         """
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise ConfigError(f"timeout_s must be a finite number >= 0, got {timeout_s}")
@@ -369,12 +404,32 @@ class Node:
         if deadline is not None:
             self._deadline_added(deadline)
         try:
-            self.send(dest, service, kind, payload, request_id=rid, step=step,
-                      from_service=from_service)
+            if direct and dest != self.node_id and not self._loop.in_loop():
+                fut.waiter = self.wait
+                self._send_direct(dest, service, kind, payload, rid, step, from_service)
+            else:
+                self.send(dest, service, kind, payload, request_id=rid, step=step,
+                          from_service=from_service)
         except BaseException:
             self._requests.discard(fut)
             raise
         return fut
+
+    def _send_direct(self, dest: NodeId, service: int, kind: int, payload: Any, rid: int,
+                     step: int, from_service: int) -> None:
+        if self._closed.is_set():
+            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
+        frames = wm.assemble(service, kind, self._sender, payload, request_id=rid, step=step,
+                             chunk_bytes=self.chunk_bytes, max_frame_bytes=self.max_frame_bytes,
+                             from_service=from_service)
+        if not self._direct.send(dest, frames):
+            self._dir.send(dest, frames)
+
+    def wait(self, futures: Any, timeout_s: float | None) -> set[ReplyFuture]:
+        """Wait until one of ``futures`` (this node's) is done, at most ``timeout_s``;
+        returns the done ones (empty when the time ran out). Direct replies to this
+        thread are read from its own socket while it waits."""
+        return self._direct.wait(futures, timeout_s)
 
     def call(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
              timeout_s: float, step: int = 0, what: str | None = None,
@@ -396,13 +451,14 @@ class Node:
         """Answer a request with a value (its arrays are copied first, so the replier may
         change them at once: nothing tells it when the reply has left)."""
         self.send(NodeId(msg.sender), CORE_SERVICE, Kind.RESULT, value,
-                  request_id=msg.header.request_id, from_service=from_service, snapshot=True)
+                  request_id=msg.header.request_id, from_service=from_service, snapshot=True,
+                  route=msg.route)
 
     def reply_error(self, msg: wm.Message, exc: BaseException, *, from_service: int = 0) -> None:
         """Answer a request with an exception (it surfaces as RemoteError at the caller)."""
         self.send(NodeId(msg.sender), CORE_SERVICE, Kind.ERROR,
                   remote.capture(exc, self.node_id), request_id=msg.header.request_id,
-                  from_service=from_service)
+                  from_service=from_service, route=msg.route)
 
     # ----------------------------------------------------------------- the loop
     def on(self, service: int, kind: int, handler: Handler) -> None:

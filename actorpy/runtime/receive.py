@@ -16,6 +16,7 @@ import zmq
 
 from actorpy.errors import ActorpyError, ProtocolError
 from actorpy.log import Throttle
+from actorpy.runtime.direct import split_route
 from actorpy.runtime.requests import RequestTable
 from actorpy.wire import message as wm
 from actorpy.wire import serde
@@ -71,6 +72,10 @@ class Receiver:
 
     def drain(self, router: zmq.Socket) -> None:
         for _ in range(DRAIN_BATCH):
+            # Asking first costs no exception, and no release of the interpreter lock (a
+            # receive releases it, and another thread of the process may then keep it).
+            if not router.get(zmq.EVENTS) & zmq.POLLIN:
+                return
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -83,7 +88,8 @@ class Receiver:
     def receive(self, frames: list[zmq.Frame]) -> None:
         routing_id = frames[0].bytes
         self.bytes_in += sum(len(f) for f in frames)
-        who = routing_id.decode("ascii", "replace")
+        node_part, direct = split_route(routing_id)
+        who = node_part.decode("ascii", "replace")
         if not self.security.is_trusted(frames[0]):
             log.warning("dropped a message from %r: sender is not an authenticated member", who)
             return
@@ -95,6 +101,8 @@ class Receiver:
         if msg.sender != who:
             log.warning("dropped a message from %r: it claims to come from %r", who, msg.sender)
             return
+        if direct:
+            msg.route = routing_id
         self.dispatch(msg)
 
     def dispatch(self, msg: wm.Message) -> None:
@@ -102,7 +110,7 @@ class Receiver:
         handler of ``(service, kind)``, else to the service sink, else an ERROR reply."""
         service, kind = msg.header.service, msg.header.kind
         if service == CORE_SERVICE and kind in _REPLY_KINDS:
-            self._resolve(msg)
+            self.resolve(msg)
             return
         handler = self.handlers.get((service, kind))
         if handler is not None:
@@ -117,7 +125,8 @@ class Receiver:
             self._refuse(msg, f"node {self.node_id} has no handler for kind {kind} of service "
                               f"{service}")
 
-    def _resolve(self, msg: wm.Message) -> None:
+    def resolve(self, msg: wm.Message) -> None:
+        """Complete the future a reply answers, if it was sent to the reply's sender."""
         rid = msg.header.request_id
         fut, ours = self._requests.take(rid, msg.sender)
         if fut is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, Callable
 
 from actorpy.errors import (ActorpyError, ActorpyTimeout, ProtocolError, RemoteError,
                             SerializationError)
@@ -36,6 +36,10 @@ class ReplyFuture(Future):
         #: the request's own deadline, in seconds from sending (None: none)
         self.timeout_s = timeout_s
         self._io_thread = io_thread
+        #: a direct request's (set by the node): ``waiter({self}, timeout)`` reads the
+        #: calling thread's socket until this is done or the time runs out
+        self.waiter: Callable[[set[ReplyFuture], float | None], object] | None = None
+        self._owner = threading.get_ident()
         self._lock = threading.Lock()
         self._decoded = False
         self._value: Any = None
@@ -65,6 +69,7 @@ class ReplyFuture(Future):
     # ------------------------------------------------------------- read by the caller
     def result(self, timeout: float | None = None) -> Any:
         self._check_thread()
+        timeout = self._pump(timeout)
         try:
             msg = super().result(timeout)
         except (TimeoutError, FutureTimeout) as exc:  # distinct classes before Python 3.11
@@ -83,6 +88,7 @@ class ReplyFuture(Future):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self._check_thread()
+        timeout = self._pump(timeout)
         try:
             exc = super().exception(timeout)
         except (TimeoutError, FutureTimeout):
@@ -96,6 +102,14 @@ class ReplyFuture(Future):
         if not self.done() and threading.current_thread() is self._io_thread:
             raise ActorpyError(f"waiting for {self.what} on the node's I/O thread would deadlock: "
                                "handlers and node-lost listeners must not block")
+
+    def _pump(self, timeout: float | None) -> float | None:
+        """A direct request waited on by the thread that sent it: read its socket until the
+        reply is in or ``timeout`` ran out (then 0 is left to wait)."""
+        if self.waiter is None or self.done() or threading.get_ident() != self._owner:
+            return timeout
+        self.waiter({self}, timeout)
+        return timeout if self.done() else 0
 
     def _attach_cause(self, error: RemoteError) -> None:
         with self._lock:

@@ -49,7 +49,8 @@ class Reply:
     If the service stops first, the caller gets a ServiceDead ERROR instead of waiting.
     """
 
-    __slots__ = ("_ctx", "sender", "from_service", "request_id", "step", "_done", "_lock")
+    __slots__ = ("_ctx", "sender", "from_service", "request_id", "step", "route", "_done",
+                 "_lock")
 
     def __init__(self, ctx: ServiceContext, msg: wm.Message) -> None:
         self._ctx = ctx
@@ -57,6 +58,7 @@ class Reply:
         self.from_service = msg.from_service
         self.request_id = msg.header.request_id
         self.step = msg.header.step
+        self.route = msg.route
         self._done = False
         self._lock = threading.Lock()
 
@@ -282,7 +284,7 @@ class ServiceContext(WorkerContext):
 
     def _send_reply(self, reply: Reply, kind: Kind, value: Any) -> None:
         self.node.send(reply.sender, CORE_SERVICE, kind, value, request_id=reply.request_id,
-                       from_service=self.service_id)
+                       from_service=self.service_id, route=reply.route)
 
     # ------------------------------------------------------------------ blocking calls
     def call(self, ref: ServiceRef, kind: int, payload: Any = wm.NO_PAYLOAD, *,

@@ -119,6 +119,9 @@ class Message:
 
     header: hdr.Header
     frames: list[Any]
+    #: the sender thread's own routing id when it asked for a direct reply
+    #: (actorpy.runtime.direct): the reply goes back over the connection it came on
+    route: bytes | None = None
 
     @property
     def sender(self) -> str:

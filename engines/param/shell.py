@@ -176,18 +176,21 @@ class ShardService(Service):
         except Exception as exc:
             self._fail(exc)
             raise
-        mine = self._apply(actions, worker)
-        if mine is not None and not _read_only(mine[2]):
-            return mine   # the runtime's reply copies the arrays first
-        reply = env.defer()
-        if mine is not None:
-            # Read-only store values are replaced by pull, never changed in place: a deferred
-            # reply sends them as they are (``Reply.send`` copies nothing), without the copy
-            # a returned value gets (4 MB per step for a 1M-float model).
-            reply.send(mine)
-        else:
-            self._waiting[worker] = reply
-        return None
+        mine, local = self._apply(actions, worker)
+        try:
+            if mine is not None and not _read_only(mine[2]):
+                return mine   # the runtime's reply copies the arrays first
+            reply = env.defer()
+            if mine is not None:
+                # Read-only store values are replaced by pull, never changed in place: a
+                # deferred reply sends them as they are (``Reply.send`` copies nothing),
+                # without the copy a returned value gets (4 MB per step, 1M-float model).
+                reply.send(mine)
+            else:
+                self._waiting[worker] = reply
+            return None
+        finally:
+            self._send_all(local)
 
     def _guarded(self, event: Callable[[], list]) -> None:
         try:
@@ -195,20 +198,34 @@ class ShardService(Service):
         except Exception as exc:
             self._fail(exc)
             return
-        self._apply(actions)
+        _, local = self._apply(actions)
+        self._send_all(local)
 
-    def _apply(self, actions: list, current: NodeId | None = None) -> Any:
-        """Send what the core decided; returns ``current``'s own answer, if among them."""
+    def _apply(self, actions: list, current: NodeId | None = None
+               ) -> tuple[Any, list[tuple[Reply, Any]]]:
+        """Send what the core decided; returns ``current``'s own answer, if among them, and
+        the answers to workers on this node, which the caller sends last.
+
+        A worker on this node is woken by its answer at once, on this process's interpreter:
+        answered first, it would run its next step while this thread still encodes and
+        sends the other workers' answers (and wait for the interpreter lock to do so), so
+        those go first and a remote worker is not kept waiting behind a local one."""
         if self._started_at is None and self.core.started:
             self._started_at = time.monotonic()
         mine = None
+        local: list[tuple[Reply, Any]] = []
+        here = self.ctx.node_id
         for action in actions:
             if isinstance(action, Answer):
                 if action.worker == current:
                     mine = action.reply.wire()
                     continue
                 reply = self._waiting.pop(action.worker, None)
-                if reply is not None:
+                if reply is None:
+                    continue
+                if reply.sender == here:
+                    local.append((reply, action.reply.wire()))
+                else:
                     reply.send(action.reply.wire())
             elif isinstance(action, CheckpointDue) and self._path is not None:
                 self._save(action.snapshot)
@@ -220,7 +237,12 @@ class ShardService(Service):
             waiting, self._model_waiting = self._model_waiting, []
             for reply in waiting:
                 reply.send(self.core.model())
-        return mine
+        return mine, local
+
+    @staticmethod
+    def _send_all(replies: list[tuple[Reply, Any]]) -> None:
+        for reply, value in replies:
+            reply.send(value)
 
     def _fail(self, exc: BaseException) -> None:
         """A server-side callback raised: every worker waiting here, and every later

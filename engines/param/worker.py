@@ -162,8 +162,10 @@ class _Loop:
         shard), or for the first reply that ends this worker (alone in the list). A lost
         shard is looked up again at the conductor and rejoined.
 
-        The wait is on the reply future itself: the node's I/O thread resolves it and this
-        thread decodes the reply, with no other thread in between."""
+        The requests are direct (``Node.request(..., direct=True)``): a remote shard's reply
+        comes to this thread's own socket and this thread reads it while it waits, with no
+        other thread in between (a lost shard still fails the future from the I/O thread,
+        which wakes this one)."""
         futures = {self._send(i, kind, payload): i for i, (kind, payload) in enumerate(requests)}
         replies: list[Any] = [None] * len(requests)
         while futures:
@@ -171,17 +173,7 @@ class _Loop:
             if left <= 0:
                 raise ActorpyTimeout(f"worker {self.ctx.node_id} waited past the job's "
                                      f"timeout_s={self.task.timeout_s} for its server shards")
-            if len(futures) == 1:   # the common case (one shard): no waiter set-up
-                only = next(iter(futures))
-                try:
-                    only.exception(left)
-                except cf.TimeoutError:
-                    continue
-                done = [only]
-            else:
-                done, _ = cf.wait(futures, left, cf.FIRST_COMPLETED)
-                if not done:
-                    continue
+            done = self.ctx.node.wait(futures, left)
             for fut in done:
                 i = futures.pop(fut)
                 try:
@@ -203,7 +195,7 @@ class _Loop:
         return replies
 
     def _send(self, shard: int, kind: int, payload: Any) -> cf.Future:
-        return self.ctx.call_async(self.refs[shard], kind, payload)
+        return self.ctx.call_async(self.refs[shard], kind, payload, direct=True)
 
     def _rejoin(self, shard: int, step: int) -> cf.Future:
         """Shard ``shard`` was lost: ask the conductor for its replacement, then join it."""
