@@ -1,0 +1,157 @@
+"""How the embedded local cluster starts its processes: forked from the driver where that is
+safe, else as fresh interpreters (``python -m actorpy manager|worker ...``).
+
+A fresh interpreter pays for its start-up and its imports (zmq, cloudpickle, the runtime:
+about 0.2 s of CPU each, three of them for ``connect(workers=2)``); a fork starts with the
+driver's modules already loaded, in a few milliseconds. Forking is safe only while the driver
+has a single thread: another thread's locks (a zmq I/O thread's, a logging handler's held
+mid-write) would be copied into the child held, for good. So ``connect()`` forks when the
+process has exactly one thread, the usual case for a script or an app that connects first,
+and spawns otherwise (a second cluster while the first still runs, ``add_workers``, a driver
+that started threads). ``Config.local_start="spawn"`` always spawns.
+
+A forked child drops the driver's fork-inherited identity before it runs the same
+``actorpy.cli`` entry point a spawned one runs: a new session (as ``start_new_session``),
+stdin from /dev/null, default signal handlers, the cluster's environment, no logging
+handlers of the driver's, numpy's global random state reseeded; it leaves with
+``os._exit``, so none of the driver's atexit handlers or finalizers run there.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import traceback
+from typing import NoReturn, Protocol
+
+
+class Child(Protocol):
+    """What the local cluster needs of a child process (``subprocess.Popen`` has it)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+def fork_is_safe() -> bool:
+    """Whether this process may fork a cluster process now: Linux (a pidfd to wait on the
+    child) and a single thread in the whole process, native threads included."""
+    if not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def use_fork(mode: str) -> bool:
+    """Whether to fork under ``Config.local_start``: "auto" forks where it is safe,
+    "spawn" never does."""
+    return mode == "auto" and fork_is_safe()
+
+
+def spawn(argv: list[str], env: dict[str, str], fds: tuple[int, ...]) -> Child:
+    """``python -m actorpy *argv`` in a new session, keeping only ``fds`` open."""
+    return subprocess.Popen([sys.executable, "-m", "actorpy", *argv], env=env, pass_fds=fds,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def fork(argv: list[str], env: dict[str, str]) -> ForkedChild:
+    """Fork a child that runs ``actorpy.cli.main(argv)`` with ``env`` as its environment.
+    The caller checked ``fork_is_safe()``. The child keeps every descriptor the driver had
+    open (as ``multiprocessing``'s fork does): the ones its arguments name among them."""
+    for stream in (sys.stdout, sys.stderr):  # or the child would write the buffered text again
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+    pid = os.fork()
+    if pid == 0:
+        _child_main(argv, env)
+    return ForkedChild(pid)
+
+
+def _child_main(argv: list[str], env: dict[str, str]) -> NoReturn:
+    code = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        for sig in signal.valid_signals():
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(env)
+        root = logging.getLogger()
+        for handler in root.handlers[:]:  # not closed: the driver's buffers are the driver's
+            root.removeHandler(handler)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:  # each worker its own legacy global stream, as when spawned
+            numpy.random.seed()
+        from actorpy.cli import main
+
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, ValueError, OSError):
+                pass
+        os._exit(code)
+
+
+class ForkedChild:
+    """A forked child, waited on through a pidfd (no polling loop); ``Popen``'s
+    ``returncode`` convention (``-N``: killed by signal N)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pidfd = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap(os.WNOHANG)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status, once the child has exited.
+
+        Raises:
+            subprocess.TimeoutExpired: it is still running after ``timeout`` seconds."""
+        if self.returncode is None:
+            if not select.select([self._pidfd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            self._reap(0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def _reap(self, flags: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): status unknown
+            pid, status = self.pid, 0
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+            os.close(self._pidfd)
+
+    def __repr__(self) -> str:
+        return f"<ForkedChild pid={self.pid} returncode={self.returncode}>"
