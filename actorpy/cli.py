@@ -23,6 +23,7 @@ from actorpy import apputil
 from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import new_node_id
 from actorpy.runtime.address import node_bind, security_for
+from actorpy.runtime import launch
 from actorpy.runtime.membership import IO_FAILED
 from actorpy.runtime.worker import DRIVER_GONE
 from actorpy.wire import auth
@@ -55,6 +56,7 @@ def cmd_manager(args: argparse.Namespace) -> int:
 
     security = security_for(args.bind, secret_file=args.secret_file)
     manager = Manager(args.bind, security, Config.from_env()).start()
+    launch.tell_ready(args.ready_fd)
     if not args.lifeline_fd:
         print(f"actorpy manager listening at {manager.address}", flush=True)
     _serve_until_stopped(manager.stopped, args.lifeline_fd, manager.node,
@@ -147,6 +149,7 @@ def _add_local_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--cluster-dir", help=argparse.SUPPRESS)
     p.add_argument("--cluster-dir-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
 #: subcommands of the core itself: starting one never scans the apps' entry points (the

@@ -11,7 +11,8 @@ and spawns otherwise (a second cluster while the first still runs, ``add_workers
 that started threads). ``Config.local_start="spawn"`` always spawns.
 
 A forked child drops the driver's fork-inherited identity before it runs the same
-``actorpy.cli`` entry point a spawned one runs: a new session (as ``start_new_session``),
+``actorpy.cli`` entry point a spawned one runs: its name (``actorpy-worker`` in ``ps -o
+comm``; its command line stays the driver's), a new session (as ``start_new_session``),
 stdin from /dev/null, default signal handlers, the cluster's environment, no logging
 handlers of the driver's, numpy's global random state reseeded; it leaves with
 ``os._exit``, so none of the driver's atexit handlers or finalizers run there.
@@ -26,6 +27,8 @@ import subprocess
 import sys
 import traceback
 from typing import NoReturn, Protocol
+
+from actorpy.errors import ActorpyError, ActorpyTimeout
 
 
 class Child(Protocol):
@@ -64,24 +67,75 @@ def spawn(argv: list[str], env: dict[str, str], fds: tuple[int, ...]) -> Child:
                             stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def fork(argv: list[str], env: dict[str, str]) -> ForkedChild:
+def fork(argv: list[str], env: dict[str, str], *,
+         ready_timeout_s: float | None = None) -> ForkedChild:
     """Fork a child that runs ``actorpy.cli.main(argv)`` with ``env`` as its environment.
     The caller checked ``fork_is_safe()``. The child keeps every descriptor the driver had
-    open (as ``multiprocessing``'s fork does): the ones its arguments name among them."""
+    open (as ``multiprocessing``'s fork does): the ones its arguments name among them.
+
+    With ``ready_timeout_s`` the child also gets ``--ready-fd N`` and this returns once it
+    wrote there (the manager: its socket is bound, so nobody who connects next meets a
+    refused connection and libzmq's 100 ms reconnect interval).
+
+    Raises:
+        ActorpyError: the child exited before it was ready.
+        ActorpyTimeout: it was not ready within ``ready_timeout_s``.
+    """
+    import actorpy.cli  # noqa: F401 - loaded once here, shared by every child
+    import actorpy.runtime.manager  # noqa: F401
+    import actorpy.runtime.worker  # noqa: F401
+
     for stream in (sys.stdout, sys.stderr):  # or the child would write the buffered text again
         try:
             stream.flush()
         except (AttributeError, ValueError, OSError):
             pass
+    ready_r = ready_w = -1
+    if ready_timeout_s is not None:
+        ready_r, ready_w = os.pipe()
+        argv = [*argv, "--ready-fd", str(ready_w)]
     pid = os.fork()
     if pid == 0:
+        if ready_r >= 0:
+            os.close(ready_r)
         _child_main(argv, env)
-    return ForkedChild(pid)
+    child = ForkedChild(pid)
+    if ready_timeout_s is not None:
+        os.close(ready_w)
+        try:
+            _wait_ready(ready_r, child, argv[0], ready_timeout_s)
+        finally:
+            os.close(ready_r)
+    return child
+
+
+def _wait_ready(fd: int, child: ForkedChild, what: str, timeout_s: float) -> None:
+    if not select.select([fd], [], [], timeout_s)[0]:
+        raise ActorpyTimeout(f"the local {what} was not ready within {timeout_s} s")
+    if not os.read(fd, 1):
+        try:
+            code = child.wait(5.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        raise ActorpyError(f"the local {what} exited before it was ready (exit status "
+                           f"{code}); its error is on this process's stderr")
+
+
+def tell_ready(fd: int | None) -> None:
+    """In a child given ``--ready-fd``: say it is ready (see ``fork``)."""
+    if fd is not None:
+        os.write(fd, b"1")
+        os.close(fd)
 
 
 def _child_main(argv: list[str], env: dict[str, str]) -> NoReturn:
     code = 1
     try:
+        try:  # what `ps` and `top` show, as the driver's command line is still this one's
+            with open("/proc/self/comm", "w") as comm:
+                comm.write(f"actorpy-{argv[0]}"[:15])
+        except OSError:
+            pass
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)

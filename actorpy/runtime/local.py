@@ -88,7 +88,8 @@ class LocalCluster:
         self._env = env
         self._start_mode = config.local_start
         try:
-            self.procs.append(self._spawn(["manager", "--bind", self.manager_address]))
+            self.procs.append(self._spawn(["manager", "--bind", self.manager_address],
+                                          ready_timeout_s=config.start_timeout_s))
             self.add_workers(workers)
         except BaseException:
             self.close()
@@ -120,9 +121,11 @@ class LocalCluster:
             return f"ipc://{self.dir}/{node_id}"
         return "tcp://127.0.0.1:*"
 
-    def _spawn(self, args: list[str]) -> launch.Child:
+    def _spawn(self, args: list[str], ready_timeout_s: float | None = None) -> launch.Child:
         """Start one process: forked while the driver has a single thread, else a fresh
-        interpreter (runtime/launch.py)."""
+        interpreter (runtime/launch.py). A forked one is waited for until ready when
+        ``ready_timeout_s`` is given (a spawned one is not: starting the interpreters side
+        by side saves more than the manager's head start would)."""
         if self._lifeline_w < 0:
             raise ActorpyError("this local cluster is closed; connect() a new one")
         try:
@@ -139,7 +142,8 @@ class LocalCluster:
             # A copy of the read end: the fork hook (_forked) closes the child's original.
             lifeline = os.dup(self._lifeline_r)
             return launch.fork([*args, "--lifeline-fd", str(lifeline), "--cluster-dir",
-                                self.dir, "--cluster-dir-fd", str(hold)], self._env)
+                                self.dir, "--cluster-dir-fd", str(hold)], self._env,
+                               ready_timeout_s=ready_timeout_s)
         finally:
             os.close(hold)
             if lifeline >= 0:
