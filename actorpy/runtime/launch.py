@@ -13,7 +13,8 @@ that started threads). ``Config.local_start="spawn"`` always spawns.
 A forked child drops the driver's fork-inherited identity before it runs the same
 ``actorpy.cli`` entry point a spawned one runs: its name (``actorpy-worker`` in ``ps -o
 comm``; its command line stays the driver's), a new session (as ``start_new_session``),
-stdin from /dev/null, default signal handlers, the cluster's environment, no logging
+none of the driver's descriptors but stdout and stderr (stdin is /dev/null), default signal
+handlers, the cluster's environment, no logging
 handlers of the driver's, numpy's global random state reseeded; it leaves with
 ``os._exit``, so none of the driver's atexit handlers or finalizers run there.
 """
@@ -67,11 +68,12 @@ def spawn(argv: list[str], env: dict[str, str], fds: tuple[int, ...]) -> Child:
                             stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def fork(argv: list[str], env: dict[str, str], *,
+def fork(argv: list[str], env: dict[str, str], fds: tuple[int, ...], *,
          ready_timeout_s: float | None = None) -> ForkedChild:
-    """Fork a child that runs ``actorpy.cli.main(argv)`` with ``env`` as its environment.
-    The caller checked ``fork_is_safe()``. The child keeps every descriptor the driver had
-    open (as ``multiprocessing``'s fork does): the ones its arguments name among them.
+    """Fork a child that runs ``actorpy.cli.main(argv)`` with ``env`` as its environment,
+    keeping ``fds`` (and stdout, stderr) open: every other descriptor it inherited is
+    pointed at /dev/null (see ``_release_inherited``). The caller checked
+    ``fork_is_safe()``.
 
     With ``ready_timeout_s`` the child also gets ``--ready-fd N`` and this returns once it
     wrote there (the manager: its socket is bound, so nobody who connects next meets a
@@ -94,11 +96,10 @@ def fork(argv: list[str], env: dict[str, str], *,
     if ready_timeout_s is not None:
         ready_r, ready_w = os.pipe()
         argv = [*argv, "--ready-fd", str(ready_w)]
+        fds = (*fds, ready_w)
     pid = os.fork()
     if pid == 0:
-        if ready_r >= 0:
-            os.close(ready_r)
-        _child_main(argv, env)
+        _child_main(argv, env, fds)
     child = ForkedChild(pid)
     if ready_timeout_s is not None:
         os.close(ready_w)
@@ -128,7 +129,31 @@ def tell_ready(fd: int | None) -> None:
         os.close(fd)
 
 
-def _child_main(argv: list[str], env: dict[str, str]) -> NoReturn:
+def _release_inherited(keep: tuple[int, ...]) -> None:
+    """Point every inherited descriptor but stdout, stderr and ``keep`` at /dev/null.
+
+    A spawned child closes them (``close_fds``); a forked one must not hold them either: a
+    copy of a pipe's write end held by the cluster would keep its reader from ever seeing
+    end-of-file (a test's subprocess waiting on its stdin, a parent waiting on the driver's
+    output). They are not closed but replaced, so that each number stays taken: a Python
+    object of the driver's that owns one may still close it when it is collected here,
+    and must not close a socket of the child's that got the same number."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd in (1, 2, null) or fd in keep:
+                continue
+            try:
+                os.fstat(fd)  # the listing's own descriptor is gone already
+            except OSError:
+                continue
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def _child_main(argv: list[str], env: dict[str, str], keep: tuple[int, ...]) -> NoReturn:
     code = 1
     try:
         try:  # what `ps` and `top` show, as the driver's command line is still this one's
@@ -137,9 +162,7 @@ def _child_main(argv: list[str], env: dict[str, str]) -> NoReturn:
         except OSError:
             pass
         os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
+        _release_inherited(keep)  # stdin among them
         for sig in signal.valid_signals():
             if callable(signal.getsignal(sig)):
                 signal.signal(sig, signal.SIG_DFL)

@@ -143,7 +143,7 @@ class LocalCluster:
             lifeline = os.dup(self._lifeline_r)
             return launch.fork([*args, "--lifeline-fd", str(lifeline), "--cluster-dir",
                                 self.dir, "--cluster-dir-fd", str(hold)], self._env,
-                               ready_timeout_s=ready_timeout_s)
+                               (lifeline, hold), ready_timeout_s=ready_timeout_s)
         finally:
             os.close(hold)
             if lifeline >= 0:

@@ -77,7 +77,7 @@ from actorpy.errors import ActorpyError
 from actorpy.runtime import launch
 assert launch.fork_is_safe()
 try:
-    launch.fork(["manager", "--bind", "ipc:///nonexistent-dir/x"], dict(os.environ),
+    launch.fork(["manager", "--bind", "ipc:///nonexistent-dir/x"], dict(os.environ), (),
                 ready_timeout_s=30)
 except ActorpyError as exc:
     print("ERROR", exc, flush=True)
@@ -89,6 +89,23 @@ def test_a_forked_manager_that_fails_is_reported_not_waited_for():
     assert out.returncode == 0, out.stderr
     assert "ERROR the local manager exited before it was ready (exit status 2)" in out.stdout
     assert "ipc directory" in out.stderr and "Traceback" not in out.stderr
+
+
+HELD_PIPE = """
+import os, select, actorpy
+r, w = os.pipe()  # the driver's: say, a pipe to a subprocess of its own
+with actorpy.connect(workers=1) as c:
+    assert c.submit(pow, 2, 3).result(30) == 8
+    os.close(w)
+    ready = select.select([r], [], [], 10)[0]
+    print("EOF" if ready and os.read(r, 1) == b"" else "HELD", flush=True)
+"""
+
+
+def test_forked_children_hold_none_of_the_drivers_descriptors():
+    out = _run(HELD_PIPE)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["EOF"]  # no cluster process kept the write end open
 
 
 FORKED_CHILD = """
