@@ -105,6 +105,10 @@ def fork(argv: list[str], env: dict[str, str], fds: tuple[int, ...], *,
         os.close(ready_w)
         try:
             _wait_ready(ready_r, child, argv[0], ready_timeout_s)
+        except BaseException:
+            child.kill()  # not left to run unowned
+            child.wait(5.0)
+            raise
         finally:
             os.close(ready_r)
     return child
