@@ -141,7 +141,7 @@ class LocalCluster:
                                     self._env, (self._lifeline_r, hold))
             # A copy of the read end: the fork hook (_forked) closes the child's original.
             lifeline = os.dup(self._lifeline_r)
-            return launch.fork([*args, "--lifeline-fd", str(lifeline), "--cluster-dir",
+            return launch.fork([*args, "--forked", "--lifeline-fd", str(lifeline), "--cluster-dir",
                                 self.dir, "--cluster-dir-fd", str(hold)], self._env,
                                (lifeline, hold), ready_timeout_s=ready_timeout_s)
         finally:
