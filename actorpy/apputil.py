@@ -78,8 +78,14 @@ def print_json(value: Any, out: TextIO | None = None) -> None:
     A float that is not finite (a diverged loss) is written as ``null``: ``NaN`` and
     ``Infinity`` are not JSON, and strict parsers (``jq``, browsers) refuse them."""
     out = sys.stdout if out is None else out
-    # dumps, not dump: dump writes each small piece separately (seconds for a big object)
-    out.write(json.dumps(_finite(value), ensure_ascii=False, allow_nan=False))
+    # dumps, not dump: dump writes each small piece separately (seconds for a big object).
+    # Non-finite floats are rare: look for them (a walk in Python, as long as the encoding
+    # in C for a big dict of counts) only when the encoder has met one.
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
+    out.write(text)
     out.write("\n")
     out.flush()
 

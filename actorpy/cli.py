@@ -23,6 +23,7 @@ from actorpy import apputil
 from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import new_node_id
 from actorpy.runtime.address import node_bind, security_for
+from actorpy.runtime import launch
 from actorpy.runtime.membership import IO_FAILED
 from actorpy.runtime.worker import DRIVER_GONE
 from actorpy.wire import auth
@@ -55,6 +56,7 @@ def cmd_manager(args: argparse.Namespace) -> int:
 
     security = security_for(args.bind, secret_file=args.secret_file)
     manager = Manager(args.bind, security, Config.from_env()).start()
+    launch.tell_ready(args.ready_fd)
     if not args.lifeline_fd:
         print(f"actorpy manager listening at {manager.address}", flush=True)
     _serve_until_stopped(manager.stopped, args.lifeline_fd, manager.node,
@@ -70,6 +72,8 @@ def cmd_manager(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from actorpy.runtime.worker import Worker
 
+    if not args.forked:
+        _preload_numpy()
     config = Config.from_env(task_threads=args.threads)
     security = security_for(args.manager, secret_file=args.secret_file)
     node_id = args.node_id or new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "w")
@@ -86,6 +90,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # is over, so leave now rather than wait for it (no orphan outlives its cluster).
     logging.shutdown()
     os._exit(1 if worker.stop_reason.startswith(IO_FAILED) else 0)
+
+
+def _preload_numpy() -> None:
+    """Load numpy before joining, as most workers' tasks need it: a first task should not
+    wait for its import (0.1-0.5 s) while the other workers' tasks already run. Not in a
+    worker forked from a driver that had not loaded it (runtime/launch.py): that driver's
+    tasks seldom need it, and its cluster starts in milliseconds."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        pass
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -147,6 +162,8 @@ def _add_local_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--cluster-dir", help=argparse.SUPPRESS)
     p.add_argument("--cluster-dir-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--forked", action="store_true", help=argparse.SUPPRESS)
 
 
 #: subcommands of the core itself: starting one never scans the apps' entry points (the

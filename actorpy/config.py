@@ -45,6 +45,9 @@ class Config:
         linger_ms: how long closing sockets may flush pending messages.
         local_transport: "auto" (ipc where available), "ipc", or "tcp" (127.0.0.1 with
             CURVE and a fresh secret) for the embedded local cluster.
+        local_start: how the embedded local cluster starts its processes: "auto" (forked
+            from the driver while it has a single thread, else fresh interpreters) or
+            "spawn" (always fresh interpreters); see runtime/launch.py.
         service_inbox_items, service_inbox_bytes: a service's inbox high-water marks
             (messages, and their bytes); beyond them a request gets a ServiceOverloaded
             ERROR at once and a cast is dropped with a WARNING (the I/O thread never waits).
@@ -69,6 +72,7 @@ class Config:
     max_frame_bytes: int = 1 << 30
     linger_ms: int = 500
     local_transport: str = "auto"
+    local_start: str = "auto"
     service_inbox_items: int = 10_000
     service_inbox_bytes: int = 256 << 20
     stream_window_items: int = 64
@@ -100,6 +104,8 @@ class Config:
             raise ConfigError("store_budget_bytes must be >= 0 (0: every block spills)")
         if self.local_transport not in ("auto", "ipc", "tcp"):
             raise ConfigError(f"local_transport must be auto, ipc or tcp, not {self.local_transport!r}")
+        if self.local_start not in ("auto", "spawn"):
+            raise ConfigError(f"local_start must be auto or spawn, not {self.local_start!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **explicit: Any) -> Config:

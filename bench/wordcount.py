@@ -228,11 +228,15 @@ def _tree(pid: int) -> list[int]:
 
 
 def _hwm_mb(pid: int) -> tuple[float, str] | None:
+    """(VmHWM in MB, the command line and the name, ``comm``: a cluster process forked by
+    the driver keeps the driver's command line, and is named ``actorpy-manager``...)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             status = f.read()
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        with open(f"/proc/{pid}/comm") as f:
+            cmd += f" [{f.read().strip()}]"
     except OSError:
         return None
     for line in status.splitlines():
@@ -281,7 +285,8 @@ def run(cmd: list[str], out_path: str,
     driver = peaks.get(proc.pid, (0.0, ""))[0]
     # workers: every other process of the tree but the manager and helpers under 5 MB
     workers = [mb for pid, (mb, cmd) in peaks.items()
-               if pid != proc.pid and "actorpy manager" not in cmd and mb >= 5]
+               if pid != proc.pid and "actorpy manager" not in cmd
+               and "[actorpy-manager]" not in cmd and mb >= 5]
     return seconds, cpu, driver, sorted(workers, reverse=True), proc.returncode
 
 

@@ -19,13 +19,13 @@ Decision(advance=False, waiting_on=('a',))
 """
 from __future__ import annotations
 
+from typing import Any
+
 from actorpy.barrier.bounds import PSPBounds, psp_bounds
 from actorpy.barrier.dssp import DSSPController, Grant
 from actorpy.barrier.lbbsp import LBBSPController, weighted_average
 from actorpy.barrier.policy import ASP, BSP, DSSP, PSP, SSP, Decision, Policy
-from actorpy.barrier.sim import SimConfig, SimResult, simulate
 from actorpy.barrier.view import FullView, SampledView, StepView
-from actorpy.barrier.workload import Workload
 
 __all__ = [
     "ASP", "BSP", "DSSP", "PSP", "SSP", "Decision", "Policy",
@@ -33,3 +33,16 @@ __all__ = [
     "DSSPController", "Grant", "LBBSPController", "weighted_average",
     "PSPBounds", "psp_bounds", "SimConfig", "SimResult", "simulate", "Workload",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The simulator needs numpy; an engine that only asks for a policy does not load it.
+    if name in ("SimConfig", "SimResult", "simulate"):
+        from actorpy.barrier import sim
+
+        return getattr(sim, name)
+    if name == "Workload":
+        from actorpy.barrier.workload import Workload
+
+        return Workload
+    raise AttributeError(f"module 'actorpy.barrier' has no attribute {name!r}")

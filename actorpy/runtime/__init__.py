@@ -28,5 +28,6 @@ Files:
     fetch.py        reading another worker's store: whole blocks or segment by segment
     remote.py       RemoteFailure capture and RemoteError rebuild
     local.py        the embedded local cluster: lifeline, 0700 ipc dir (last one out removes it)
+    launch.py       how it starts its processes: forked from a single-threaded driver, else spawned
     cluster.py      connect() and the driver's Cluster handle
 """

@@ -33,6 +33,7 @@ import zmq
 from actorpy.config import Config
 from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import NodeId, new_node_id
+from actorpy.runtime import launch
 from actorpy.wire.auth import Security, generate_secret, private_dir
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,8 @@ class LocalCluster:
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self.dir = private_dir()
         self._lifeline_r = self._lifeline_w = -1
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self._workers: dict[NodeId, subprocess.Popen[bytes]] = {}
+        self.procs: list[launch.Child] = []
+        self._workers: dict[NodeId, launch.Child] = {}
         ipc_ok = zmq.has("ipc") and len(self.dir) < _IPC_PATH_MAX
         if config.local_transport == "ipc" and not ipc_ok:
             self.close()
@@ -85,8 +86,10 @@ class LocalCluster:
         if log_level:
             env["ACTORPY_LOG_LEVEL"] = log_level
         self._env = env
+        self._start_mode = config.local_start
         try:
-            self.procs.append(self._spawn(["manager", "--bind", self.manager_address]))
+            self.procs.append(self._spawn(["manager", "--bind", self.manager_address],
+                                          ready_timeout_s=config.start_timeout_s))
             self.add_workers(workers)
         except BaseException:
             self.close()
@@ -118,7 +121,11 @@ class LocalCluster:
             return f"ipc://{self.dir}/{node_id}"
         return "tcp://127.0.0.1:*"
 
-    def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], ready_timeout_s: float | None = None) -> launch.Child:
+        """Start one process: forked while the driver has a single thread, else a fresh
+        interpreter (runtime/launch.py). A forked one is waited for until ready when
+        ``ready_timeout_s`` is given (a spawned one is not: starting the interpreters side
+        by side saves more than the manager's head start would)."""
         if self._lifeline_w < 0:
             raise ActorpyError("this local cluster is closed; connect() a new one")
         try:
@@ -126,14 +133,21 @@ class LocalCluster:
         except OSError as exc:
             raise ActorpyError(f"this local cluster has ended ({self.dir}: {exc.strerror}); "
                                "connect() a new one") from None
+        lifeline = -1
         try:
-            return subprocess.Popen(
-                [sys.executable, "-m", "actorpy", *args, "--lifeline-fd", str(self._lifeline_r),
-                 "--cluster-dir", self.dir, "--cluster-dir-fd", str(hold)],
-                env=self._env, pass_fds=(self._lifeline_r, hold), stdin=subprocess.DEVNULL,
-                start_new_session=True)
+            if not launch.use_fork(self._start_mode):
+                return launch.spawn([*args, "--lifeline-fd", str(self._lifeline_r),
+                                     "--cluster-dir", self.dir, "--cluster-dir-fd", str(hold)],
+                                    self._env, (self._lifeline_r, hold))
+            # A copy of the read end: the fork hook (_forked) closes the child's original.
+            lifeline = os.dup(self._lifeline_r)
+            return launch.fork([*args, "--forked", "--lifeline-fd", str(lifeline), "--cluster-dir",
+                                self.dir, "--cluster-dir-fd", str(hold)], self._env,
+                               (lifeline, hold), ready_timeout_s=ready_timeout_s)
         finally:
             os.close(hold)
+            if lifeline >= 0:
+                os.close(lifeline)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]

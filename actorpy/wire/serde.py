@@ -24,7 +24,6 @@ import types
 from typing import Any, Sequence
 
 import cloudpickle
-import numpy as np
 
 from actorpy.errors import ProtocolError, SerializationError
 
@@ -44,7 +43,18 @@ _VIEW_MIN_BYTES = 64 << 10
 _NEWLINE = re.compile(b"\n")
 
 
-def _rebuild_tensor(flat: np.ndarray, dtype_name: str, shape: tuple[int, ...],
+class _NoArray:
+    """Stands for numpy's ndarray while numpy is not loaded: nothing is one of these."""
+
+
+def _ndarray() -> type:
+    """numpy's ndarray once numpy is loaded. Until then no value can hold an array, so
+    there is no need to import it (about 60 ms and, with OpenBLAS, a thread: a driver
+    that has not loaded numpy can still fork its local cluster, runtime/launch.py)."""
+    return getattr(sys.modules.get("numpy"), "ndarray", _NoArray)
+
+
+def _rebuild_tensor(flat: Any, dtype_name: str, shape: tuple[int, ...],
                     requires_grad: bool, is_parameter: bool) -> Any:
     import torch
 
@@ -80,10 +90,10 @@ def _reduce_tensor(torch: Any, tensor: Any) -> Any:
 
 class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is np.ndarray:
+        if type(obj) is _ndarray():
             if not obj.dtype.hasobject and not (obj.flags.c_contiguous or obj.flags.f_contiguous):
                 # numpy pickles non-contiguous arrays in band; send a contiguous copy out of band.
-                return np.ascontiguousarray(obj).__reduce_ex__(5)
+                return obj.copy(order="C").__reduce_ex__(5)
             return NotImplemented if not obj.dtype.hasobject else super().reducer_override(obj)
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
@@ -103,11 +113,11 @@ class _PlainPickler(pickle.Pickler):
     goes through cloudpickle instead."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is np.ndarray:
+        if type(obj) is _ndarray():
             if obj.dtype.hasobject:
                 raise _NotPlain
             if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
-                return np.ascontiguousarray(obj).__reduce_ex__(5)
+                return obj.copy(order="C").__reduce_ex__(5)
             return NotImplemented
         module = getattr(obj, "__module__", None) if isinstance(obj, (type, _NUMPY_FUNCTIONS)) \
             else type(obj).__module__
@@ -118,7 +128,7 @@ class _PlainPickler(pickle.Pickler):
 
 _NUMPY_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
 #: values worth trying the plain pickler on (a task, a function... go to cloudpickle at once)
-_PLAIN_TOP = frozenset({tuple, list, dict, set, frozenset, np.ndarray})
+_PLAIN_TOP = frozenset({tuple, list, dict, set, frozenset})
 
 
 def _describe(obj: Any) -> str:
@@ -187,7 +197,7 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
     buffers: list[memoryview] = []
     out = io.BytesIO()
     keep = _keeper(buffers)
-    if type(obj) in _PLAIN_TOP:
+    if type(obj) in _PLAIN_TOP or type(obj) is _ndarray():
         try:
             _PlainPickler(out, protocol=5, buffer_callback=keep).dump(obj)
             return out.getvalue(), buffers
@@ -230,10 +240,10 @@ def encode(obj: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[list[Any],
     """
     if type(obj) in _ATOMIC:  # nothing to find out of band, nothing cloudpickle adds
         return _framed(pickle.dumps(obj, protocol=5), [], chunk_bytes)
-    if type(obj) is np.ndarray and not obj.dtype.hasobject:
+    if type(obj) is _ndarray() and not obj.dtype.hasobject:
         # A bare array needs no reducer_override at all: the C pickler alone.
         if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
-            obj = np.ascontiguousarray(obj)
+            obj = obj.copy(order="C")
         raw: list[memoryview] = []
         body = pickle.dumps(obj, protocol=5, buffer_callback=_keeper(raw))
         return _framed(body, raw, chunk_bytes)
@@ -266,6 +276,8 @@ def _aligned(view: memoryview) -> memoryview:
     # ZeroMQ may hand out small messages inside a shared receive buffer at any offset;
     # copy those few so numpy and torch get aligned memory.
     if view.nbytes and view.nbytes < _SMALL:
+        import numpy as np
+
         address = np.frombuffer(view, dtype=np.uint8).ctypes.data
         if address % _ALIGN:
             return memoryview(bytearray(view))
@@ -302,6 +314,8 @@ def decode(frames: Sequence[Any], has_layout: bool) -> Any:
         if count == 1:
             buffers.append(_aligned(_buffer(frames[i])))
         else:
+            import numpy as np
+
             parts = [np.frombuffer(_buffer(f), dtype=np.uint8) for f in frames[i:i + count]]
             joined = np.empty(sum(p.nbytes for p in parts), dtype=np.uint8)
             offset = 0

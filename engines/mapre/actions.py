@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from actorpy.errors import NodeLost, RemoteError
 from engines.mapre import io
 from engines.mapre import plan as P
-from engines.mapre.codec import unpack
+from engines.mapre.codec import iter_unpacked, unpack
 from engines.mapre.engine import Engine
 from engines.mapre.errors import EmptyDatasetError, JobFailed
 from engines.mapre.scheduler import MAX_ATTEMPTS, Job, Stage
@@ -110,7 +110,7 @@ def reduce_by_key_locally(engine: Engine, node: P.Node, op: Callable[[Any, Any],
 
     def merge(part: int, outcome: TaskOutcome) -> None:
         for chunk in outcome.value:
-            pairs = unpack(chunk)
+            pairs = iter_unpacked(chunk)
             if acc:
                 combine(pairs, op, acc)
             else:

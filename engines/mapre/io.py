@@ -76,6 +76,35 @@ def make_splits(files: Iterable[str], split_bytes: int) -> list[Split]:
     return splits
 
 
+def pack_splits(splits: Sequence[Split], split_bytes: int,
+                workers: int = 1) -> list[tuple[Split, ...]]:
+    """Splits packed into partitions, in order: a partition takes the next split while it
+    stays within ``split_bytes`` and within an even share of the whole input per worker. So
+    small files share a partition, as Hadoop's CombineFileInputFormat and Spark's file
+    sources do (a thousand small books are not a thousand tasks, each with its own partial
+    result to merge), and every worker still gets a partition.
+
+    >>> parts = pack_splits([Split(f, 0, n) for f, n in zip("abcd", (10, 10, 10, 50))], 30, 2)
+    >>> [[s.path for s in part] for part in parts]
+    [['a', 'b', 'c'], ['d']]
+    """
+    total = sum(s.end - s.start for s in splits)
+    limit = min(split_bytes, -(-total // max(1, workers)))
+    parts: list[tuple[Split, ...]] = []
+    current: list[Split] = []
+    size = 0
+    for split in splits:
+        n = split.end - split.start
+        if current and size + n > limit:
+            parts.append(tuple(current))
+            current, size = [], 0
+        current.append(split)
+        size += n
+    if current:
+        parts.append(tuple(current))
+    return parts
+
+
 def read_split(split: Split, errors: str = "strict",
                block_bytes: int = READ_BLOCK_BYTES) -> Iterator[list[str]]:
     """The lines of ``split`` as lists of str, one list per block read (``\\n`` and

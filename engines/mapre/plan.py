@@ -53,10 +53,10 @@ class Node:
 
 @dataclass(eq=False)
 class TextSource(Node):
-    """Lines of text files (or, with ``raw``, undecoded blocks of lines), one partition per
-    split."""
+    """Lines of text files (or, with ``raw``, undecoded blocks of lines): a partition reads
+    its splits one after the other (several when files are small, io.pack_splits)."""
 
-    splits: tuple[Split, ...]
+    splits: tuple[tuple[Split, ...], ...]
     errors: str
     where: str
     raw: bool = False

@@ -26,7 +26,7 @@ from engines.mapre.partition import range_bounds
 from engines.mapre.progress import Progress, wanted
 from engines.mapre.shuffle import Block, ShuffleSpec
 from engines.mapre.tasks import (NarrowSpec, PartitionTask, ReadCached, ReadItems, ReadShuffle,
-                                 ReadSplit, SampleKeys, TaskOutcome, WriteCache, WriteShuffle)
+                                 ReadSplits, SampleKeys, TaskOutcome, WriteCache, WriteShuffle)
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class Job:
         if isinstance(node, P.Narrow):
             return NarrowSpec(self._spec(node.parent, part, reads, False), node.ops)
         if isinstance(node, P.TextSource):
-            return ReadSplit(node.splits[part], node.errors, node.raw)
+            return ReadSplits(node.splits[part], node.errors, node.raw)
         if isinstance(node, P.ItemsSource):
             return ReadItems(node.chunks[part])
         if isinstance(node, P.Union):

@@ -20,13 +20,15 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
     """Lines of text files: one item per line, ``\\n`` / ``\\r\\n`` stripped, UTF-8.
 
     Each file is cut into even byte ranges of at most ``split_bytes`` on line boundaries,
-    one partition each; every worker reads its own ranges, so no process ever holds a whole
+    one partition each, but for small files: consecutive ones share a partition of at most
+    ``split_bytes`` (and of at most an even share of the input per worker, so that each
+    worker gets one). Every worker reads its own ranges, so no process ever holds a whole
     file. Paths must be readable at the same path on every worker.
 
     Args:
         cluster: from ``actorpy.connect()``.
         path: a file, a directory (its files, skipping ``_*`` and ``.*``), a glob, or a list.
-        split_bytes: bytes per partition (default 32 MiB).
+        split_bytes: at most this many bytes per partition (default 32 MiB).
         errors: "strict" (an undecodable byte fails naming file and offset), "replace", ...
         lines: False gives undecoded ``bytes`` blocks of whole lines instead (about 4 MB
             each, every one ending with a newline but perhaps the file's last; still checked
@@ -50,8 +52,11 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
         raise ConfigError(f"split_bytes must be an integer >= 1, got {split_bytes!r}")
     files = io.list_inputs(path)
     where = os.fspath(path) if isinstance(path, (str, os.PathLike)) else f"{len(files)} files"
-    node = P.TextSource(tuple(io.make_splits(files, split_bytes)), errors, where, not lines)
-    return Dataset(engine_for(cluster), node)
+    engine = engine_for(cluster)
+    parts = io.pack_splits(io.make_splits(files, split_bytes), split_bytes,
+                           len(engine.workers()))
+    node = P.TextSource(tuple(parts), errors, where, not lines)
+    return Dataset(engine, node)
 
 
 def from_items(cluster: Any, items: Iterable[T], partitions: int | None = None) -> Dataset[T]:

@@ -57,21 +57,22 @@ class Sink(Protocol):
 
 # ------------------------------------------------------------------------------- specs
 @dataclass(frozen=True)
-class ReadSplit:
-    split: Split
+class ReadSplits:
+    splits: tuple[Split, ...]
     errors: str
     raw: bool = False  # items are undecoded blocks of whole lines
 
     def items(self, env: TaskEnv) -> Iterator[Any]:
-        env.bytes_in += self.split.end - self.split.start
+        env.bytes_in += sum(s.end - s.start for s in self.splits)
         if self.raw:
-            return io.read_split_bytes(self.split, self.errors)
+            return chain.from_iterable(io.read_split_bytes(s, self.errors) for s in self.splits)
         return chain.from_iterable(self._blocks(env))
 
     def _blocks(self, env: TaskEnv) -> Iterator[list[str]]:
-        for lines in io.read_split(self.split, self.errors):
-            env.rows_in += len(lines)
-            yield lines
+        for split in self.splits:
+            for lines in io.read_split(split, self.errors):
+                env.rows_in += len(lines)
+                yield lines
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,22 @@ class TestInputs:
         splits = io.make_splits([str(tmp_path / "a"), str(tmp_path / "b")], 4)
         assert [(s.start, s.end) for s in splits] == [(0, 3), (3, 6), (6, 10)]  # even, <= 4
 
+    @given(st.lists(st.integers(0, 300), max_size=12), st.integers(1, 200), st.integers(1, 4))
+    @settings(max_examples=200, deadline=None)
+    def test_small_splits_share_a_partition(self, sizes, split_bytes, workers):
+        splits = [Split(f"f{i}", 0, n) for i, n in enumerate(sizes)]
+        parts = io.pack_splits(splits, split_bytes, workers)
+        assert [s for part in parts for s in part] == splits  # each once, in order
+        total = sum(sizes)
+        limit = min(split_bytes, -(-total // workers))
+        for i, part in enumerate(parts):
+            size = sum(s.end - s.start for s in part)
+            assert len(part) == 1 or size <= limit  # only a lone split may exceed the limit
+            if i + 1 < len(parts):  # closed only when the next split would not fit
+                assert size + parts[i + 1][0].end - parts[i + 1][0].start > limit
+        if total >= workers * max(sizes, default=0):
+            assert len(parts) >= min(workers, len(splits))  # every worker gets one
+
 
 class TestOutput:
     def test_parts_are_renamed_into_place_and_marked(self, tmp_path):

@@ -38,6 +38,16 @@ class TestLoad:
         assert dict(words.collect(timeout_s=60)) == expected
         assert expected[nfc.split()[0]] == expected[nfd.split()[0]] == 100  # NFC != NFD
 
+    def test_small_files_share_partitions(self, cluster, tmp_path):
+        files = [[f"file {i} line {j}" for j in range(i % 4)] for i in range(40)]
+        for i, lines in enumerate(files):
+            (tmp_path / f"{i:02d}.txt").write_text("".join(f"{x}\n" for x in lines))
+        d = mapre.load(cluster, str(tmp_path))
+        assert 2 <= d.partitions <= 3  # 40 small files: about one partition per worker
+        assert d.collect(timeout_s=60) == [x for lines in files for x in lines]
+        sizes = d.map_partitions(lambda it: [sum(1 for _ in it)]).collect(timeout_s=60)
+        assert sum(sizes) == sum(map(len, files)) and min(sizes) > 0
+
     def test_a_single_50_mb_line(self, cluster, tmp_path):
         big = ("0123456789abcdef" * (50_000_000 // 16 + 1))[:50_000_000]
         path = tmp_path / "big.txt"
