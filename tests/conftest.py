@@ -38,10 +38,11 @@ def child_pids(pid: int | None = None) -> set[int]:
                 found.update(int(p) for p in f.read().split())
         except (FileNotFoundError, ProcessLookupError):
             continue
-    return {p for p in found if _alive(p)}
+    return {p for p in found if alive(p)}
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ", 1)[1][0] != "Z"

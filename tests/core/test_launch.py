@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import alive, wait_until
 
 PY = sys.executable
 
@@ -37,14 +37,6 @@ c.terminate()
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PY, "-c", *args], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})})
@@ -66,7 +58,7 @@ def test_a_killed_worker_is_lost_and_nothing_outlives_the_driver(how):
     else:  # told to spawn, or a thread running: fresh interpreters
         assert [" -m actorpy manager " in lines.split("|")[0]] + [
             " -m actorpy worker " in line for line in lines.split("|")[1:]] == [True] * 3
-    wait_until(lambda: not any(_alive(int(p)) for p in pids.split()), 10,
+    wait_until(lambda: not any(alive(int(p)) for p in pids.split()), 10,
                "every process of the cluster to exit with the driver")
     assert not os.path.exists(folder)
 

@@ -13,15 +13,7 @@ import actorpy
 from actorpy.errors import ActorpyError, ConfigError
 from actorpy.runtime.local import hold_cluster_dir, leave_cluster_dir
 from actorpy.wire.auth import private_dir
-from tests.conftest import wait_until
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
+from tests.conftest import alive, wait_until
 
 
 class TestLastOneOut:
@@ -70,7 +62,7 @@ sys.stdin.read()
 
 
 @pytest.mark.parametrize("how", ["os.fork", "multiprocessing"])
-def test_a_forked_child_does_not_keep_the_cluster_alive(how):
+def test_a_forked_child_does_not_keep_the_clusteralive(how):
     proc = subprocess.Popen([sys.executable, "-c", FORK_DRIVER, how], stdout=subprocess.PIPE,
                             stdin=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
     child = None
@@ -78,17 +70,17 @@ def test_a_forked_child_does_not_keep_the_cluster_alive(how):
         line = proc.stdout.readline().decode().split()
         assert len(line) == 4, f"the driver failed (exit {proc.wait(10)})"
         child, folder, pids = int(line[0]), line[1], [int(p) for p in line[2:]]
-        assert _alive(child) and all(_alive(p) for p in pids)
+        assert alive(child) and all(alive(p) for p in pids)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        wait_until(lambda: not any(_alive(p) for p in pids), 10,
+        wait_until(lambda: not any(alive(p) for p in pids), 10,
                    "the cluster to exit although a forked child of the driver lives on")
         wait_until(lambda: not os.path.exists(folder), 5, f"{folder} to be removed")
-        assert _alive(child)
+        assert alive(child)
     finally:
         proc.kill()
         proc.wait(10)
-        if child is not None and _alive(child):
+        if child is not None and alive(child):
             os.kill(child, signal.SIGKILL)
         proc.stdin.close()
         proc.stdout.close()

@@ -13,17 +13,9 @@ import pytest
 
 import actorpy
 from actorpy.errors import AuthError, NodeLost
-from tests.conftest import wait_until
+from tests.conftest import alive, wait_until
 
 PY = sys.executable
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_killed_worker_is_declared_dead_and_its_task_fails():
@@ -66,11 +58,11 @@ def test_no_orphans_when_the_driver_is_killed(state):
     try:
         folder, *line = proc.stdout.readline().decode().split()
         pids = [int(p) for p in line]
-        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        assert len(pids) == 3 and all(alive(p) for p in pids)
         assert os.path.isdir(folder) and os.listdir(folder)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        wait_until(lambda: not any(_alive(p) for p in pids), 10,
+        wait_until(lambda: not any(alive(p) for p in pids), 10,
                    "the manager and workers to exit after the driver was killed")
         # the last of them removed the socket directory (the driver could not)
         wait_until(lambda: not os.path.exists(folder), 5, f"{folder} to be removed")

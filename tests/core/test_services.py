@@ -170,15 +170,22 @@ class TestQuickKinds:
         echo = b.start(Echo)
         rec = a.start(QuickRecorder, echo)
         log = lambda: a.call(rec, LOG, timeout_s=10)  # noqa: E731
-        b.cast(rec, PING, 0)
-        wait_until(lambda: len(log()) == 2, 10, "the first PING")
-        assert log()[1][2].startswith("actorpy-io-")   # idle and empty: run at once, there
-        for i in range(1, 200):                          # a burst: some queue, all in order
+
+        def a_ping_runs_on_the_io_thread() -> bool:
+            before = len(log())
+            b.cast(rec, PING, -1)
+            wait_until(lambda: len(log()) > before, 10, "a PING")
+            return log()[-1][2].startswith("actorpy-io-")
+        # Idle and empty: a quick kind runs at once, on the I/O thread. One that arrives while
+        # the service thread still holds the inbox (a loaded machine, right after the start)
+        # runs there instead, so a few tries may be needed; none may take 10 s.
+        wait_until(a_ping_runs_on_the_io_thread, 10, "a PING run on the I/O thread")
+        for i in range(200):                             # a burst: some queue, all in order
             b.cast(rec, PING, i)
         b.cast(rec, ASK, 7)
         wait_until(lambda: any(e[0] == "reply" for e in log()), 10, "the reply to ASK")
         entries = log()
-        assert [e[1] for e in entries if e[0] == "msg"] == list(range(200))
+        assert [e[1] for e in entries if e[0] == "msg" and e[1] >= 0] == list(range(200))
         reply = next(e for e in entries if e[0] == "reply")
         assert reply[2].startswith("actorpy-service-")  # not quick: the service's thread
         a.cast(rec, PING, 200)       # from its own node: run on the sending thread itself

@@ -124,7 +124,7 @@ class TestInputs:
             assert len(part) == 1 or size <= limit  # only a lone split may exceed the limit
             if i + 1 < len(parts):  # closed only when the next split would not fit
                 assert size + parts[i + 1][0].end - parts[i + 1][0].start > limit
-        if total >= workers * max(sizes, default=0):
+        if 0 < total and total >= workers * max(sizes, default=0):
             assert len(parts) >= min(workers, len(splits))  # every worker gets one
 
 
