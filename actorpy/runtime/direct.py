@@ -45,7 +45,7 @@ from actorpy.runtime.reply import ReplyFuture
 from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
-from actorpy.wire.kinds import CORE_SERVICE, Kind
+from actorpy.wire.kinds import is_reply
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,6 @@ MAX_SOCKETS = 64
 #: separates the node id from the thread's number in a direct routing id (node ids are
 #: printable ASCII, so a routing id with it cannot be a node's own)
 SEPARATOR = b"\x00"
-_REPLY_KINDS = frozenset({int(Kind.RESULT), int(Kind.ERROR)})
 
 
 def split_route(routing_id: bytes) -> tuple[bytes, bool]:
@@ -258,7 +257,7 @@ class DirectReplies:
             except ProtocolError as exc:
                 log.warning("dropped a direct reply from %s: %s", dest, exc)
                 continue
-            if msg.header.service != CORE_SERVICE or msg.header.kind not in _REPLY_KINDS:
+            if not is_reply(msg.header.service, msg.header.kind):
                 log.warning("dropped a message of kind %d from %s on a direct reply socket: "
                             "only replies come that way", msg.header.kind, dest)
                 continue
@@ -272,12 +271,7 @@ class DirectReplies:
             self._closed = True
             threads, self._threads = self._threads, []
         for mine in threads:
-            with mine.fd_lock:
-                if not mine.closed:
-                    try:
-                        os.write(mine.wake_w, b"\0")
-                    except BlockingIOError:
-                        pass
+            mine.poke()
             with mine.lock:
                 for dest in list(mine.socks):
                     self._close_socket(mine, dest)

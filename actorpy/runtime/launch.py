@@ -87,11 +87,7 @@ def fork(argv: list[str], env: dict[str, str], fds: tuple[int, ...], *,
     import actorpy.runtime.manager  # noqa: F401
     import actorpy.runtime.worker  # noqa: F401
 
-    for stream in (sys.stdout, sys.stderr):  # or the child would write the buffered text again
-        try:
-            stream.flush()
-        except (AttributeError, ValueError, OSError):
-            pass
+    _flush_std()  # or the child would write the buffered text again
     ready_r = ready_w = -1
     if ready_timeout_s is not None:
         ready_r, ready_w = os.pipe()
@@ -187,12 +183,17 @@ def _child_main(argv: list[str], env: dict[str, str], keep: tuple[int, ...]) -> 
     except BaseException:
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (AttributeError, ValueError, OSError):
-                pass
+        _flush_std()
         os._exit(code)
+
+
+def _flush_std() -> None:
+    """Flush stdout and stderr, whatever they are (closed, replaced, None)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
 
 
 class ForkedChild:

@@ -42,7 +42,7 @@ from actorpy.runtime.timers import TimerHandle, TimerQueue
 from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
-from actorpy.wire.kinds import CORE_SERVICE, Kind
+from actorpy.wire.kinds import CORE_SERVICE, REPLY_KINDS, Kind
 
 __all__ = ["Node", "Peer", "NodeEvent", "NodeEventKind", "Subscription", "TimerHandle",
            "decode_payload"]
@@ -55,7 +55,6 @@ RECV_HWM = 1000
 #: request deadlines are checked on this grid, so a stream of requests does not wake the
 #: loop once per request (a deadline fires at most this late)
 DEADLINE_GRID_S = 0.05
-_REPLY_KINDS = frozenset({int(Kind.RESULT), int(Kind.ERROR)})
 
 
 class Node:
@@ -364,7 +363,7 @@ class Node:
         Messages for the node's own handlers go through the I/O thread, where those run."""
         copied = [bytes(memoryview(f).cast("B")) for f in frames]
         msg = wm.Message.parse(copied, self.max_frame_bytes)
-        if msg.header.service != CORE_SERVICE or msg.header.kind in _REPLY_KINDS:
+        if msg.header.service != CORE_SERVICE or msg.header.kind in REPLY_KINDS:
             self._guard(lambda: self._receiver.dispatch(msg))
             return
         self._loopback.append(msg)

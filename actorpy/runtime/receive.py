@@ -21,7 +21,7 @@ from actorpy.runtime.requests import RequestTable
 from actorpy.wire import message as wm
 from actorpy.wire import serde
 from actorpy.wire.auth import Security
-from actorpy.wire.kinds import CORE_SERVICE, Kind
+from actorpy.wire.kinds import CORE_SERVICE, Kind, is_reply
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,6 @@ Handler = Callable[[wm.Message], None]
 
 #: messages taken from the ROUTER per wake-up (so timers still run under a flood)
 DRAIN_BATCH = 1000
-_REPLY_KINDS = frozenset({int(Kind.RESULT), int(Kind.ERROR)})
 _DECODE_CODE = frozenset(c for c in (
     getattr(getattr(wm.Message, "payload", None), "__code__", None),
     serde.decode.__code__, serde.loads.__code__) if c is not None)
@@ -109,7 +108,7 @@ class Receiver:
         """Route one authenticated, validated message: a reply to its future, else to the
         handler of ``(service, kind)``, else to the service sink, else an ERROR reply."""
         service, kind = msg.header.service, msg.header.kind
-        if service == CORE_SERVICE and kind in _REPLY_KINDS:
+        if is_reply(service, kind):
             self.resolve(msg)
             return
         handler = self.handlers.get((service, kind))

@@ -35,3 +35,16 @@ class Kind(IntEnum):
     CANCEL = 21         # submitter -> worker: request id of a task -> CancelState value
     STREAM_ITEM = 22    # worker -> submitter: one emitted item (request_id: the stream id)
     STREAM_CREDIT = 23  # submitter -> worker: (items, bytes) consumed (request_id: stream id)
+
+
+#: the kinds that answer a request (of CORE_SERVICE): they resolve the asker's future
+REPLY_KINDS = frozenset({int(Kind.RESULT), int(Kind.ERROR)})
+
+
+def is_reply(service: int, kind: int) -> bool:
+    """Whether a message of ``service`` and ``kind`` answers a request.
+
+    >>> is_reply(CORE_SERVICE, Kind.RESULT), is_reply(CORE_SERVICE, Kind.TASK), is_reply(5, Kind.ERROR)
+    (True, False, False)
+    """
+    return service == CORE_SERVICE and kind in REPLY_KINDS

@@ -84,13 +84,18 @@ def _expected_counts(corpus) -> collections.Counter:
         for w in map(str.lower, line.split()) if w not in STOP)
 
 
+def _wordcount_setup(tmp_path: Path, seed: int) -> tuple[Path, Path, collections.Counter]:
+    """A 60 000-line corpus, an empty marks directory, and the corpus's expected counts."""
+    corpus = tmp_path / "corpus.txt"
+    _corpus(corpus, 60_000, seed=seed)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    return corpus, marks, _expected_counts(corpus)
+
+
 class TestWorkerKilled:
     def test_wordcount_with_a_worker_killed_mid_job_equals_counter(self, tmp_path):
-        corpus = tmp_path / "corpus.txt"
-        _corpus(corpus, 60_000)
-        marks = tmp_path / "marks"
-        marks.mkdir()
-        expected = _expected_counts(corpus)
+        corpus, marks, expected = _wordcount_setup(tmp_path, seed=7)
         with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
             victim = cluster.workers()[0]
             pid = _pid_of(cluster, victim)
@@ -111,11 +116,7 @@ class TestWorkerKilled:
 
     def test_reduce_by_key_locally_with_a_worker_killed_counts_each_partition_once(self, tmp_path):
         # partitions the driver has already merged stay merged; the victim's others run again
-        corpus = tmp_path / "corpus.txt"
-        _corpus(corpus, 60_000, seed=11)
-        marks = tmp_path / "marks"
-        marks.mkdir()
-        expected = _expected_counts(corpus)
+        corpus, marks, expected = _wordcount_setup(tmp_path, seed=11)
         with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
             victim = cluster.workers()[0]
             pid = _pid_of(cluster, victim)
