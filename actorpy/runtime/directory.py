@@ -118,6 +118,8 @@ class Directory:
         self.on_unknown: Callable[[NodeId], None] | None = None
         #: called on the I/O thread when a watched link proves something (see liveness)
         self.on_verdict: Callable[[NodeId, Verdict, str], None] | None = None
+        #: called on the I/O thread when a watched link completes a handshake
+        self.on_link_up: Callable[[NodeId], None] | None = None
 
     # ------------------------------------------------------------------ peers
     def add_peer(self, node_id: NodeId, address: str, role: str, slots: int = 1,
@@ -352,6 +354,8 @@ class Directory:
             verdict = watch.on_event(event, value, time.monotonic())
             if verdict is not None and self.on_verdict is not None:
                 self.on_verdict(link.node_id, verdict, link.address)
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.on_link_up is not None:
+                self.on_link_up(link.node_id)
 
     def link_down_for(self, node_id: NodeId, now: float) -> float | None:
         """How long a watched link has been down (None: not watched)."""

@@ -49,6 +49,7 @@ class NodeRecord:
     joined_at: float     # wall-clock seconds (for display)
     last_seen: float     # monotonic seconds
     reason: str = ""
+    heartbeated: bool = False  # has heartbeated since it registered (it holds its directory)
 
 
 class Manager:
@@ -81,6 +82,7 @@ class Manager:
         on(CORE_SERVICE, Kind.LOOKUP, self._lookup)
         self.names = NameRegistry(self.node)  # service names (runtime/names.py)
         self.node.on_fatal(self._failed)
+        self.node.on_link_up(self._link_up)
 
     @property
     def address(self) -> str:
@@ -155,6 +157,13 @@ class Manager:
                 self.node.send(NodeId(other.node_id), CORE_SERVICE, Kind.NODE_JOINED,
                                (rec.node_id, rec.address, rec.role, rec.slots))
 
+    def _link_up(self, node_id: NodeId) -> None:
+        """Our link to a node came up: a joining node whose first heartbeat came before it
+        is admitted now, not at its next heartbeat (a quarter of a second later)."""
+        rec = self.records.get(node_id)
+        if rec is not None and rec.state == "joining" and rec.heartbeated:
+            self._admit(rec)
+
     def _heartbeat(self, msg: wm.Message) -> None:
         rec = self.records.get(msg.sender)
         if rec is None or rec.state not in MEMBER_STATES:
@@ -166,6 +175,7 @@ class Manager:
             log.info("%s %s is heartbeating again", rec.role, rec.node_id)
             rec.state, rec.reason = "alive", ""
         rec.last_seen = time.monotonic()
+        rec.heartbeated = True
         if rec.state == "joining" and self.node.link_ever_up(NodeId(rec.node_id)):
             self._admit(rec)
         self.node.send(NodeId(msg.sender), CORE_SERVICE, Kind.HEARTBEAT_ACK)
@@ -187,7 +197,7 @@ class Manager:
         for rec in self.records.values():
             row = asdict(rec)
             row["heartbeat_age_s"] = round(now - rec.last_seen, 3)
-            del row["last_seen"]
+            del row["last_seen"], row["heartbeated"]
             rows.append(row)
         self.node.reply(msg, rows)
         if visitor:

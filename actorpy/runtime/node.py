@@ -257,6 +257,11 @@ class Node:
         """Whether the watched link to ``node_id`` has completed a handshake yet."""
         return self._dir.link_ever_up(node_id)
 
+    def on_link_up(self, callback: Callable[[NodeId], None]) -> None:
+        """Call ``callback(node_id)`` on the I/O thread whenever a watched link completes
+        a handshake (the first time, and again after each reconnection)."""
+        self._dir.on_link_up = callback
+
     def auth_failure(self, node_id: NodeId) -> str | None:
         """Why ``node_id`` refused our handshake (None: it did not, or it was forgotten)."""
         return self._auth_failures.get(node_id)

@@ -139,3 +139,33 @@ def test_records_of_gone_nodes_are_pruned(net, monkeypatch):
     rows = survivor.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": survivor.address},
                          timeout_s=10)
     assert sorted(r["node_id"] for r in rows) == ["g-2", "g-3", "w-last"]
+
+
+def test_a_node_that_heartbeats_before_our_link_is_up_is_admitted_when_it_comes_up():
+    """The manager admits a joining node once its link to the node is up and the node has
+    heartbeated. When the heartbeat comes first, the link coming up admits it: it does not
+    wait for the next heartbeat (with the default interval, 0.25 s at every cluster start
+    where the race went that way)."""
+    folder = private_dir()
+    config = Config(heartbeat_interval_s=20.0, dead_after_s=60.0, silent_dead_after_s=120.0,
+                    manager_timeout_s=60.0)
+    manager = Manager(f"ipc://{folder}/manager", Security.ipc(), config).start()
+    joiner = Node(NodeId("w-late"), f"ipc://{folder}/joiner", Security.ipc(), linger_ms=0).start()
+    late: Node | None = None
+    try:
+        joiner.add_peer(MANAGER_ID, manager.address, "manager")
+        # It says it listens where nothing listens yet, so the manager's link cannot come up.
+        joiner.send(MANAGER_ID, CORE_SERVICE, Kind.REGISTER,
+                    {"address": f"ipc://{folder}/late", "role": "worker"})
+        joiner.send(MANAGER_ID, CORE_SERVICE, Kind.HEARTBEAT)
+        wait_until(lambda: "w-late" in manager.records and manager.records["w-late"].heartbeated,
+                   5, "the manager to record the heartbeat")
+        assert manager.records["w-late"].state == "joining"
+        late = Node(NodeId("w-late"), f"ipc://{folder}/late", Security.ipc(), linger_ms=0).start()
+        wait_until(lambda: manager.records["w-late"].state == "alive", 5,
+                   "the manager to admit the node when its link came up")
+    finally:
+        for n in (joiner, late):
+            if n is not None:
+                n.close()
+        manager.stop(tell_nodes=False)
