@@ -6,6 +6,7 @@ import io
 import json
 
 import pytest
+from hypothesis import given, strategies as st
 
 from actorpy import apputil
 from actorpy.cli import _command_index
@@ -35,6 +36,18 @@ def test_print_json_is_one_document():
     out = io.StringIO()
     apputil.print_json({"wörd": 2}, out)
     assert json.loads(out.getvalue()) == {"wörd": 2} and out.getvalue().count("\n") == 1
+
+
+@given(st.dictionaries(st.text(), st.integers() | st.text() | st.floats(allow_nan=False,
+                                                                         allow_infinity=False)))
+def test_print_json_writes_text_as_it_is(value):
+    """Non-ASCII characters are written as they are, never as \\u escapes (an ASCII
+    encoding is tried first and kept only when it escaped nothing), and the text parses
+    back to the value."""
+    out = io.StringIO()
+    apputil.print_json(value, out)
+    assert out.getvalue() == json.dumps(value, ensure_ascii=False) + "\n"
+    assert json.loads(out.getvalue()) == value
 
 
 def test_print_json_writes_non_finite_floats_as_null():
