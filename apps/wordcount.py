@@ -36,30 +36,17 @@ STOP_WORDS = frozenset("a are is in it that this and to of so will can which for
                        "with the -".split())
 
 
-def count_blocks(blocks: Iterator[bytes]) -> Iterable[tuple[str, int]]:
-    """Word counts of one partition read as undecoded blocks of lines (``load(...,
-    lines=False)``), the same as ``count_partition`` of their decoded lines.
+def count_blocks(blocks: Iterator[str]) -> Iterable[tuple[str, int]]:
+    """Word counts of one partition read as blocks of whole lines (``load(...,
+    lines=False)``), stop words dropped: the same as ``count_partition`` of its lines.
 
-    Each block is lower-cased as bytes (ASCII letters only, one C pass) and its words are
-    counted as bytes (``bytes.split`` and ``Counter``, both in C, with no decoding of the
-    text); then only the distinct words are decoded and lower-cased again (for non-ASCII
-    letters), all joined in one string: a few C calls per partition. ``bytes.split`` cuts
-    only at ASCII whitespace, which never occurs inside a UTF-8 sequence; a distinct word
-    that holds other whitespace (``\\x1c``, NEL, U+2003, ...) is split again as str, so the
-    words are exactly those of ``str.split``. Lower-casing ASCII first changes nothing
-    ``str.lower`` would not (it maps letters one by one, and a lower-case letter is still a
-    cased letter for the final-sigma rule).
+    Each block is lower-cased and split in one C call each, and one ``Counter`` counts the
+    words in C. Lower-casing a block is lower-casing its lines: a newline is not a cased
+    letter, so the final-sigma rule reads the same neighbours. Keys are str, not undecoded
+    bytes: a dict whose keys are all str looks them up on a faster path (counting bytes and
+    decoding only the distinct words, tried before, took ~10 % more CPU).
     """
-    raw = Counter(chain.from_iterable(map(bytes.split, map(bytes.lower, blocks))))
-    text = b"\n".join(raw).decode("utf-8", "replace").lower()  # "strict" was checked on read
-    words = text.split("\n")
-    counts = dict(zip(words, raw.values()))
-    if len(counts) < len(raw) or text.split() != words:  # "É" and "é" merged, or whitespace
-        counts = {}
-        get = counts.get
-        for piece, n in zip(words, raw.values()):
-            for word in piece.split():
-                counts[word] = get(word, 0) + n
+    counts = Counter(chain.from_iterable(map(str.split, map(str.lower, blocks))))
     for word in STOP_WORDS:
         counts.pop(word, None)
     return counts.items()

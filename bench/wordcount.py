@@ -27,6 +27,7 @@ Variants:
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -184,6 +185,18 @@ sys.stdout.write(json.dumps(dict(counts)))
 """
 
 
+def compile_checkout() -> str:
+    """Byte-compile the checkout's packages, as ``pip install`` does, so that (a) and (b)
+    start as an installed actorpy starts (~60 ms less on this machine): an interpreter with
+    ``PYTHONDONTWRITEBYTECODE`` set never writes the ``.pyc`` files of an editable install,
+    and would compile every module from source at every start. The standard library the
+    other variants import is compiled already. Returns what was compiled ("" if nothing)."""
+    dirs = [d for d in ("actorpy", "engines", "apps") if os.path.isdir(os.path.join(ROOT, d))]
+    for d in dirs:
+        compileall.compile_dir(os.path.join(ROOT, d), quiet=2)
+    return ", ".join(dirs)
+
+
 def _have(module: str) -> bool:
     probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
     return probe.returncode == 0
@@ -310,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
           f"ready in {time.perf_counter() - t0:.1f} s)")
     print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
           f"load average {os.getloadavg()[0]:.2f}, best of {args.repeat}")
+    compiled = compile_checkout()
+    if compiled:
+        print(f"compiled {compiled} (an installed package has its bytecode; with "
+              "PYTHONDONTWRITEBYTECODE set, a checkout would recompile it every run)")
     chosen = [(label, cmd, why) for label, cmd, why in variants(corpus)
               if not args.only or label[1] in args.only.split(",")]
     best: dict[str, tuple[float, float, float, list[float]]] = {}

@@ -22,6 +22,11 @@ from engines.mapre.plan import Split
 
 #: Bytes read per block; each block is decoded and split into lines in C.
 READ_BLOCK_BYTES = 4 << 20
+#: Bytes per block of ``read_split_text``: blocks are for code that splits them in C itself
+#: (``block.split()``), and the pieces of a small block are still in the CPU's cache when
+#: they are counted (a word count over 64 KB blocks: 5-10 % less CPU than over 4 MB, and
+#: than over lines).
+TEXT_BLOCK_BYTES = 64 << 10
 #: Default size of one input split (one partition).
 DEFAULT_SPLIT_BYTES = 32 << 20
 SUCCESS = "_SUCCESS"
@@ -123,18 +128,17 @@ def read_split(split: Split, errors: str = "strict",
         yield lines
 
 
-def read_split_bytes(split: Split, errors: str = "strict",
-                     block_bytes: int = READ_BLOCK_BYTES) -> Iterator[bytes]:
-    """The lines of ``split`` as undecoded blocks of whole lines (each ends with ``\\n``,
-    except perhaps the file's last), checked to be UTF-8 when ``errors`` is "strict".
+def read_split_text(split: Split, errors: str = "strict",
+                    block_bytes: int = TEXT_BLOCK_BYTES) -> Iterator[str]:
+    """The lines of ``split`` as blocks of text: whole lines of about ``block_bytes``
+    together, line ends kept as they are (``\\n`` or ``\\r\\n``); every block ends with a
+    newline but perhaps the file's last.
 
     Raises:
         InputDecodeError: a byte is not valid UTF-8 and ``errors`` is "strict".
     """
     for pos, body in read_blocks(split, block_bytes):
-        if errors == "strict":
-            _decode(body, split.path, pos, errors)  # about 1 ms per MB of mostly ASCII text
-        yield body
+        yield _decode(body, split.path, pos, errors)
 
 
 def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:

@@ -53,7 +53,7 @@ class Node:
 
 @dataclass(eq=False)
 class TextSource(Node):
-    """Lines of text files (or, with ``raw``, undecoded blocks of lines): a partition reads
+    """Lines of text files (or, with ``raw``, blocks of whole lines): a partition reads
     its splits one after the other (several when files are small, io.pack_splits)."""
 
     splits: tuple[tuple[Split, ...], ...]

@@ -30,11 +30,10 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
         path: a file, a directory (its files, skipping ``_*`` and ``.*``), a glob, or a list.
         split_bytes: at most this many bytes per partition (default 32 MiB).
         errors: "strict" (an undecodable byte fails naming file and offset), "replace", ...
-        lines: False gives undecoded ``bytes`` blocks of whole lines instead (about 4 MB
-            each, every one ending with a newline but perhaps the file's last; still checked
-            to be UTF-8 under "strict"), for code that splits bytes in C itself: counting
-            ``block.split()`` and decoding only the distinct words is much faster than
-            decoding every line.
+        lines: False gives blocks of text instead: each a str of whole lines (about 64 KB,
+            line ends kept, every one ending with a newline but perhaps the file's last),
+            for code that splits text in C itself: counting the words of
+            ``block.split()`` runs one C call per block where lines need a few per line.
 
     Raises:
         InputNotFound: a path is missing or a glob matches nothing (before any work runs).

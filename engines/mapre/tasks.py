@@ -60,12 +60,12 @@ class Sink(Protocol):
 class ReadSplits:
     splits: tuple[Split, ...]
     errors: str
-    raw: bool = False  # items are undecoded blocks of whole lines
+    raw: bool = False  # items are blocks of whole lines (str), not lines
 
     def items(self, env: TaskEnv) -> Iterator[Any]:
         env.bytes_in += sum(s.end - s.start for s in self.splits)
         if self.raw:
-            return chain.from_iterable(io.read_split_bytes(s, self.errors) for s in self.splits)
+            return chain.from_iterable(io.read_split_text(s, self.errors) for s in self.splits)
         return chain.from_iterable(self._blocks(env))
 
     def _blocks(self, env: TaskEnv) -> Iterator[list[str]]:

@@ -66,26 +66,26 @@ class TestReadSplit:
     @given(st.lists(LINE, max_size=30), st.booleans(), st.integers(1, 40), st.integers(1, 16))
     @settings(max_examples=60, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
-    def test_byte_blocks_hold_every_line_once(self, tmp_path, lines, trailing, split_bytes,
+    def test_text_blocks_hold_every_line_once(self, tmp_path, lines, trailing, split_bytes,
                                               block_bytes):
         data = "\n".join(lines).encode() + (b"\n" if trailing and lines else b"")
         path = tmp_path / "b.txt"
         path.write_bytes(data)
         blocks = [b for s in range(0, len(data), split_bytes)
-                  for b in io.read_split_bytes(Split(str(path), s, min(s + split_bytes,
-                                                                        len(data))),
-                                               "strict", block_bytes)]
-        assert b"".join(blocks) == data
-        assert all(b.endswith(b"\n") for b in blocks[:-1])
+                  for b in io.read_split_text(Split(str(path), s, min(s + split_bytes,
+                                                                       len(data))),
+                                              "strict", block_bytes)]
+        assert "".join(blocks) == data.decode()
+        assert all(b.endswith("\n") for b in blocks[:-1])
 
-    def test_byte_blocks_check_utf8(self, tmp_path):
+    def test_text_blocks_check_utf8(self, tmp_path):
         path = tmp_path / "bad.txt"
-        path.write_bytes(b"good line\nsecond \xff line\n")
+        path.write_bytes(b"good line\r\nsecond \xff line\n")
         with pytest.raises(InputDecodeError) as info:
-            list(io.read_split_bytes(Split(str(path), 0, 27), "strict", 4))
-        assert info.value.offset == 17
-        assert list(io.read_split_bytes(Split(str(path), 0, 27), "replace")) == [
-            b"good line\nsecond \xff line\n"]
+            list(io.read_split_text(Split(str(path), 0, 28), "strict", 4))
+        assert info.value.offset == 18
+        assert list(io.read_split_text(Split(str(path), 0, 28), "replace")) == [
+            "good line\r\nsecond \ufffd line\n"]
 
 
 class TestInputs:
