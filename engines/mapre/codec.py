@@ -33,12 +33,29 @@ def pack(items: Sequence[Any]) -> Any:
         if joined.count(_SEP) == len(items) - 1:
             return ("s", joined)
     elif kinds == {tuple} and set(map(len, items)) == {2}:
-        keys = list(map(_first, items))
-        if set(map(type, keys)) == {str}:
-            joined = _SEP.join(keys)
-            if joined.count(_SEP) == len(items) - 1:
-                return ("p", joined, list(map(_second, items)))
+        joined = _joined(list(map(_first, items)))
+        if joined is not None:
+            return ("p", joined, list(map(_second, items)))
     return items
+
+
+def pack_columns(keys: list[Any], values: list[Any]) -> Any:
+    """The stored form of the pairs ``zip(keys, values)`` given as two lists (a dict's keys
+    and values): the same as ``pack(list(zip(keys, values)))``, with no tuple per pair.
+
+    >>> pack_columns(["a", "b"], [1, 2]), pack_columns([1, 2], [3, 4])
+    (('p', 'a\\x00b', [1, 2]), [(1, 3), (2, 4)])
+    """
+    joined = _joined(keys) if len(keys) >= 2 else None
+    return list(zip(keys, values)) if joined is None else ("p", joined, values)
+
+
+def _joined(keys: list[Any]) -> str | None:
+    """``keys`` joined by ``"\\x00"``, or None unless all are str without one."""
+    if set(map(type, keys)) != {str}:
+        return None
+    joined = _SEP.join(keys)
+    return joined if joined.count(_SEP) == len(keys) - 1 else None
 
 
 def unpack(block: Any) -> list[Any]:

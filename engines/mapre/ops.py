@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 from itertools import chain
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 
 class Step(IntEnum):
@@ -24,10 +24,12 @@ class Step(IntEnum):
 Op = tuple[Step, Callable[..., Any] | None]
 
 _from_iterable = chain.from_iterable
+_DICT_ITEMS = type({}.items())
 
 
-def apply_ops(items: Iterable[Any], ops: tuple[Op, ...]) -> Iterator[Any]:
-    """Stack ``ops`` onto ``items`` as one lazy iterator (nothing runs until it is consumed).
+def apply_ops(items: Iterable[Any], ops: tuple[Op, ...]) -> Iterable[Any]:
+    """Stack ``ops`` onto ``items`` as one lazy iterator (nothing runs until it is consumed;
+    a dict's items view returned by a last ``map_partitions`` is passed on as it is).
 
     >>> list(apply_ops(["a b", "c"], ((Step.FLAT_MAP, str.split), (Step.MAP, str.upper))))
     ['A', 'B', 'C']
@@ -44,7 +46,9 @@ def apply_ops(items: Iterable[Any], ops: tuple[Op, ...]) -> Iterator[Any]:
             it = _from_iterable(it)
         else:
             it = _partition_output(fn(iter(it)), fn)  # type: ignore[misc]
-    return iter(it)
+    # A dict's items view (``counts.items()`` from map_partitions) is passed on as the view:
+    # a sink that wants pairs by key reads its keys and values as lists (shuffle.py).
+    return it if type(it) is _DICT_ITEMS else iter(it)
 
 
 def _partition_output(out: Any, fn: Any) -> Iterable[Any]:

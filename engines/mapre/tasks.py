@@ -20,7 +20,7 @@ from engines.mapre.broadcast import bind as bind_task_context
 from engines.mapre.broadcast import unbind as unbind_task_context
 from engines.mapre.ops import Op, apply_ops
 from engines.mapre.plan import Split
-from engines.mapre.shuffle import (Block, ShuffleSpec, bucket, chunked, combined, fetch_blocks,
+from engines.mapre.shuffle import (Block, ShuffleSpec, bucket, combined_chunks, fetch_blocks,
                                    merge, reduce_values, store_block)
 
 
@@ -48,11 +48,11 @@ class TaskOutcome:
 
 
 class Spec(Protocol):
-    def items(self, env: TaskEnv) -> Iterator[Any]: ...
+    def items(self, env: TaskEnv) -> Iterable[Any]: ...
 
 
 class Sink(Protocol):
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]: ...
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]: ...
 
 
 # ------------------------------------------------------------------------------- specs
@@ -89,7 +89,7 @@ class NarrowSpec:
     child: Spec
     ops: tuple[Op, ...]
 
-    def items(self, env: TaskEnv) -> Iterator[Any]:
+    def items(self, env: TaskEnv) -> Iterable[Any]:
         return apply_ops(self.child.items(env), self.ops)
 
 
@@ -149,7 +149,7 @@ class WriteShuffle:
     prefix: str
     map_part: int
 
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
         counts, rows = [], 0
         for r, bucket_items in enumerate(bucket(self.spec, items, self.map_part)):
             if not bucket_items:
@@ -168,7 +168,7 @@ class Collect:
     inline_items: int
     inline_bytes: int = 1 << 20
 
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
         data = list(items)
         # sizes are shallow (sys.getsizeof), enough to keep big items out of the reply
         if len(data) <= self.inline_items and sum(map(sys.getsizeof, data)) <= self.inline_bytes:
@@ -183,14 +183,13 @@ class CombineByKey:
 
     op: Callable[[Any, Any], Any]
 
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
-        pairs = combined(items, self.op)
-        return list(chunked(pairs)), len(pairs)
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
+        return combined_chunks(items, self.op)
 
 
 @dataclass(frozen=True)
 class Count:
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
         n = 0
         for n, _ in enumerate(items, 1):
             pass
@@ -201,7 +200,7 @@ class Count:
 class Reduce:
     op: Callable[[Any, Any], Any]
 
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
         return reduce_values(items, self.op), 1
 
 
@@ -210,7 +209,7 @@ class Fold:
     zero: Any
     op: Callable[[Any, Any], Any]
 
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
         acc = self.zero
         op = self.op
         for x in items:
@@ -222,7 +221,7 @@ class Fold:
 class Take:
     n: int
 
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
         data = list(islice(items, self.n))
         return data, len(data)
 
@@ -232,7 +231,7 @@ class Top:
     n: int
     key: Callable[[Any], Any] | None
 
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
         data = heapq.nlargest(self.n, items, key=self.key)
         return data, len(data)
 
@@ -242,7 +241,7 @@ class Save:
     directory: str
     part: int
 
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
         rows, size = io.write_part(items, self.directory, self.part)
         return size, rows
 
@@ -255,7 +254,7 @@ class SampleKeys:
     size: int
     seed: int
 
-    def run(self, env: TaskEnv, items: Iterator[Any]) -> tuple[Any, int]:
+    def run(self, env: TaskEnv, items: Iterable[Any]) -> tuple[Any, int]:
         data = items if isinstance(items, list) else list(items)
         rng = random.Random(self.seed)
         picked = sorted(rng.sample(range(len(data)), min(self.size, len(data))))

@@ -1,10 +1,14 @@
 """Stored blocks round-trip exactly, whatever their shape (pure)."""
 from __future__ import annotations
 
+import operator
+from unittest import mock
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.mapre.codec import pack, unpack
+from engines.mapre import shuffle
+from engines.mapre.codec import pack, pack_columns, unpack
 
 TEXT = st.text(alphabet=st.sampled_from(["a", "\x00", "é", " ", "日"]), max_size=4)
 ITEMS = st.one_of(
@@ -25,3 +29,19 @@ class TestCodec:
         assert pack([("a", 1), ("b", [2])]) == ("p", "a\x00b", [1, [2]])
         assert pack(["a\x00", "b"]) == ["a\x00", "b"]          # the separator itself: plain
         assert pack([("a", 1), ("b", 2, 3)]) == [("a", 1), ("b", 2, 3)]
+
+    @given(st.dictionaries(st.one_of(TEXT, st.integers()), st.integers()))
+    @settings(max_examples=200, deadline=None)
+    def test_columns_pack_as_the_pairs_do(self, mapping):
+        keys, values = list(mapping), list(mapping.values())
+        assert pack_columns(keys, values) == pack(list(mapping.items()))
+
+    @given(st.dictionaries(st.one_of(TEXT, st.integers()), st.integers()), st.integers(1, 5))
+    @settings(max_examples=200, deadline=None)
+    def test_a_dicts_items_chunk_as_its_pairs_do(self, mapping, size):
+        """combined_chunks reads a dict's items view column-wise: the same chunks as the
+        pairs (chunk size forced small, so several chunks are made)."""
+        with mock.patch.object(shuffle, "chunk_items", lambda items: size):
+            fast = shuffle.combined_chunks(mapping.items(), operator.add)
+            pairs = shuffle.combined(iter(mapping.items()), operator.add)
+            assert fast == (list(shuffle.chunked(pairs, size)), len(mapping))
