@@ -41,7 +41,8 @@ def _data_files(directory: str) -> list[str]:
 
 
 def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
-    """The files named by a path, a directory, a glob, or a list of those (sorted per entry).
+    """The files named by a path, a directory, a glob, or a list of those (sorted per entry),
+    as absolute paths: the workers that read them may run in another directory.
 
     Raises:
         InputNotFound: an entry names no file (missing path, empty glob, empty directory).
@@ -65,7 +66,8 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         else:
             raise InputNotFound(f"input path {path!r} does not exist")
         files.extend(found)
-    return files
+    cwd = os.getcwd()  # joined, not normalised: "link/.." must stay what it is
+    return [f if os.path.isabs(f) else os.path.join(cwd, f) for f in files]
 
 
 def make_splits(files: Iterable[str], split_bytes: int) -> list[Split]:

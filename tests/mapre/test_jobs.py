@@ -58,6 +58,14 @@ class TestLoad:
         got = d.filter(lambda line: len(line) > 10).collect(timeout_s=120)
         assert len(got) == 1 and got[0] == big
 
+    def test_relative_paths_are_the_drivers(self, cluster, tmp_path, monkeypatch):
+        # the workers started in another directory (as `actorpy worker` elsewhere would)
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "sub dir").mkdir()
+        (tmp_path / "sub dir" / "rel.txt").write_text("here\n")
+        assert mapre.load(cluster, "sub dir/rel.txt").collect(timeout_s=60) == ["here"]
+        assert mapre.load(cluster, ["sub dir"]).collect(timeout_s=60) == ["here"]
+
     def test_missing_input_fails_before_any_work(self, cluster, tmp_path):
         with pytest.raises(mapre.InputNotFound, match="nothing-here"):
             mapre.load(cluster, str(tmp_path / "nothing-here" / "*.txt"))
