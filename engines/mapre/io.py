@@ -12,6 +12,7 @@ hidden temporary name and renamed when complete, then an empty ``_SUCCESS`` mark
 """
 from __future__ import annotations
 
+import codecs
 import glob
 import os
 import uuid
@@ -30,6 +31,9 @@ TEXT_BLOCK_BYTES = 64 << 10
 #: Default size of one input split (one partition).
 DEFAULT_SPLIT_BYTES = 32 << 20
 SUCCESS = "_SUCCESS"
+#: A UTF-8 byte order mark at the start of a file (Windows editors write one) is not text:
+#: it is dropped, as Hadoop's line reader and Python's "utf-8-sig" do.
+BOM = codecs.BOM_UTF8
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -115,12 +119,12 @@ def pack_splits(splits: Sequence[Split], split_bytes: int,
 def read_split(split: Split, errors: str = "strict",
                block_bytes: int = READ_BLOCK_BYTES) -> Iterator[list[str]]:
     """The lines of ``split`` as lists of str, one list per block read (``\\n`` and
-    ``\\r\\n`` stripped).
+    ``\\r\\n`` stripped, and a byte order mark at the start of the file).
 
     Raises:
         InputDecodeError: a byte is not valid UTF-8 and ``errors`` is "strict".
     """
-    for pos, body in read_blocks(split, block_bytes):
+    for pos, body in _without_bom(read_blocks(split, block_bytes)):
         text = _decode(body, split.path, pos, errors)
         if "\r" in text:
             text = text.replace("\r\n", "\n")
@@ -134,12 +138,12 @@ def read_split_text(split: Split, errors: str = "strict",
                     block_bytes: int = TEXT_BLOCK_BYTES) -> Iterator[str]:
     """The lines of ``split`` as blocks of text: whole lines of about ``block_bytes``
     together, line ends kept as they are (``\\n`` or ``\\r\\n``); every block ends with a
-    newline but perhaps the file's last.
+    newline but perhaps the file's last. A byte order mark at the start of the file is dropped.
 
     Raises:
         InputDecodeError: a byte is not valid UTF-8 and ``errors`` is "strict".
     """
-    for pos, body in read_blocks(split, block_bytes):
+    for pos, body in _without_bom(read_blocks(split, block_bytes)):
         yield _decode(body, split.path, pos, errors)
 
 
@@ -172,6 +176,17 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[t
                 return
             pos += len(body)
             carry = [rest] if rest else []
+
+
+def _without_bom(blocks: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    """``blocks`` of ``read_blocks``, less a byte order mark at the start of the file."""
+    for pos, body in blocks:
+        if pos == 0 and body.startswith(BOM):
+            pos, body = len(BOM), body[len(BOM):]
+        if body:
+            yield pos, body
+        yield from blocks  # only the first block can start the file
+        return
 
 
 def _decode(data: bytes, path: str, offset: int, errors: str) -> str:

@@ -23,7 +23,8 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
     one partition each, but for small files: consecutive ones share a partition of at most
     ``split_bytes`` (and of at most an even share of the input per worker, so that each
     worker gets one). Every worker reads its own ranges, so no process ever holds a whole
-    file. Paths must be readable at the same path on every worker.
+    file. Paths must be readable at the same path on every worker; relative ones are taken
+    from the driver's directory. A byte order mark at the start of a file is dropped.
 
     Args:
         cluster: from ``actorpy.connect()``.

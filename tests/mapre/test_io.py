@@ -34,15 +34,16 @@ def read_all(path: str, size: int, split_bytes: int, block_bytes: int) -> list[s
 
 class TestReadSplit:
     @given(st.lists(LINE, max_size=30), st.sampled_from(["\n", "\r\n"]), st.booleans(),
-           st.integers(1, 40), st.integers(1, 16))
+           st.integers(1, 40), st.integers(1, 16), st.booleans())
     @settings(max_examples=120, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     def test_every_line_once_whatever_the_cuts(self, tmp_path, lines, newline, trailing,
-                                               split_bytes, block_bytes):
+                                               split_bytes, block_bytes, bom):
         data = newline.join(lines).encode() + (newline.encode() if trailing and lines else b"")
         path = tmp_path / "f.txt"
-        path.write_bytes(data)
-        assert read_all(str(path), len(data), split_bytes, block_bytes) == reference_lines(data)
+        path.write_bytes(io.BOM * bom + data)  # a byte order mark at the start is not text
+        assert read_all(str(path), len(data) + 3 * bom, split_bytes, block_bytes) == \
+            reference_lines(data)
 
     def test_crlf_and_unicode_are_kept_apart(self, tmp_path):
         nfc, nfd = "café", unicodedata.normalize("NFD", "café")
@@ -61,19 +62,23 @@ class TestReadSplit:
         assert "bad.txt: byte offset 17" in str(info.value) and "errors='replace'" in str(info.value)
         lines = [x for part in io.read_split(Split(str(path), 0, 27), "replace") for x in part]
         assert lines == ["good line", "second \ufffd line"]
+        path.write_bytes(io.BOM + b"good line\nsecond \xff line\n")  # offsets count the mark
+        with pytest.raises(InputDecodeError, match="byte offset 20"):
+            read_all(str(path), 30, 100, 4)
 
 
-    @given(st.lists(LINE, max_size=30), st.booleans(), st.integers(1, 40), st.integers(1, 16))
+    @given(st.lists(LINE, max_size=30), st.booleans(), st.integers(1, 40), st.integers(1, 16),
+           st.booleans())
     @settings(max_examples=60, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     def test_text_blocks_hold_every_line_once(self, tmp_path, lines, trailing, split_bytes,
-                                              block_bytes):
+                                              block_bytes, bom):
         data = "\n".join(lines).encode() + (b"\n" if trailing and lines else b"")
         path = tmp_path / "b.txt"
-        path.write_bytes(data)
-        blocks = [b for s in range(0, len(data), split_bytes)
-                  for b in io.read_split_text(Split(str(path), s, min(s + split_bytes,
-                                                                       len(data))),
+        path.write_bytes(io.BOM * bom + data)
+        size = len(data) + 3 * bom
+        blocks = [b for s in range(0, size, split_bytes)
+                  for b in io.read_split_text(Split(str(path), s, min(s + split_bytes, size)),
                                               "strict", block_bytes)]
         assert "".join(blocks) == data.decode()
         assert all(b.endswith("\n") for b in blocks[:-1])
