@@ -99,16 +99,19 @@ class Job:
         self.stored_on: set[NodeId] = set()
         self._consumers: dict[int, set[int]] | None = None
         self._completed: set[int] = set()
+        #: Tasks were left running when the job failed (see ``_abandon``).
+        self.abandoned = False
 
     def __enter__(self) -> Job:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.progress.close()
-        if self.stored_on:  # wait for it, but never beyond the action's own time limit
+        if self.stored_on:  # wait for it, but never beyond the action's own time limit,
+            # nor behind abandoned tasks still running
             left = min(5.0, self.deadline - time.monotonic())
             self.engine.delete(self.stored_on, (self.prefix + "/",),
-                               wait_s=left if left > 0 else None)
+                               wait_s=left if left > 0 and not self.abandoned else None)
 
     # ---------------------------------------------------------------- entry points
     def run(self, node: P.Node, name: str, sink_for: Callable[[int], Any],
@@ -302,17 +305,24 @@ class Job:
                         pending.append(key)
                         broken = broken or status is _INPUT_LOST
         except BaseException as exc:
-            self._abandon(inflight, wait_s=0.0 if isinstance(exc, TimeoutError) else 10.0)
+            # a user's error: wait for the others; a timeout or Ctrl-C: give up at once
+            patient = isinstance(exc, Exception) and not isinstance(exc, TimeoutError)
+            self._abandon(inflight, wait_s=10.0 if patient else 0.0)
             raise
 
     def _abandon(self, inflight: dict[Any, Any], wait_s: float) -> None:
         """The job fails: let running tasks finish (up to ``wait_s``) so that the blocks they
-        store are deleted with the job's (a timed-out job does not wait, and what its tasks
-        store after it gave up stays until the cluster ends)."""
+        store are deleted with the job's. With ``wait_s`` 0 (a timeout, Ctrl-C) the tasks
+        are cancelled instead: queued ones never start, running ones go on (a thread cannot
+        be stopped) and what they store stays until the cluster ends."""
         for _, worker, _ in inflight.values():
             self.stored_on.add(worker)
         if inflight and wait_s > 0:
             wait(list(inflight), timeout=min(wait_s, max(0.0, self.deadline - time.monotonic())))
+        elif inflight:
+            self.abandoned = True
+            for fut in inflight:
+                fut.cancel()
 
     def _dispatch(self, stage: Stage, pending: deque[Key], inflight: dict[Any, Any],
                   load: Counter[NodeId], build: Build) -> bool:

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+import actorpy
 from actorpy.errors import ActorpyTimeout, RemoteError
 from engines import mapre
 from engines.mapre.progress import Progress
@@ -168,6 +169,30 @@ class TestErrors:
             slow.collect(timeout_s=0.2)
         with pytest.raises(ActorpyTimeout):
             slow.count(timeout_s=0.1)
+
+
+    def test_a_timed_out_job_leaves_no_queued_tasks(self, tmp_path):
+        # a hung user function times out; its partitions still queued on the workers must
+        # not run after it (keeping the workers busy for the next action), only those
+        # already running can go on (a thread cannot be stopped). A cluster of its own: no
+        # other test's task may hold a slot (one per worker, and one task queued)
+        marks = tmp_path / "marks"
+        marks.mkdir()
+
+        def stuck(x):
+            (marks / str(x)).touch()
+            for _ in range(300):  # waits (at most 30 s) for the test's gate
+                if (tmp_path / "go").exists():
+                    break
+                threading.Event().wait(0.1)
+            return x
+        with actorpy.connect(workers=2) as cluster:
+            with pytest.raises(ActorpyTimeout):
+                mapre.from_items(cluster, range(12), 12).map(stuck).collect(timeout_s=2)
+            assert len(os.listdir(marks)) == 2
+            (tmp_path / "go").touch()
+            assert mapre.from_items(cluster, range(8), 8).count(timeout_s=60) == 8
+        assert len(os.listdir(marks)) == 2
 
 
 class TestProgress:
