@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="text files, directories or globs (UTF-8, one line per record)")
     parser.add_argument("--top", type=int, default=20, metavar="K",
                         help="how many of the most frequent words to print (default 20)")
-    parser.add_argument("--timeout-s", type=float, default=3600.0,
+    parser.add_argument("--timeout-s", type=apputil.positive_float, default=3600.0,
                         help="give up after this many seconds (default 3600)")
     parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
                         help="an undecodable byte: fail naming file and offset (strict, the "

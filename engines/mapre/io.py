@@ -67,6 +67,11 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
             found = sorted(p for p in glob.glob(path) if os.path.isfile(p))
             if not found:
                 raise InputNotFound(f"the pattern {path!r} matches no file")
+        elif os.path.exists(path):
+            raise InputNotFound(f"input path {path!r} is not a regular file or a directory "
+                                "(a pipe, a device or a socket cannot be cut into byte ranges)")
+        elif os.path.islink(path):
+            raise InputNotFound(f"input path {path!r} is a symbolic link to nothing (or a loop)")
         else:
             raise InputNotFound(f"input path {path!r} does not exist")
         files.extend(found)

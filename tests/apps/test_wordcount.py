@@ -42,6 +42,9 @@ def test_table_and_missing_input(tmp_path):
     assert lines[1].split() == ["1", "zebra", "3"] and len(lines) == 4
     missing = _run("--workers", "1", str(tmp_path / "nope*.txt"))
     assert missing.returncode == 1 and "nope*.txt" in missing.stderr
+    for bad in ("nan", "-5"):  # NaN never timed out
+        wrong = _run("--timeout-s", bad, str(tmp_path))
+        assert wrong.returncode == 2 and "must be a finite number > 0" in wrong.stderr
 
 
 def test_undecodable_bytes_fail_or_are_replaced(tmp_path):

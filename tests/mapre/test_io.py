@@ -102,6 +102,12 @@ class TestInputs:
         (tmp_path / "empty").mkdir()
         with pytest.raises(InputNotFound, match="no data files"):
             io.list_inputs(str(tmp_path / "empty"))
+        os.mkfifo(tmp_path / "fifo")  # `actorpy wordcount /dev/stdin` is one too
+        with pytest.raises(InputNotFound, match="fifo' is not a regular file or a directory"):
+            io.list_inputs(str(tmp_path / "fifo"))
+        os.symlink("loop", tmp_path / "loop")
+        with pytest.raises(InputNotFound, match="loop' is a symbolic link to nothing"):
+            io.list_inputs(str(tmp_path / "loop"))
 
     def test_directory_skips_markers_and_temporaries(self, tmp_path):
         for name in ("b.txt", "a.txt", "_SUCCESS", ".part-00000.x.tmp"):

@@ -169,6 +169,9 @@ class TestErrors:
             slow.collect(timeout_s=0.2)
         with pytest.raises(ActorpyTimeout):
             slow.count(timeout_s=0.1)
+        for bad in (float("nan"), "10", None):  # NaN never timed out
+            with pytest.raises(mapre.ArgumentError, match="timeout_s must be a number"):
+                slow.count(timeout_s=bad)
 
 
     def test_a_timed_out_job_leaves_no_queued_tasks(self, tmp_path):
