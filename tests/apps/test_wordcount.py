@@ -42,6 +42,9 @@ def test_table_and_missing_input(tmp_path):
     assert lines[1].split() == ["1", "zebra", "3"] and len(lines) == 4
     missing = _run("--workers", "1", str(tmp_path / "nope*.txt"))
     assert missing.returncode == 1 and "nope*.txt" in missing.stderr
+    many = _run("--workers", "1000", str(tmp_path))  # took a minute, then failed
+    assert many.returncode == 1 and "at most 256 workers, not 1000" in many.stderr
+    assert len(many.stderr.splitlines()) == 1
     for bad in ("nan", "-5"):  # NaN never timed out
         wrong = _run("--timeout-s", bad, str(tmp_path))
         assert wrong.returncode == 2 and "must be a finite number > 0" in wrong.stderr
