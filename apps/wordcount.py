@@ -117,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s,
                                  errors=args.errors)
     except ActorpyError as exc:
-        hint = ("; `--errors replace` reads such bytes as U+FFFD"
-                if "InputDecodeError" in str(getattr(exc, "remote_type", "")) else "")
-        print(f"actorpy wordcount: {apputil.error_line(exc)}{hint}", file=sys.stderr)
+        bad = exc.__cause__ if isinstance(exc.__cause__, mapre.InputDecodeError) else None
+        line = (f"{bad.path}: byte offset {bad.offset} is not valid UTF-8; fix the file, or "
+                "pass `--errors replace` to read such bytes as U+FFFD" if bad is not None
+                else apputil.error_line(exc))
+        print(f"actorpy wordcount: {line}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - t0
     if args.json:
