@@ -18,7 +18,7 @@ import os
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
-from engines.mapre.errors import InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.errors import ArgumentError, InputDecodeError, InputNotFound, OutputExists
 from engines.mapre.plan import Split
 
 #: Bytes read per block; each block is decoded and split into lines in C.
@@ -51,7 +51,14 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     Raises:
         InputNotFound: an entry names no file (missing path, empty glob, empty directory).
     """
-    entries = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    try:
+        entries = [paths] if isinstance(paths, (str, bytes, os.PathLike)) else list(paths)
+    except TypeError:  # not iterable: refused below
+        entries = [paths]
+    for entry in entries:
+        if not isinstance(entry, (str, os.PathLike)):
+            raise ArgumentError(f"mapre.load() takes paths as str or os.PathLike (or a list of "
+                                f"them), got {type(entry).__name__}")
     if not entries:
         raise InputNotFound("mapre.load() was given an empty list of paths")
     files: list[str] = []
@@ -208,6 +215,9 @@ def prepare_output(directory: str, overwrite: bool) -> None:
     Raises:
         OutputExists: it already holds files and ``overwrite`` is False.
     """
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise OutputExists(f"output path {directory!r} is a file, not a directory; choose a "
+                           "new directory")
     if os.path.isdir(directory) and os.listdir(directory):
         if not overwrite:
             raise OutputExists(f"output directory {directory!r} is not empty; choose a new "

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engines.mapre import io
-from engines.mapre.errors import InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.errors import ArgumentError, InputDecodeError, InputNotFound, OutputExists
 from engines.mapre.plan import Split
 
 LINE = st.lists(st.sampled_from(["a", "é", "e\u0301", "\u00a0", " ", "\r", "日", "\t",
@@ -109,6 +109,13 @@ class TestInputs:
         with pytest.raises(InputNotFound, match="loop' is a symbolic link to nothing"):
             io.list_inputs(str(tmp_path / "loop"))
 
+    def test_paths_of_the_wrong_type_are_refused(self, tmp_path):
+        (tmp_path / "a.txt").write_text("x\n")
+        for bad in (str(tmp_path / "a.txt").encode(), None, 3, [str(tmp_path), None]):
+            with pytest.raises(ArgumentError, match="takes paths as str or os.PathLike"):
+                io.list_inputs(bad)
+        assert io.list_inputs(tmp_path.glob("*.txt")) == [str(tmp_path / "a.txt")]
+
     def test_directory_skips_markers_and_temporaries(self, tmp_path):
         for name in ("b.txt", "a.txt", "_SUCCESS", ".part-00000.x.tmp"):
             (tmp_path / name).write_text("x\n")
@@ -149,6 +156,8 @@ class TestOutput:
             pass  # left by a worker that died mid-write
         io.finish_output(out, 2)
         assert sorted(os.listdir(out)) == ["_SUCCESS", "part-00000", "part-00001"]
+        with pytest.raises(OutputExists, match="is a file, not a directory"):
+            io.prepare_output(os.path.join(out, "part-00000"), overwrite=True)
         with pytest.raises(OutputExists, match="overwrite=True"):
             io.prepare_output(out, overwrite=False)
         io.prepare_output(out, overwrite=True)
