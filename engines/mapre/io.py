@@ -71,7 +71,8 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         elif os.path.isfile(path):
             found = [path]
         elif _GLOB_CHARS & set(path):
-            found = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+            # "**" spans directories, as in the shell's globstar and pathlib
+            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
             if not found:
                 raise InputNotFound(f"the pattern {path!r} matches no file")
         elif os.path.exists(path):

@@ -109,6 +109,13 @@ class TestInputs:
         with pytest.raises(InputNotFound, match="loop' is a symbolic link to nothing"):
             io.list_inputs(str(tmp_path / "loop"))
 
+    def test_double_star_spans_directories(self, tmp_path):
+        for name in ("t.txt", "a/m.txt", "a/b/d.txt", "a/b/skip.log"):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text("x\n")
+        assert io.list_inputs(str(tmp_path / "**" / "*.txt")) == \
+            [str(tmp_path / n) for n in ("a/b/d.txt", "a/m.txt", "t.txt")]
+
     def test_paths_of_the_wrong_type_are_refused(self, tmp_path):
         (tmp_path / "a.txt").write_text("x\n")
         for bad in (str(tmp_path / "a.txt").encode(), None, 3, [str(tmp_path), None]):
