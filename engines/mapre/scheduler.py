@@ -106,6 +106,7 @@ class Job:
         self._completed: set[int] = set()
         #: Tasks were left running when the job failed (see ``_abandon``).
         self.abandoned = False
+        self._last_loss = ""
 
     def __enter__(self) -> Job:
         return self
@@ -297,8 +298,9 @@ class Job:
                     broken = self._dispatch(stage, pending, inflight, load, build)
                 if not inflight:
                     if pending and not broken:
+                        last = f" (the last {self._last_loss})" if self._last_loss else ""
                         raise JobFailed(f"{self.action}: no live workers left to run stage "
-                                        f"'{stage.name}'; start workers or reconnect")
+                                        f"'{stage.name}'{last}; start workers or reconnect")
                     break
                 done, _ = wait(list(inflight), timeout=min(0.25, self.left_s()),
                                return_when=FIRST_COMPLETED)
@@ -382,6 +384,8 @@ class Job:
 
     def _retry(self, stage: Stage, key: Key, reason: str) -> None:
         stage.attempts[key] += 1
+        # a function that kills its worker (os._exit, a crash in C) kills each in turn
+        self._last_loss = f"ran partition {key[1]} of stage '{stage.name}': {reason}"
         log.warning("%s: stage '%s' partition %d runs again: %s", self.id, stage.name, key[1],
                     reason)
         if stage.attempts[key] >= MAX_ATTEMPTS:

@@ -18,6 +18,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 import actorpy
 from engines import mapre
 from tests.conftest import alive, wait_until
@@ -232,3 +234,17 @@ class TestInterrupted:
         assert "KeyboardInterrupt" in err and took < 5, (took, err[-2000:])
         assert len(os.listdir(marks)) == 2  # the queued partitions never started
         wait_until(lambda: not any(alive(p) for p in pids), 30, "the cluster's processes to end")
+
+
+def test_a_function_that_kills_its_worker_is_named():
+    # os._exit (or a crash in C) takes each worker down in turn; the error must say which
+    # partition was running, not only that no worker is left
+    def fatal(x):
+        if x == 3:
+            os._exit(1)
+        return x
+    with actorpy.connect(workers=1, dead_after_s=1.0) as cluster:
+        with pytest.raises(mapre.JobFailed) as info:
+            mapre.from_items(cluster, range(4), 4).map(fatal).collect(timeout_s=60)
+    assert "no live workers left" in str(info.value)
+    assert "ran partition 3 of stage 'collect'" in str(info.value)
