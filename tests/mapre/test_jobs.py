@@ -104,6 +104,17 @@ class TestSave:
         assert mapre.load(cluster, out).collect(timeout_s=60) == []
 
 
+    def test_overwriting_its_own_input_is_refused(self, cluster, tmp_path):
+        # overwrite=True deleted the parts before the job read them: the input was lost
+        out = str(tmp_path / "out")
+        mapre.from_items(cluster, range(10), 2).save(out)
+        doubled = mapre.load(cluster, out).map(lambda line: str(int(line) * 2))
+        with pytest.raises(mapre.OutputExists, match="holds files this dataset reads"):
+            doubled.save(out, overwrite=True, timeout_s=60)
+        assert mapre.load(cluster, out).collect(timeout_s=60) == [str(x) for x in range(10)]
+        assert doubled.save(str(tmp_path / "other"), timeout_s=60)
+
+
 class TestCache:
     def test_second_action_reads_the_cache(self, cluster, tmp_path):
         def mark(it):
