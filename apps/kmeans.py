@@ -59,7 +59,8 @@ def local_kmeans(x: np.ndarray, k: int, rng: np.random.Generator, restarts: int 
         centres = [x[rng.integers(len(x))]]
         for _ in range(1, k):
             d2 = ((x[:, None, :] - np.array(centres)[None]) ** 2).sum(2).min(1)
-            centres.append(x[rng.choice(len(x), p=d2 / d2.sum())])
+            total = d2.sum()  # 0 when every point is a centre already
+            centres.append(x[rng.choice(len(x), p=d2 / total if total > 0 else None)])
         c = np.array(centres)
         for _ in range(iterations):
             sums, counts, inertia = partial_sums(x, c)
@@ -72,13 +73,16 @@ def local_kmeans(x: np.ndarray, k: int, rng: np.random.Generator, restarts: int 
 def kmeans(cluster: Any, points: np.ndarray, k: int, *, partitions: int, iterations: int = 50,
            tol: float = 1e-6, seed: int = 0, timeout_s: float = 600.0) -> dict[str, Any]:
     """Lloyd's algorithm on the cluster; returns centres, iterations, inertia, seconds."""
+    partitions = min(partitions, len(points))  # no empty blocks
     blocks = np.array_split(points, partitions)
     data = mapre.from_items(cluster, blocks, partitions=partitions).cache()
     t0 = time.perf_counter()
     try:
         rng = np.random.default_rng(seed)
-        sample = np.concatenate(data.take(1, timeout_s=timeout_s))
-        sample = sample[rng.permutation(len(sample))[:max(50 * k, 1000)]]
+        want = max(50 * k, 1000)  # sample rows, from as many blocks as that takes
+        sample = np.concatenate(data.take(-(-want * partitions // len(points)),
+                                          timeout_s=timeout_s))
+        sample = sample[rng.permutation(len(sample))[:want]]
         centres = local_kmeans(sample, k, rng)
         done, inertia = 0, float("nan")
         for done in range(1, iterations + 1):

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="text files, directories or globs (UTF-8, one line per record)")
     parser.add_argument("--top", type=int, default=20, metavar="K",
                         help="how many of the most frequent words to print (default 20)")
-    parser.add_argument("--timeout-s", type=float, default=3600.0,
+    parser.add_argument("--timeout-s", type=apputil.positive_float, default=3600.0,
                         help="give up after this many seconds (default 3600)")
     parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
                         help="an undecodable byte: fail naming file and offset (strict, the "
@@ -117,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s,
                                  errors=args.errors)
     except ActorpyError as exc:
-        hint = ("; `--errors replace` reads such bytes as U+FFFD"
-                if "InputDecodeError" in str(getattr(exc, "remote_type", "")) else "")
-        print(f"actorpy wordcount: {apputil.error_line(exc)}{hint}", file=sys.stderr)
+        bad = exc.__cause__ if isinstance(exc.__cause__, mapre.InputDecodeError) else None
+        line = (f"{bad.path}: byte offset {bad.offset} is not valid UTF-8; fix the file, or "
+                "pass `--errors replace` to read such bytes as U+FFFD" if bad is not None
+                else apputil.error_line(exc))
+        print(f"actorpy wordcount: {line}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - t0
     if args.json:

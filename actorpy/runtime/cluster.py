@@ -29,6 +29,10 @@ from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 log = logging.getLogger(__name__)
 
+#: Workers of an embedded local cluster: its manager keeps a link and a monitor socket per
+#: worker, within ZeroMQ's 1023 sockets per process (about 500 workers), with room to spare.
+MAX_LOCAL_WORKERS = 256
+
 
 def connect(address: str | None = None, *, secret: str | bytes | None = None,
             secret_file: str | None = None, workers: int | None = None,
@@ -64,6 +68,11 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         n = config.workers if config.workers is not None else (os.cpu_count() or 1)
         if n < 1:
             raise ConfigError("an embedded local cluster needs workers >= 1")
+        if n > MAX_LOCAL_WORKERS:
+            raise ConfigError(
+                f"an embedded local cluster takes at most {MAX_LOCAL_WORKERS} workers, not {n}: "
+                "its manager holds two sockets per worker, within ZeroMQ's 1023 per process; "
+                "for more, run `actorpy manager` and `actorpy worker` on several machines")
         local = LocalCluster(n, config, log_level)
         security, bind, manager_address = local.security, local.bind_for(node_id), local.manager_address
     else:

@@ -18,7 +18,7 @@ from engines.mapre import io
 from engines.mapre import plan as P
 from engines.mapre.codec import iter_unpacked, unpack
 from engines.mapre.engine import Engine
-from engines.mapre.errors import EmptyDatasetError, JobFailed
+from engines.mapre.errors import EmptyDatasetError, JobFailed, OutputExists
 from engines.mapre.scheduler import MAX_ATTEMPTS, Job, Stage
 from engines.mapre.shuffle import combine
 from engines.mapre.tasks import (Collect, CombineByKey, Count, Fold, Reduce, Save, Take,
@@ -151,6 +151,13 @@ def top(engine: Engine, node: P.Node, n: int, key: Callable[[Any], Any] | None,
 def save(engine: Engine, node: P.Node, directory: str | os.PathLike[str], overwrite: bool,
          timeout_s: float, progress: bool | None) -> str:
     path = os.path.abspath(os.fspath(directory))
+    if overwrite and os.path.isdir(path):  # overwriting would delete the input before it is read
+        here = os.path.realpath(path)
+        inputs = {os.path.realpath(os.path.dirname(split.path)) for n in P.walk(node)
+                  if isinstance(n, P.TextSource) for part in n.splits for split in part}
+        if here in inputs:
+            raise OutputExists(f"save(): {path!r} holds files this dataset reads; save to "
+                               "another directory (then move it), not over its own input")
     io.prepare_output(path, overwrite)
     with Job(engine, "save", node, timeout_s, progress) as job:
         job.run(node, "save", lambda p: Save(path, p))

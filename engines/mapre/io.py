@@ -12,12 +12,13 @@ hidden temporary name and renamed when complete, then an empty ``_SUCCESS`` mark
 """
 from __future__ import annotations
 
+import codecs
 import glob
 import os
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
-from engines.mapre.errors import InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.errors import ArgumentError, InputDecodeError, InputNotFound, OutputExists
 from engines.mapre.plan import Split
 
 #: Bytes read per block; each block is decoded and split into lines in C.
@@ -30,6 +31,9 @@ TEXT_BLOCK_BYTES = 64 << 10
 #: Default size of one input split (one partition).
 DEFAULT_SPLIT_BYTES = 32 << 20
 SUCCESS = "_SUCCESS"
+#: A UTF-8 byte order mark at the start of a file (Windows editors write one) is not text:
+#: it is dropped, as Hadoop's line reader and Python's "utf-8-sig" do.
+BOM = codecs.BOM_UTF8
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -41,12 +45,20 @@ def _data_files(directory: str) -> list[str]:
 
 
 def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
-    """The files named by a path, a directory, a glob, or a list of those (sorted per entry).
+    """The files named by a path, a directory, a glob, or a list of those (sorted per entry),
+    as absolute paths: the workers that read them may run in another directory.
 
     Raises:
         InputNotFound: an entry names no file (missing path, empty glob, empty directory).
     """
-    entries = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    try:
+        entries = [paths] if isinstance(paths, (str, bytes, os.PathLike)) else list(paths)
+    except TypeError:  # not iterable: refused below
+        entries = [paths]
+    for entry in entries:
+        if not isinstance(entry, (str, os.PathLike)):
+            raise ArgumentError(f"mapre.load() takes paths as str or os.PathLike (or a list of "
+                                f"them), got {type(entry).__name__}")
     if not entries:
         raise InputNotFound("mapre.load() was given an empty list of paths")
     files: list[str] = []
@@ -59,13 +71,20 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         elif os.path.isfile(path):
             found = [path]
         elif _GLOB_CHARS & set(path):
-            found = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+            # "**" spans directories, as in the shell's globstar and pathlib
+            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
             if not found:
                 raise InputNotFound(f"the pattern {path!r} matches no file")
+        elif os.path.exists(path):
+            raise InputNotFound(f"input path {path!r} is not a regular file or a directory "
+                                "(a pipe, a device or a socket cannot be cut into byte ranges)")
+        elif os.path.islink(path):
+            raise InputNotFound(f"input path {path!r} is a symbolic link to nothing (or a loop)")
         else:
             raise InputNotFound(f"input path {path!r} does not exist")
         files.extend(found)
-    return files
+    cwd = os.getcwd()  # joined, not normalised: "link/.." must stay what it is
+    return [f if os.path.isabs(f) else os.path.join(cwd, f) for f in files]
 
 
 def make_splits(files: Iterable[str], split_bytes: int) -> list[Split]:
@@ -113,12 +132,12 @@ def pack_splits(splits: Sequence[Split], split_bytes: int,
 def read_split(split: Split, errors: str = "strict",
                block_bytes: int = READ_BLOCK_BYTES) -> Iterator[list[str]]:
     """The lines of ``split`` as lists of str, one list per block read (``\\n`` and
-    ``\\r\\n`` stripped).
+    ``\\r\\n`` stripped, and a byte order mark at the start of the file).
 
     Raises:
         InputDecodeError: a byte is not valid UTF-8 and ``errors`` is "strict".
     """
-    for pos, body in read_blocks(split, block_bytes):
+    for pos, body in _without_bom(read_blocks(split, block_bytes)):
         text = _decode(body, split.path, pos, errors)
         if "\r" in text:
             text = text.replace("\r\n", "\n")
@@ -132,12 +151,12 @@ def read_split_text(split: Split, errors: str = "strict",
                     block_bytes: int = TEXT_BLOCK_BYTES) -> Iterator[str]:
     """The lines of ``split`` as blocks of text: whole lines of about ``block_bytes``
     together, line ends kept as they are (``\\n`` or ``\\r\\n``); every block ends with a
-    newline but perhaps the file's last.
+    newline but perhaps the file's last. A byte order mark at the start of the file is dropped.
 
     Raises:
         InputDecodeError: a byte is not valid UTF-8 and ``errors`` is "strict".
     """
-    for pos, body in read_blocks(split, block_bytes):
+    for pos, body in _without_bom(read_blocks(split, block_bytes)):
         yield _decode(body, split.path, pos, errors)
 
 
@@ -172,6 +191,17 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[t
             carry = [rest] if rest else []
 
 
+def _without_bom(blocks: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    """``blocks`` of ``read_blocks``, less a byte order mark at the start of the file."""
+    for pos, body in blocks:
+        if pos == 0 and body.startswith(BOM):
+            pos, body = len(BOM), body[len(BOM):]
+        if body:
+            yield pos, body
+        yield from blocks  # only the first block can start the file
+        return
+
+
 def _decode(data: bytes, path: str, offset: int, errors: str) -> str:
     try:
         return data.decode("utf-8", errors)
@@ -186,6 +216,9 @@ def prepare_output(directory: str, overwrite: bool) -> None:
     Raises:
         OutputExists: it already holds files and ``overwrite`` is False.
     """
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise OutputExists(f"output path {directory!r} is a file, not a directory; choose a "
+                           "new directory")
     if os.path.isdir(directory) and os.listdir(directory):
         if not overwrite:
             raise OutputExists(f"output directory {directory!r} is not empty; choose a new "

@@ -10,6 +10,7 @@ recomputes exactly what was lost, from the plan, on the workers that are left.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -21,7 +22,7 @@ from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError
 from actorpy.ids import NodeId
 from engines.mapre import plan as P
 from engines.mapre.engine import Engine
-from engines.mapre.errors import FetchFailed, JobFailed
+from engines.mapre.errors import ArgumentError, FetchFailed, JobFailed
 from engines.mapre.partition import range_bounds
 from engines.mapre.progress import Progress, wanted
 from engines.mapre.shuffle import Block, ShuffleSpec
@@ -84,6 +85,10 @@ class Job:
         self.action = action
         self.id = engine.new_job_id()
         self.prefix = f"mapre/{self.id}"
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or math.isnan(timeout_s):  # NaN would never time out
+            raise ArgumentError(f"{action}: timeout_s must be a number of seconds, got "
+                                f"{timeout_s!r}")
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.progress = Progress(action, wanted(progress), P.count_stages(final))
@@ -99,16 +104,20 @@ class Job:
         self.stored_on: set[NodeId] = set()
         self._consumers: dict[int, set[int]] | None = None
         self._completed: set[int] = set()
+        #: Tasks were left running when the job failed (see ``_abandon``).
+        self.abandoned = False
+        self._last_loss = ""
 
     def __enter__(self) -> Job:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.progress.close()
-        if self.stored_on:  # wait for it, but never beyond the action's own time limit
+        if self.stored_on:  # wait for it, but never beyond the action's own time limit,
+            # nor behind abandoned tasks still running
             left = min(5.0, self.deadline - time.monotonic())
             self.engine.delete(self.stored_on, (self.prefix + "/",),
-                               wait_s=left if left > 0 else None)
+                               wait_s=left if left > 0 and not self.abandoned else None)
 
     # ---------------------------------------------------------------- entry points
     def run(self, node: P.Node, name: str, sink_for: Callable[[int], Any],
@@ -289,8 +298,9 @@ class Job:
                     broken = self._dispatch(stage, pending, inflight, load, build)
                 if not inflight:
                     if pending and not broken:
+                        last = f" (the last {self._last_loss})" if self._last_loss else ""
                         raise JobFailed(f"{self.action}: no live workers left to run stage "
-                                        f"'{stage.name}'; start workers or reconnect")
+                                        f"'{stage.name}'{last}; start workers or reconnect")
                     break
                 done, _ = wait(list(inflight), timeout=min(0.25, self.left_s()),
                                return_when=FIRST_COMPLETED)
@@ -302,17 +312,24 @@ class Job:
                         pending.append(key)
                         broken = broken or status is _INPUT_LOST
         except BaseException as exc:
-            self._abandon(inflight, wait_s=0.0 if isinstance(exc, TimeoutError) else 10.0)
+            # a user's error: wait for the others; a timeout or Ctrl-C: give up at once
+            patient = isinstance(exc, Exception) and not isinstance(exc, TimeoutError)
+            self._abandon(inflight, wait_s=10.0 if patient else 0.0)
             raise
 
     def _abandon(self, inflight: dict[Any, Any], wait_s: float) -> None:
         """The job fails: let running tasks finish (up to ``wait_s``) so that the blocks they
-        store are deleted with the job's (a timed-out job does not wait, and what its tasks
-        store after it gave up stays until the cluster ends)."""
+        store are deleted with the job's. With ``wait_s`` 0 (a timeout, Ctrl-C) the tasks
+        are cancelled instead: queued ones never start, running ones go on (a thread cannot
+        be stopped) and what they store stays until the cluster ends."""
         for _, worker, _ in inflight.values():
             self.stored_on.add(worker)
         if inflight and wait_s > 0:
             wait(list(inflight), timeout=min(wait_s, max(0.0, self.deadline - time.monotonic())))
+        elif inflight:
+            self.abandoned = True
+            for fut in inflight:
+                fut.cancel()
 
     def _dispatch(self, stage: Stage, pending: deque[Key], inflight: dict[Any, Any],
                   load: Counter[NodeId], build: Build) -> bool:
@@ -367,6 +384,8 @@ class Job:
 
     def _retry(self, stage: Stage, key: Key, reason: str) -> None:
         stage.attempts[key] += 1
+        # a function that kills its worker (os._exit, a crash in C) kills each in turn
+        self._last_loss = f"ran partition {key[1]} of stage '{stage.name}': {reason}"
         log.warning("%s: stage '%s' partition %d runs again: %s", self.id, stage.name, key[1],
                     reason)
         if stage.attempts[key] >= MAX_ATTEMPTS:

@@ -23,7 +23,8 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
     one partition each, but for small files: consecutive ones share a partition of at most
     ``split_bytes`` (and of at most an even share of the input per worker, so that each
     worker gets one). Every worker reads its own ranges, so no process ever holds a whole
-    file. Paths must be readable at the same path on every worker.
+    file. Paths must be readable at the same path on every worker; relative ones are taken
+    from the driver's directory. A byte order mark at the start of a file is dropped.
 
     Args:
         cluster: from ``actorpy.connect()``.
@@ -50,7 +51,8 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
     if not isinstance(split_bytes, int) or split_bytes < 1:
         raise ConfigError(f"split_bytes must be an integer >= 1, got {split_bytes!r}")
     files = io.list_inputs(path)
-    where = os.fspath(path) if isinstance(path, (str, os.PathLike)) else f"{len(files)} files"
+    where = (os.fspath(path) if isinstance(path, (str, os.PathLike))
+             else f"{len(files)} file{'s' * (len(files) != 1)}")
     engine = engine_for(cluster)
     parts = io.pack_splits(io.make_splits(files, split_bytes), split_bytes,
                            len(engine.workers()))

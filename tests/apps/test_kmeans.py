@@ -21,3 +21,12 @@ def test_kmeans_finds_the_generating_centres(capsys):
     sums, counts, inertia = kmeans.partial_sums(points, centres)
     assert np.allclose(sums / counts[:, None], centres, atol=1e-6)
     assert np.isclose(inertia, report["inertia"], rtol=1e-6)
+
+
+def test_more_partitions_than_points(capsys):
+    # the seeding sample came from the first block only: 1 point, or none, for 5 centres
+    for points, partitions in ((100, 1000), (5, 3), (40, 30)):
+        assert kmeans.main(["--k", "5", "--points", str(points), "--partitions", str(partitions),
+                            "--workers", "1", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert len(report["centres"]) == 5 and np.isfinite(report["inertia"])

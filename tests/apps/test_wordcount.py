@@ -23,8 +23,9 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_json_output_equals_counter(tmp_path):
-    for i in range(3):
-        (tmp_path / f"t{i}.txt").write_text(TEXT * (i + 1), encoding="utf-8")
+    for i in range(3):  # the first with a byte order mark, as Windows editors write
+        (tmp_path / f"t{i}.txt").write_text(TEXT * (i + 1),
+                                           encoding="utf-8-sig" if i == 0 else "utf-8")
     out = _run("--workers", "2", "--json", str(tmp_path / "t0.txt"), str(tmp_path / "t[12].txt"))
     assert out.returncode == 0, out.stderr
     expected = collections.Counter(w for w in TEXT.lower().split()
@@ -41,6 +42,12 @@ def test_table_and_missing_input(tmp_path):
     assert lines[1].split() == ["1", "zebra", "3"] and len(lines) == 4
     missing = _run("--workers", "1", str(tmp_path / "nope*.txt"))
     assert missing.returncode == 1 and "nope*.txt" in missing.stderr
+    many = _run("--workers", "1000", str(tmp_path))  # took a minute, then failed
+    assert many.returncode == 1 and "at most 256 workers, not 1000" in many.stderr
+    assert len(many.stderr.splitlines()) == 1
+    for bad in ("nan", "-5"):  # NaN never timed out
+        wrong = _run("--timeout-s", bad, str(tmp_path))
+        assert wrong.returncode == 2 and "must be a finite number > 0" in wrong.stderr
 
 
 def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
@@ -48,7 +55,8 @@ def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
     strict = _run("--workers", "1", str(tmp_path / "bad.txt"))
     assert strict.returncode == 1
     assert "bad.txt" in strict.stderr and "byte offset 12" in strict.stderr
-    assert "--errors replace" in strict.stderr
+    assert "--errors replace" in strict.stderr and "mapre.load()" not in strict.stderr
+    assert len(strict.stderr.splitlines()) == 1
     replaced = _run("--workers", "1", "--errors", "replace", "--json", str(tmp_path / "bad.txt"))
     assert replaced.returncode == 0, replaced.stderr
     assert json.loads(replaced.stdout) == {"café": 2, "bar": 1, "fo\ufffdo": 1}

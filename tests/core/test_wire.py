@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import struct
 
 import numpy as np
@@ -232,6 +233,7 @@ def live():
     ctx.term()
     client.close()
     server.close()
+    shutil.rmtree(where, ignore_errors=True)  # its sockets' directory (one per run, in /tmp)
 
 
 def drop_warnings(caplog):
@@ -341,6 +343,7 @@ def limited():
     yield server, client
     client.close()
     server.close()
+    shutil.rmtree(where, ignore_errors=True)
 
 
 class TestFrameLimits:

@@ -11,13 +11,20 @@ import operator
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 import actorpy
 from engines import mapre
-from tests.conftest import wait_until
+from tests.conftest import alive, wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 STOP = frozenset("a are is in it that this and to of so will can which for on an with the -".split())
 VOCAB = ["the", "The", "cat", "Käse", "naïve", "e\u0301t\u00e9", "日本", "-", "of", "zebra", "Sat",
@@ -187,3 +194,57 @@ class TestWorkerKilled:
             got.extend(stream)
         assert got == [x + 1 for x in range(30_000)]
         assert _marks(marks, "S") > 6  # unread partitions of the dead worker were recomputed
+
+
+INTERRUPTED_DRIVER = """
+import os, sys, threading, actorpy
+from engines import mapre
+
+def stuck(x):  # leaves a marker, then waits (up to 60 s) for a gate that never opens
+    open(os.path.join(sys.argv[1], f"{x}-{os.getpid()}"), "w").close()
+    threading.Event().wait(60)
+    return x
+
+with actorpy.connect(workers=2) as cluster:
+    print(" ".join(str(r["pid"]) for r in cluster.nodes()), flush=True)
+    mapre.from_items(cluster, range(6), 6).map(stuck).count(timeout_s=120)
+"""
+
+
+class TestInterrupted:
+    def test_ctrl_c_mid_job_ends_the_driver_at_once(self, tmp_path):
+        # Ctrl-C must not wait for tasks that run on (up to 10 s) nor for deletes queued
+        # behind them (up to 5 s); the embedded cluster goes with the driver.
+        script = tmp_path / "driver.py"
+        script.write_text(INTERRUPTED_DRIVER)
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        proc = subprocess.Popen([sys.executable, str(script), str(marks)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": ROOT})
+        try:
+            pids = [int(p) for p in proc.stdout.readline().split()]
+            wait_until(lambda: len(os.listdir(marks)) >= 2, 30, "both workers to start a task")
+            started = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+            took = time.monotonic() - started
+        finally:
+            proc.kill()
+        assert "KeyboardInterrupt" in err and took < 5, (took, err[-2000:])
+        assert len(os.listdir(marks)) == 2  # the queued partitions never started
+        wait_until(lambda: not any(alive(p) for p in pids), 30, "the cluster's processes to end")
+
+
+def test_a_function_that_kills_its_worker_is_named():
+    # os._exit (or a crash in C) takes each worker down in turn; the error must say which
+    # partition was running, not only that no worker is left
+    def fatal(x):
+        if x == 3:
+            os._exit(1)
+        return x
+    with actorpy.connect(workers=1, dead_after_s=1.0) as cluster:
+        with pytest.raises(mapre.JobFailed) as info:
+            mapre.from_items(cluster, range(4), 4).map(fatal).collect(timeout_s=60)
+    assert "no live workers left" in str(info.value)
+    assert "ran partition 3 of stage 'collect'" in str(info.value)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engines.mapre import io
-from engines.mapre.errors import InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.errors import ArgumentError, InputDecodeError, InputNotFound, OutputExists
 from engines.mapre.plan import Split
 
 LINE = st.lists(st.sampled_from(["a", "é", "e\u0301", "\u00a0", " ", "\r", "日", "\t",
@@ -34,15 +34,16 @@ def read_all(path: str, size: int, split_bytes: int, block_bytes: int) -> list[s
 
 class TestReadSplit:
     @given(st.lists(LINE, max_size=30), st.sampled_from(["\n", "\r\n"]), st.booleans(),
-           st.integers(1, 40), st.integers(1, 16))
+           st.integers(1, 40), st.integers(1, 16), st.booleans())
     @settings(max_examples=120, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     def test_every_line_once_whatever_the_cuts(self, tmp_path, lines, newline, trailing,
-                                               split_bytes, block_bytes):
+                                               split_bytes, block_bytes, bom):
         data = newline.join(lines).encode() + (newline.encode() if trailing and lines else b"")
         path = tmp_path / "f.txt"
-        path.write_bytes(data)
-        assert read_all(str(path), len(data), split_bytes, block_bytes) == reference_lines(data)
+        path.write_bytes(io.BOM * bom + data)  # a byte order mark at the start is not text
+        assert read_all(str(path), len(data) + 3 * bom, split_bytes, block_bytes) == \
+            reference_lines(data)
 
     def test_crlf_and_unicode_are_kept_apart(self, tmp_path):
         nfc, nfd = "café", unicodedata.normalize("NFD", "café")
@@ -61,19 +62,23 @@ class TestReadSplit:
         assert "bad.txt: byte offset 17" in str(info.value) and "errors='replace'" in str(info.value)
         lines = [x for part in io.read_split(Split(str(path), 0, 27), "replace") for x in part]
         assert lines == ["good line", "second \ufffd line"]
+        path.write_bytes(io.BOM + b"good line\nsecond \xff line\n")  # offsets count the mark
+        with pytest.raises(InputDecodeError, match="byte offset 20"):
+            read_all(str(path), 30, 100, 4)
 
 
-    @given(st.lists(LINE, max_size=30), st.booleans(), st.integers(1, 40), st.integers(1, 16))
+    @given(st.lists(LINE, max_size=30), st.booleans(), st.integers(1, 40), st.integers(1, 16),
+           st.booleans())
     @settings(max_examples=60, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     def test_text_blocks_hold_every_line_once(self, tmp_path, lines, trailing, split_bytes,
-                                              block_bytes):
+                                              block_bytes, bom):
         data = "\n".join(lines).encode() + (b"\n" if trailing and lines else b"")
         path = tmp_path / "b.txt"
-        path.write_bytes(data)
-        blocks = [b for s in range(0, len(data), split_bytes)
-                  for b in io.read_split_text(Split(str(path), s, min(s + split_bytes,
-                                                                       len(data))),
+        path.write_bytes(io.BOM * bom + data)
+        size = len(data) + 3 * bom
+        blocks = [b for s in range(0, size, split_bytes)
+                  for b in io.read_split_text(Split(str(path), s, min(s + split_bytes, size)),
                                               "strict", block_bytes)]
         assert "".join(blocks) == data.decode()
         assert all(b.endswith("\n") for b in blocks[:-1])
@@ -97,6 +102,26 @@ class TestInputs:
         (tmp_path / "empty").mkdir()
         with pytest.raises(InputNotFound, match="no data files"):
             io.list_inputs(str(tmp_path / "empty"))
+        os.mkfifo(tmp_path / "fifo")  # `actorpy wordcount /dev/stdin` is one too
+        with pytest.raises(InputNotFound, match="fifo' is not a regular file or a directory"):
+            io.list_inputs(str(tmp_path / "fifo"))
+        os.symlink("loop", tmp_path / "loop")
+        with pytest.raises(InputNotFound, match="loop' is a symbolic link to nothing"):
+            io.list_inputs(str(tmp_path / "loop"))
+
+    def test_double_star_spans_directories(self, tmp_path):
+        for name in ("t.txt", "a/m.txt", "a/b/d.txt", "a/b/skip.log"):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text("x\n")
+        assert io.list_inputs(str(tmp_path / "**" / "*.txt")) == \
+            [str(tmp_path / n) for n in ("a/b/d.txt", "a/m.txt", "t.txt")]
+
+    def test_paths_of_the_wrong_type_are_refused(self, tmp_path):
+        (tmp_path / "a.txt").write_text("x\n")
+        for bad in (str(tmp_path / "a.txt").encode(), None, 3, [str(tmp_path), None]):
+            with pytest.raises(ArgumentError, match="takes paths as str or os.PathLike"):
+                io.list_inputs(bad)
+        assert io.list_inputs(tmp_path.glob("*.txt")) == [str(tmp_path / "a.txt")]
 
     def test_directory_skips_markers_and_temporaries(self, tmp_path):
         for name in ("b.txt", "a.txt", "_SUCCESS", ".part-00000.x.tmp"):
@@ -138,6 +163,8 @@ class TestOutput:
             pass  # left by a worker that died mid-write
         io.finish_output(out, 2)
         assert sorted(os.listdir(out)) == ["_SUCCESS", "part-00000", "part-00001"]
+        with pytest.raises(OutputExists, match="is a file, not a directory"):
+            io.prepare_output(os.path.join(out, "part-00000"), overwrite=True)
         with pytest.raises(OutputExists, match="overwrite=True"):
             io.prepare_output(out, overwrite=False)
         io.prepare_output(out, overwrite=True)

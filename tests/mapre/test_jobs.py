@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+import actorpy
 from actorpy.errors import ActorpyTimeout, RemoteError
 from engines import mapre
 from engines.mapre.progress import Progress
@@ -58,6 +59,14 @@ class TestLoad:
         got = d.filter(lambda line: len(line) > 10).collect(timeout_s=120)
         assert len(got) == 1 and got[0] == big
 
+    def test_relative_paths_are_the_drivers(self, cluster, tmp_path, monkeypatch):
+        # the workers started in another directory (as `actorpy worker` elsewhere would)
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "sub dir").mkdir()
+        (tmp_path / "sub dir" / "rel.txt").write_text("here\n")
+        assert mapre.load(cluster, "sub dir/rel.txt").collect(timeout_s=60) == ["here"]
+        assert mapre.load(cluster, ["sub dir"]).collect(timeout_s=60) == ["here"]
+
     def test_missing_input_fails_before_any_work(self, cluster, tmp_path):
         with pytest.raises(mapre.InputNotFound, match="nothing-here"):
             mapre.load(cluster, str(tmp_path / "nothing-here" / "*.txt"))
@@ -93,6 +102,17 @@ class TestSave:
         out = str(tmp_path / "empty")
         mapre.from_items(cluster, [], partitions=2).save(out, timeout_s=60)
         assert mapre.load(cluster, out).collect(timeout_s=60) == []
+
+
+    def test_overwriting_its_own_input_is_refused(self, cluster, tmp_path):
+        # overwrite=True deleted the parts before the job read them: the input was lost
+        out = str(tmp_path / "out")
+        mapre.from_items(cluster, range(10), 2).save(out)
+        doubled = mapre.load(cluster, out).map(lambda line: str(int(line) * 2))
+        with pytest.raises(mapre.OutputExists, match="holds files this dataset reads"):
+            doubled.save(out, overwrite=True, timeout_s=60)
+        assert mapre.load(cluster, out).collect(timeout_s=60) == [str(x) for x in range(10)]
+        assert doubled.save(str(tmp_path / "other"), timeout_s=60)
 
 
 class TestCache:
@@ -160,6 +180,34 @@ class TestErrors:
             slow.collect(timeout_s=0.2)
         with pytest.raises(ActorpyTimeout):
             slow.count(timeout_s=0.1)
+        for bad in (float("nan"), "10", None):  # NaN never timed out
+            with pytest.raises(mapre.ArgumentError, match="timeout_s must be a number"):
+                slow.count(timeout_s=bad)
+
+
+    def test_a_timed_out_job_leaves_no_queued_tasks(self, tmp_path):
+        # a hung user function times out; its partitions still queued on the workers must
+        # not run after it (keeping the workers busy for the next action), only those
+        # already running can go on (a thread cannot be stopped). A cluster of its own: no
+        # other test's task may hold a slot (one per worker, and one task queued)
+        marks = tmp_path / "marks"
+        marks.mkdir()
+
+        def stuck(x):
+            (marks / str(x)).touch()
+            for _ in range(300):  # waits (at most 30 s) for the test's gate
+                if (tmp_path / "go").exists():
+                    break
+                threading.Event().wait(0.1)
+            return x
+        with actorpy.connect(workers=2) as cluster:
+            with pytest.raises(ActorpyTimeout):
+                mapre.from_items(cluster, range(12), 12).map(stuck).collect(timeout_s=3)
+            started = len(os.listdir(marks))
+            assert started <= 2  # (fewer only on a machine too loaded to start them in 3 s)
+            (tmp_path / "go").touch()
+            assert mapre.from_items(cluster, range(8), 8).count(timeout_s=60) == 8
+        assert len(os.listdir(marks)) == started
 
 
 class TestProgress:
