@@ -101,7 +101,7 @@ class ClusterRun:
         if peers < 1:
             raise ActorpyError(f"a P2P job needs at least one peer, got {peers}")
         self.job = job
-        self.spec = job.spec()
+        self.spec = job.spec(init)
         self.cluster = cluster
         self.n = peers
         self.init = dict(init)

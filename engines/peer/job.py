@@ -29,7 +29,7 @@ joins); the shell that runs them on a cluster's workers over the real wire is se
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from actorpy.barrier import ASP, Policy
 from actorpy.errors import ConfigError
@@ -115,8 +115,9 @@ class Job:
         self._stop = fn
         return fn
 
-    def spec(self) -> JobSpec:
-        """The job as its peers run it.
+    def spec(self, keys: Iterable[str] = ()) -> JobSpec:
+        """The job as its peers run it; ``keys``: the model's (a run's ``init``), the only
+        ones ``schedule`` may name.
 
         Raises:
             ConfigError: schedule, push or stop is missing.
@@ -132,7 +133,7 @@ class Job:
             kwargs["pull"] = self._pull
         return JobSpec(self.name, self._schedule, self._push, stop=self._stop,
                        policy=self.policy, seed=self.seed, poll_s=self.poll_s,
-                       replicate_s=self.replicate_s, **kwargs)
+                       replicate_s=self.replicate_s, keys=frozenset(keys), **kwargs)
 
     def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
         """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and
