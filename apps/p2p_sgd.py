@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=32, help="minibatch per peer (default 32)")
     parser.add_argument("--replication", type=int, default=3,
                         help="peers holding each key (default 3)")
-    parser.add_argument("--rpc-timeout", type=float, default=0.5,
+    parser.add_argument("--rpc-timeout", type=apputil.positive_float, default=0.5,
                         help="overlay RPC timeout in seconds (default 0.5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")

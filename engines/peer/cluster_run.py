@@ -13,12 +13,13 @@ service stops; ``leave_peer`` does the same for one peer while the job runs.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, RemoteError
+from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError
 
 from .context import JobSpec
 from .kademlia.events import KademliaConfig
@@ -100,6 +101,8 @@ class ClusterRun:
                  on_poll: Callable[[ClusterRun, float], None] | None = None) -> None:
         if peers < 1:
             raise ActorpyError(f"a P2P job needs at least one peer, got {peers}")
+        if not 0 < timeout_s < math.inf:   # NaN too: it never times out
+            raise ConfigError(f"timeout_s must be a finite number > 0, got {timeout_s}")
         self.job = job
         self.spec = job.spec(init)
         self.cluster = cluster

@@ -29,6 +29,8 @@ joins); the shell that runs them on a cluster's workers over the real wire is se
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any, Callable, Iterable, TypeVar
 
 from actorpy.barrier import ASP, Policy
@@ -71,6 +73,8 @@ class Job:
         if not isinstance(replication, int) or not 1 <= replication <= ksize:
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
+        if not isinstance(seed, numbers.Integral) or seed < 0:   # as numpy's seeds are
+            raise ConfigError(f"seed must be an int >= 0, got {seed!r}")
         fields = {f.name for f in dataclasses.fields(KademliaConfig)}
         unknown = set(overlay) - fields
         if unknown:
@@ -82,6 +86,11 @@ class Job:
         self.replicate_s = replicate_s
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
                                         "alpha": alpha, "replication": replication})
+        if not isinstance(alpha, int) or alpha < 1:   # 0: a lookup would ask nobody
+            raise ConfigError(f"alpha must be an int >= 1, got {alpha!r}")
+        if not 0 < self.config.rpc_timeout_s < math.inf:   # 0: every request times out
+            raise ConfigError(f"rpc_timeout_s must be a finite number > 0, got "
+                              f"{self.config.rpc_timeout_s!r}")
         self._schedule: Schedule | None = None
         self._push: Push | None = None
         self._pull: Pull | None = None

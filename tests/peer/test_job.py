@@ -264,3 +264,15 @@ class TestFailures:
             Job("x", rpc_timeout=1.0)
         with pytest.raises(ConfigError, match="replication"):
             Job("x", replication=0)
+        # before: a negative seed failed as numpy's ValueError traceback on every peer,
+        # rpc_timeout_s=0 made every request time out (44 s for 5 steps), alpha=0 and a
+        # NaN or infinite timeout_s were taken
+        with pytest.raises(ConfigError, match="seed must be an int >= 0, got -1"):
+            Job("x", seed=-1)
+        with pytest.raises(ConfigError, match="rpc_timeout_s must be a finite number > 0"):
+            Job("x", rpc_timeout_s=0.0)
+        with pytest.raises(ConfigError, match="alpha must be an int >= 1"):
+            Job("x", alpha=0)
+        for timeout in (float("nan"), float("inf")):
+            with pytest.raises(ConfigError, match="timeout_s must be a finite number > 0"):
+                linreg(ASP(), steps=1).run(None, peers=2, init=init(), timeout_s=timeout)
