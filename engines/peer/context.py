@@ -160,6 +160,9 @@ class JobSpec:
             wait for a round to the key's holders; answers to their pushes carry it sooner.
         keys: the model's keys (a run's ``init``): ``schedule`` may name only these (empty:
             not checked).
+        run: this run's token, carried by its GET and PUSH calls: an owner refuses a call
+            of another run (standalone peers serve one job after another, and a call of
+            the last one, retried by its node, must not reach the next one's model).
     """
 
     name: str
@@ -173,6 +176,7 @@ class JobSpec:
     retry_s: float = 0.05
     replicate_s: float = 0.01
     keys: frozenset[str] = frozenset()
+    run: int = 0
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "retry_s", "replicate_s"):

@@ -392,7 +392,7 @@ class PeerRunner:
             clock = reply.args[0] if reply is not None and reply.args else 0
             answer(status, clock, value, when, e)
 
-        args = (name,) if method == Method.GET else (name, self.step)
+        args = (name, self.step, self.spec.run)
         self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
                        replied, eff)
 
