@@ -233,8 +233,8 @@ class TestFailures:
             run(job, peers=3, max_s=60)
 
     @pytest.mark.parametrize("value, error", [
-        (np.zeros(9), "pull set key 'w0' to a float64 array of shape \\(9,\\)"),
-        ([0.0] * 4, "pull set key 'w0' to a list"),
+        (np.zeros(9), r"pull set key 'w\d' to a float64 array of shape \(9,\)"),
+        ([0.0] * 4, r"pull set key 'w\d' to a list"),
     ], ids=["shape", "list"])
     def test_a_pull_setting_a_misfit_value_is_a_clear_error(self, value: object,
                                                                       error: str) -> None:
