@@ -28,7 +28,7 @@ from actorpy import apputil
 from actorpy.errors import ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
 from apps.sgd import Pull, generate, gradient, loss, true_weights
-from apps.training import barriers_from_args, plot_curves, warn_if_diverged
+from apps.training import barriers_from_args, check_plot_path, plot_curves, warn_if_diverged
 from engines import peer
 from engines.peer.overlay_run import OverlayClient, OverlayRun
 
@@ -199,6 +199,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     [(label, barrier)] = barriers_from_args(args)
+    check_plot_path(args.plot)
     with (OverlayClient(args.bootstrap, secret_file=args.secret_file) if args.bootstrap
           else apputil.connect_from_args(args, task_threads=2)) as cluster:
         result, trace = train(cluster, args, barrier)
