@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 
 import numpy as np
@@ -235,7 +236,8 @@ def test_a_push_that_hangs_ends_the_job_at_its_timeout(cluster):
     timeout)."""
     job = peer.Job("hangs", barrier=ASP(), seed=0)
     job.register_schedule(lambda ctx: ["w"])
-    job.register_push(lambda ctx, values: (time.sleep(4.0 * ctx.step), {"w": np.ones(2)})[1])
+    job.register_push(lambda ctx, values: (threading.Event().wait(4.0 * ctx.step),
+                                           {"w": np.ones(2)})[1])
     job.register_pull(lambda store, updates: store.set("w", store.get("w")[0] + updates["w"]))
     job.register_stop(lambda ctx: ctx.step >= 2)   # the second step's push takes 4 s
     started = time.monotonic()
