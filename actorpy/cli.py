@@ -279,6 +279,9 @@ def _run(command: str, fn: Any) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except MemoryError as exc:   # --features 10**9: numpy says how much it could not get
+        print(f"actorpy {command}: out of memory: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

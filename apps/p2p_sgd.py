@@ -28,7 +28,7 @@ from actorpy import apputil
 from actorpy.errors import ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
 from apps.sgd import Pull, generate, gradient, loss, true_weights
-from apps.training import barriers_from_args, plot_curves, warn_if_diverged
+from apps.training import barriers_from_args, check_plot_path, plot_curves, warn_if_diverged
 from engines import peer
 from engines.peer.overlay_run import OverlayClient, OverlayRun
 
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=32, help="minibatch per peer (default 32)")
     parser.add_argument("--replication", type=int, default=3,
                         help="peers holding each key (default 3)")
-    parser.add_argument("--rpc-timeout", type=float, default=0.5,
+    parser.add_argument("--rpc-timeout", type=apputil.positive_float, default=0.5,
                         help="overlay RPC timeout in seconds (default 0.5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
@@ -199,6 +199,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     [(label, barrier)] = barriers_from_args(args)
+    check_plot_path(args.plot)
     with (OverlayClient(args.bootstrap, secret_file=args.secret_file) if args.bootstrap
           else apputil.connect_from_args(args, task_threads=2)) as cluster:
         result, trace = train(cluster, args, barrier)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Any, Callable, Sequence
 
@@ -69,6 +70,18 @@ def barriers_from_args(args: argparse.Namespace) -> list[tuple[str, Any]]:
     return [(spec, parse_barrier(spec))]
 
 
+def check_plot_path(path: str | None) -> None:
+    """Refuse a ``--plot FILE`` whose directory does not exist before training, not after.
+
+    Raises:
+        ConfigError: no such directory.
+    """
+    if path is not None:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise ConfigError(f"--plot {path}: there is no directory {folder}")
+
+
 def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], metric: str,
                 label: str, log_scale: bool = True) -> None:
     """Two panels, ``metric`` against seconds and against updates, one line per run."""
@@ -113,6 +126,7 @@ def run_barriers(args: argparse.Namespace,
     (``describe(result)``), or with ``--json`` the result (``{"runs": [...]}`` with
     ``--compare``); with ``--plot`` the curves of ``metric``. Returns the exit status."""
     barriers = barriers_from_args(args)  # bad specs fail before a cluster starts
+    check_plot_path(args.plot)
     runs = []
     with apputil.connect_from_args(args) as cluster:
         for name, barrier in barriers:

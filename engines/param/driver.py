@@ -8,6 +8,7 @@ workers asking where a restarted shard lives) is handled on the conductor's thre
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -81,8 +82,10 @@ class Run:
             if not isinstance(key, str) or family(value) is None:
                 raise ConfigError(f"init[{key!r}]: keys are strings and values numpy arrays or "
                                   "torch tensors")
-        if options.timeout_s <= 0 or options.batch < 1 or options.checkpoint_every < 0:
-            raise ConfigError("need timeout_s > 0, batch >= 1 and checkpoint_every >= 0")
+        if not (0 < options.timeout_s < math.inf) or options.batch < 1 \
+                or options.checkpoint_every < 0:
+            raise ConfigError(f"need a finite timeout_s > 0 (got {options.timeout_s}), "
+                              "batch >= 1 and checkpoint_every >= 0")
         if options.resume and options.checkpoint_dir is None:
             raise ConfigError("resume=True needs checkpoint_dir=")
         self.init = init

@@ -20,6 +20,7 @@ Every ``register_*`` returns its function, so each also works as a decorator.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -77,6 +78,8 @@ class Job:
         if not callable(getattr(barrier, "decide", None)):
             raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "
                               f"or have decide(me_step, view); got {barrier!r}")
+        if not isinstance(seed, numbers.Integral) or seed < 0:   # as numpy's seeds are
+            raise ConfigError(f"seed must be an int >= 0, got {seed!r}")
         if aggregate not in AGGREGATES:
             raise ConfigError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         self.name = name
@@ -116,7 +119,8 @@ class Job:
         return fn
 
     def register_stop(self, fn: F) -> F:
-        """Server: ``fn(store) -> bool``, checked after each pull; True ends the job. With
+        """Server: ``fn(store) -> bool``, checked after each pull (and after a step whose
+        push returned no update, which runs no pull); True ends the job. With
         several shards each shard checks it, and a shard that does not hold a key the
         function reads does not vote."""
         self.stop = fn

@@ -170,6 +170,11 @@ class ServerCore:
         self.held[w] = push.step
         if push.updates:
             self._pending.append((self.slots.get(w, 0), w, push.updates, max(push.batch, 0)))
+        elif not self._pending and self._cb.stop is not None and self._should_stop():
+            # a step with no updates runs no pull, after which stop is checked: check it
+            # here, or a job whose pushes return nothing would never stop
+            self._halt(Status.FINISH)
+            return self._flush_out()
         if self._balancer is not None:
             self._balancer.observe(w, push.batch, push.compute_s)
         if self._stragglers is not None:

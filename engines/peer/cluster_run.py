@@ -13,12 +13,13 @@ service stops; ``leave_peer`` does the same for one peer while the job runs.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, RemoteError
+from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError
 
 from .context import JobSpec
 from .kademlia.events import KademliaConfig
@@ -100,8 +101,10 @@ class ClusterRun:
                  on_poll: Callable[[ClusterRun, float], None] | None = None) -> None:
         if peers < 1:
             raise ActorpyError(f"a P2P job needs at least one peer, got {peers}")
+        if not 0 < timeout_s < math.inf:   # NaN too: it never times out
+            raise ConfigError(f"timeout_s must be a finite number > 0, got {timeout_s}")
         self.job = job
-        self.spec = job.spec()
+        self.spec = job.spec(init)
         self.cluster = cluster
         self.n = peers
         self.init = dict(init)
@@ -115,6 +118,7 @@ class ClusterRun:
         self.last: dict[int, dict[str, Any]] = {}
         self.on_poll = on_poll
         self.started = 0.0
+        self.deadline = math.inf
         self._stop = threading.Event()
 
     def start_peers(self) -> None:
@@ -130,15 +134,16 @@ class ClusterRun:
             RemoteError: a peer's callback raised (its type, message and traceback).
             ActorpyTimeout: not finished within ``timeout_s``.
         """
-        deadline = time.monotonic() + self.timeout_s
+        deadline = self.deadline = time.monotonic() + self.timeout_s
         try:
             self.start_peers()
             self.cluster.call(self.refs[0], PeerKind.SEED, self.init, timeout_s=CALL_S)
             for name in self.init:      # the seed is on its holders before anyone reads it
                 self._wait(lambda n=name: self.read(n) is not None, deadline, f"seed {name}")
             started = self.started = time.monotonic()
-            for ref in self.refs:
-                self.cluster.call(ref, PeerKind.START, False, timeout_s=CALL_S)
+            for ref in self.refs:   # a peer owning its keys runs its first step in START
+                self.cluster.call(ref, PeerKind.START, False,
+                                  timeout_s=min(CALL_S, max(deadline - time.monotonic(), 0.1)))
             self._wait(self._finished, deadline, "every peer to stop")
             seconds = time.monotonic() - started
             # The round that saw every peer done asked the owners before the last pushers
@@ -215,12 +220,22 @@ class ClusterRun:
         raise ActorpyError(f"no live peer left to read {name!r} from")
 
     def status(self) -> dict[int, dict[str, Any]]:
-        """Every live peer's report; a peer whose worker went away is marked lost."""
+        """Every live peer's report; a peer whose worker went away is marked lost.
+
+        Raises:
+            ActorpyTimeout: a peer did not answer before the job's deadline (a callback
+                that hangs holds its peer's thread, which answers STATUS too)."""
         for i in self._live():
             try:
+                left = self.deadline - time.monotonic()
                 self.last[i] = self.cluster.call(self.refs[i], PeerKind.STATUS,
-                                                 timeout_s=CALL_S)
+                                                 timeout_s=min(CALL_S, max(left, 0.1)))
             except (NodeLost, RemoteError, TimeoutError) as exc:
+                if isinstance(exc, TimeoutError) and time.monotonic() >= self.deadline:
+                    raise ActorpyTimeout(
+                        f"P2P job {self.spec.name!r}: peer {self.addresses[i]} did not "
+                        f"answer within the job's timeout_s={self.timeout_s} (is a callback "
+                        "still running there?)") from None
                 log.warning("peer %s is gone (%s); the job goes on without it",
                             self.addresses[i] if self.addresses else i, exc)
                 self.lost.add(i)

@@ -83,8 +83,55 @@ class OwnerStore:
         return value, clock
 
     def set(self, key: str, value: Any) -> None:
-        """Replace ``key``'s value (its clock goes up by one)."""
+        """Replace ``key``'s value (its clock goes up by one).
+
+        Raises:
+            KeyError: this peer holds no such key.
+            TypeError: ``value`` is not of the type, shape and dtype the key holds.
+        """
+        found = self._read(key)
+        if found is None:
+            raise KeyError(f"this peer holds no key {key!r}: pull runs on a key's owner and "
+                           "may only set the keys it holds")
+        problem = misfit(value, found[0])
+        if problem:
+            raise TypeError(f"pull set key {key!r} to {problem}: use values of the same "
+                            "type, shape and dtype")
         self.written[key] = value
+
+
+def _family(value: Any) -> str | None:
+    """What the overlay would store ``value`` as: "bytes", "numpy", "torch", or None."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes"
+    if isinstance(value, np.ndarray):
+        return "numpy"
+    if type(value).__module__.startswith("torch") and hasattr(value, "shape") \
+            and hasattr(value, "dtype"):
+        return "torch"
+    return None
+
+
+def describe(value: Any) -> str:
+    """``"a float32 array of shape (4,)"``-style text for error messages."""
+    family = _family(value)
+    if family in ("numpy", "torch"):
+        kind = "array" if family == "numpy" else "tensor"
+        return f"a {str(value.dtype).replace('torch.', '')} {kind} of shape {tuple(value.shape)}"
+    return "bytes" if family == "bytes" else f"a {type(value).__name__}"
+
+
+def misfit(value: Any, like: Any) -> str | None:
+    """None if ``value`` can replace ``like`` on the overlay (the same kind, shape and
+    dtype; any bytes for bytes), else what is wrong, for an error message.
+
+    >>> misfit(np.zeros(3), np.ones(3)) is None, misfit([0.0], np.ones(1))
+    (True, 'a list, where the model holds a float64 array of shape (1,)')
+    """
+    family = _family(like)
+    ok = _family(value) == family and (family == "bytes" or (
+        tuple(value.shape) == tuple(like.shape) and value.dtype == like.dtype))
+    return None if ok else f"{describe(value)}, where the model holds {describe(like)}"
 
 
 Schedule = Callable[[PeerContext], list[str]]
@@ -111,6 +158,11 @@ class JobSpec:
         retry_s: how long to wait before asking again for a key its owner does not hold yet.
         replicate_s: how long an owner's write that nobody waits on (its own push's) may
             wait for a round to the key's holders; answers to their pushes carry it sooner.
+        keys: the model's keys (a run's ``init``): ``schedule`` may name only these (empty:
+            not checked).
+        run: this run's token, carried by its GET and PUSH calls: an owner refuses a call
+            of another run (standalone peers serve one job after another, and a call of
+            the last one, retried by its node, must not reach the next one's model).
     """
 
     name: str
@@ -123,6 +175,8 @@ class JobSpec:
     poll_s: float = 0.01
     retry_s: float = 0.05
     replicate_s: float = 0.01
+    keys: frozenset[str] = frozenset()
+    run: int = 0
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "retry_s", "replicate_s"):

@@ -29,7 +29,9 @@ joins); the shell that runs them on a cluster's workers over the real wire is se
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, TypeVar
+import math
+import numbers
+from typing import Any, Callable, Iterable, TypeVar
 
 from actorpy.barrier import ASP, Policy
 from actorpy.errors import ConfigError
@@ -71,6 +73,8 @@ class Job:
         if not isinstance(replication, int) or not 1 <= replication <= ksize:
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
+        if not isinstance(seed, numbers.Integral) or seed < 0:   # as numpy's seeds are
+            raise ConfigError(f"seed must be an int >= 0, got {seed!r}")
         fields = {f.name for f in dataclasses.fields(KademliaConfig)}
         unknown = set(overlay) - fields
         if unknown:
@@ -82,6 +86,11 @@ class Job:
         self.replicate_s = replicate_s
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
                                         "alpha": alpha, "replication": replication})
+        if not isinstance(alpha, int) or alpha < 1:   # 0: a lookup would ask nobody
+            raise ConfigError(f"alpha must be an int >= 1, got {alpha!r}")
+        if not 0 < self.config.rpc_timeout_s < math.inf:   # 0: every request times out
+            raise ConfigError(f"rpc_timeout_s must be a finite number > 0, got "
+                              f"{self.config.rpc_timeout_s!r}")
         self._schedule: Schedule | None = None
         self._push: Push | None = None
         self._pull: Pull | None = None
@@ -115,8 +124,9 @@ class Job:
         self._stop = fn
         return fn
 
-    def spec(self) -> JobSpec:
-        """The job as its peers run it.
+    def spec(self, keys: Iterable[str] = ()) -> JobSpec:
+        """The job as its peers run it; ``keys``: the model's (a run's ``init``), the only
+        ones ``schedule`` may name.
 
         Raises:
             ConfigError: schedule, push or stop is missing.
@@ -132,7 +142,7 @@ class Job:
             kwargs["pull"] = self._pull
         return JobSpec(self.name, self._schedule, self._push, stop=self._stop,
                        policy=self.policy, seed=self.seed, poll_s=self.poll_s,
-                       replicate_s=self.replicate_s, **kwargs)
+                       replicate_s=self.replicate_s, keys=frozenset(keys), **kwargs)
 
     def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
         """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and

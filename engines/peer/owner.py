@@ -111,6 +111,11 @@ class KeyOwner:
         if call.method not in (Method.GET, Method.PUSH) or not call.args \
                 or type(call.args[0]) is not str or key_id(call.args[0]) != call.key:
             return Status.ERROR, ("ProtocolError", "malformed P2P engine call"), None
+        if (call.args[2] if len(call.args) > 2 else 0) != self.spec.run:
+            # a call of this overlay's previous job (its node retried it after the job
+            # ended): folded in here, it would change this job's model and, with its step,
+            # make this job's pushes look like repeats (acknowledged, not applied)
+            return Status.ERROR, ("StaleCall", "a call of another job"), None
         step = call.args[1] if len(call.args) > 1 and type(call.args[1]) is int else -1
         update = call.value.to_value() if call.value is not None else None
         if call.method == Method.PUSH and update is None:

@@ -13,14 +13,14 @@ import logging
 import random
 import traceback
 from enum import IntEnum
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from actorpy.barrier import Decision
 
 from .barrier import OverlayBarrier, blocking_floor
-from .context import JobSpec, PeerContext, Timer
+from .context import JobSpec, PeerContext, Timer, misfit
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
@@ -172,12 +172,33 @@ class PeerRunner:
     def _begin_step(self, now: float, eff: Effects) -> None:
         self._epoch += 1
         self.phase = Phase.WORKING
-        self._keys = list(self.spec.schedule(self._ctx()))
+        try:
+            self._keys = self._scheduled(self.spec.schedule(self._ctx()))
+        except Exception as exc:  # user code, or what it returned: the job fails with it
+            self._fail(exc)
+            return
         self._outstanding = {k for k in self._keys if k not in self.values}
         for name in list(self._outstanding):
             self._fetch(name, now, eff)
         if not self._outstanding:
             self._compute(now, eff)
+
+    def _scheduled(self, keys: Any) -> list[str]:
+        """``schedule``'s answer as a list of keys of the model.
+
+        Raises:
+            TypeError: not a list of str. KeyError: a key the model does not have (it would
+                be asked for forever: no owner ever holds it).
+        """
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+            raise TypeError(f"schedule returned {type(keys).__name__}; it must return a list "
+                            "of keys")
+        keys = list(keys)
+        for key in keys:
+            if not isinstance(key, str) or (self.spec.keys and key not in self.spec.keys):
+                raise KeyError(f"schedule named {key!r}, which is not a key of the model "
+                               f"{sorted(self.spec.keys)}")
+        return keys
 
     def _fetch(self, name: str, now: float, eff: Effects) -> None:
         def got(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
@@ -193,7 +214,7 @@ class PeerRunner:
     def _compute(self, now: float, eff: Effects) -> None:
         values = {k: self.values[k][0] for k in self._keys}
         try:
-            self._updates = dict(self.spec.push(self._ctx(), values))
+            self._updates = _checked(self.spec.push(self._ctx(), values), values)
         except Exception as exc:  # user code: report it, as a task failure would be
             self._fail(exc)
             return
@@ -253,7 +274,7 @@ class PeerRunner:
             # barrier waiting on us re-checks now instead of at its next poll
             self._start_op(self.node.ping(watcher, now), lambda d, t, e: None, eff)
         try:
-            stop = self.spec.stop(self._ctx())
+            stop = bool(self.spec.stop(self._ctx()))
         except Exception as exc:
             self._fail(exc)
             return
@@ -371,6 +392,29 @@ class PeerRunner:
             clock = reply.args[0] if reply is not None and reply.args else 0
             answer(status, clock, value, when, e)
 
-        args = (name,) if method == Method.GET else (name, self.step)
+        args = (name, self.step, self.spec.run)
         self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
                        replied, eff)
+
+
+def _checked(updates: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """``push``'s answer, checked before anything is sent: a dict with an update for some
+    of this step's keys, each of the type, shape and dtype of the value pushed from.
+
+    Raises:
+        TypeError: not a dict, or an update that does not fit its key.
+        KeyError: an update for a key this step did not schedule (its owner could not
+            take it: it would be retried forever).
+    """
+    if not isinstance(updates, Mapping):
+        raise TypeError(f"push returned {type(updates).__name__}; it must return a dict of "
+                        "key -> update")
+    for key, update in updates.items():
+        if key not in values:
+            raise KeyError(f"push returned an update for {key!r}, which is not one of this "
+                           f"step's keys {sorted(values)} (schedule names them)")
+        problem = misfit(update, values[key])
+        if problem:
+            raise TypeError(f"push returned for key {key!r} {problem}: return updates of "
+                            "the same type, shape and dtype as the values")
+    return dict(updates)

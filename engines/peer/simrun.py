@@ -85,7 +85,7 @@ class SimRun:
                  wire: bool = False, seed: int | None = None,
                  events: Sequence[tuple[float, Callable[[SimRun], None]]] = (),
                  max_s: float = 3600.0, trace_s: float = 0.01) -> None:
-        self.spec = job.spec()
+        self.spec = job.spec(init)
         self.init = dict(init)
         self.data = data
         self.compute_s = compute_s

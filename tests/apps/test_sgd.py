@@ -11,7 +11,7 @@ import pytest
 
 import actorpy
 from actorpy.errors import ConfigError
-from apps import sgd
+from apps import p2p_sgd, sgd
 from apps.training import barriers_from_args, parse_barrier
 from tests.conftest import wait_until
 
@@ -63,6 +63,13 @@ class TestSGD:
         for lr in ("nan", "inf", "0", "-0.1", "x"):
             with pytest.raises(SystemExit):
                 sgd.build_parser().parse_args(["--lr", lr])
+
+    def test_a_plot_file_in_no_directory_is_refused_before_training(self):
+        # before: the error came after the whole training run
+        for main in (sgd.main, p2p_sgd.main):
+            with pytest.raises(ConfigError, match="--plot /nonexistent/x.png: there is no "
+                                                  "directory /nonexistent"):
+                main(["--plot", "/nonexistent/x.png", "--workers", "0"])
 
     def test_a_diverged_run_says_so_and_keeps_the_json_valid(self, capsys):
         assert sgd.main(["--lr", "1e6", "--steps", "20", "--workers", "1", "--json"]) == 0

@@ -81,3 +81,14 @@ def test_remote_errors_are_one_line_unless_debugging(caplog):
     with caplog.at_level(logging.DEBUG, logger=""):
         assert "Traceback" in apputil.error_line(exc)
     assert apputil.error_line(ConfigError("x")) == "x"
+
+
+def test_running_out_of_memory_is_one_line(capsys):
+    # `actorpy sgd --features 1000000000`: numpy's MemoryError was a traceback dump
+    from actorpy.cli import _run
+
+    def allocate() -> int:
+        raise MemoryError("Unable to allocate 7.28 TiB for an array")
+    assert _run("sgd", allocate) == 1
+    err = capsys.readouterr().err
+    assert err == "actorpy sgd: out of memory: Unable to allocate 7.28 TiB for an array\n"

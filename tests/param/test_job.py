@@ -168,3 +168,8 @@ class TestBadInput:
         job.register_stop(pb.StepStop(1))
         with pytest.raises(actorpy.ConfigError, match="numpy arrays or torch tensors"):
             job.run(cluster, init={"w": [0.0, 1.0]})
+        for timeout in (float("nan"), float("inf")):   # before: nan waited "nan s", then
+            with pytest.raises(actorpy.ConfigError, match="finite timeout_s"):  # failed;
+                job.run(cluster, init={"w": np.zeros(2)}, timeout_s=timeout)  # inf: traceback
+        with pytest.raises(actorpy.ConfigError, match="seed must be an int >= 0, got -1"):
+            param.Job("x", seed=-1)   # before: numpy's ValueError on every worker

@@ -185,6 +185,19 @@ class TestStopAndCheckpoints:
         assert core.push(A, Push(3, {"w": np.ones(2)}, 1, 0.1))[0].reply.status == Status.FINISH
         assert core.progress.pulls == 2
 
+    @pytest.mark.parametrize("policy", [BSP(), ASP()], ids=["bsp", "asp"])
+    def test_steps_with_no_updates_still_meet_the_stop(self, policy):
+        """Pushes that return nothing run no pull, after which stop was checked: such a
+        job never stopped (a hang until its timeout)."""
+        core = make_core(policy, [A, B], stop=lambda store: store.step >= 2)
+        _start(core, A, B)
+        for step in (1, 2):
+            for w in (A, B):
+                out = core.push(w, Push(step, {}, 1, 0.1))
+        assert core.halted == Status.FINISH and core.progress.pulls == 0
+        assert {a.worker: a.reply.status for a in out}[B] == Status.FINISH
+        assert core.push(A, Push(3, {}, 1, 0.1))[0].reply.status == Status.FINISH
+
     def test_halt_at_a_step_completes_the_round_first(self):
         """Another shard stopped at step 2: a half-received round 2 is completed, not
         folded half, and the stop step travels with FINISH."""

@@ -204,6 +204,58 @@ class TestFailures:
         with pytest.raises(RemoteError, match="ValueError: bad update"):
             run(job, peers=3)
 
+    @pytest.mark.parametrize("bad, error", [
+        (lambda ctx, values: None, "push returned NoneType; it must return a dict"),
+        (lambda ctx, values: {"nokey": np.ones(4)}, "update for 'nokey', which is not one"),
+        (lambda ctx, values: {"w0": np.ones(7)}, "shape \\(7,\\), where the model holds a "
+                                                 "float64 array of shape \\(4,\\)"),
+        (lambda ctx, values: {"w0": np.ones(4, np.float32)}, "a float32 array"),
+        (lambda ctx, values: {"w0": 1.0}, "key 'w0' a float, where"),
+    ], ids=["none", "unknown-key", "shape", "dtype", "scalar"])
+    def test_a_push_that_does_not_fit_is_a_clear_error(self, bad: object,
+                                                         error: str) -> None:
+        # before: an unknown key was asked of its owner forever (a hang until the timeout),
+        # a wrong shape failed in some owner's pull, a float stopped the peer's service
+        job = linreg(ASP(), steps=5)
+        job.register_push(bad)
+        with pytest.raises(RemoteError, match=error):
+            run(job, peers=3, max_s=60)
+
+    @pytest.mark.parametrize("bad, error", [
+        (lambda ctx: ["nokey"], "schedule named 'nokey', which is not a key of the model"),
+        (lambda ctx: "w0", "schedule returned str; it must return a list of keys"),
+    ], ids=["unknown-key", "str"])
+    def test_a_schedule_naming_no_key_of_the_model_is_a_clear_error(self, bad: object,
+                                                                     error: str) -> None:
+        job = linreg(ASP(), steps=5)
+        job.register_schedule(bad)
+        with pytest.raises(RemoteError, match=error):
+            run(job, peers=3, max_s=60)
+
+    @pytest.mark.parametrize("value, error", [
+        (np.zeros(9), r"pull set key 'w\d' to a float64 array of shape \(9,\)"),
+        ([0.0] * 4, r"pull set key 'w\d' to a list"),
+    ], ids=["shape", "list"])
+    def test_a_pull_setting_a_misfit_value_is_a_clear_error(self, value: object,
+                                                                      error: str) -> None:
+        # before: the model silently took the new shape (or the peer's service failed)
+        job = linreg(ASP(), steps=5)
+        job.register_pull(lambda store, updates: store.set(next(iter(updates)), value))
+        with pytest.raises(RemoteError, match=error):
+            run(job, peers=3, max_s=60)
+
+    def test_a_pull_setting_a_key_it_does_not_hold_fails(self) -> None:
+        job = linreg(ASP(), steps=5)
+        job.register_pull(lambda store, updates: store.set("zz", np.zeros(4)))
+        with pytest.raises(RemoteError, match="holds no key 'zz'"):
+            run(job, peers=3, max_s=60)
+
+    def test_a_stop_whose_answer_is_not_a_truth_value_fails_the_job(self) -> None:
+        job = linreg(ASP(), steps=5)
+        job.register_stop(lambda ctx: np.array([True, False]))
+        with pytest.raises(RemoteError, match="truth value of an array"):
+            run(job, peers=3, max_s=60)
+
     def test_missing_callbacks_are_a_config_error(self) -> None:
         from actorpy.errors import ConfigError
         with pytest.raises(ConfigError, match="schedule, push, stop"):
@@ -212,3 +264,15 @@ class TestFailures:
             Job("x", rpc_timeout=1.0)
         with pytest.raises(ConfigError, match="replication"):
             Job("x", replication=0)
+        # before: a negative seed failed as numpy's ValueError traceback on every peer,
+        # rpc_timeout_s=0 made every request time out (44 s for 5 steps), alpha=0 and a
+        # NaN or infinite timeout_s were taken
+        with pytest.raises(ConfigError, match="seed must be an int >= 0, got -1"):
+            Job("x", seed=-1)
+        with pytest.raises(ConfigError, match="rpc_timeout_s must be a finite number > 0"):
+            Job("x", rpc_timeout_s=0.0)
+        with pytest.raises(ConfigError, match="alpha must be an int >= 1"):
+            Job("x", alpha=0)
+        for timeout in (float("nan"), float("inf")):
+            with pytest.raises(ConfigError, match="timeout_s must be a finite number > 0"):
+                linreg(ASP(), steps=1).run(None, peers=2, init=init(), timeout_s=timeout)

@@ -2,6 +2,7 @@
 a ProtocolError, shell operations' Dones reach the shell, the runner's never do."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -32,11 +33,11 @@ def counting_job() -> Job:
     return job
 
 
-def lone_owner() -> Peer:
+def lone_owner(run: int = 0) -> Peer:
     """A peer alone on its overlay, holding key "n" and serving it (taken over)."""
     node = KademliaNode(KadId(1), "me", counting_job().config, rng=random.Random(0))
     node.storage.put(key_id("n"), Blob.of(np.zeros(1)), 0.0, 3600.0)
-    runner = PeerRunner(counting_job().spec(), node, 0)
+    runner = PeerRunner(dataclasses.replace(counting_job().spec(), run=run), node, 0)
     runner.owner.owned.add(key_id("n"))
     return Peer(node, runner)
 
@@ -65,6 +66,19 @@ class TestEngineCalls:
         assert reply.status == Status.OK and reply.args == (1,)
         assert reply.value is not None and reply.value.to_value().tolist() == [1.0]
         assert peer.runner is not None and peer.runner.owner.applied == {"n": 1}
+
+    def test_a_call_of_another_run_is_refused_and_changes_nothing(self) -> None:
+        """Standalone peers serve one job after another: a push of the job before, retried
+        by its node after that job ended, was folded into the next job's model, and its step
+        made that job's own pushes up to it look like repeats (acknowledged, never applied;
+        seen as 150 pushes, 119 updates after a Ctrl-C'd p2p-sgd --bootstrap)."""
+        peer = lone_owner(run=7)
+        stale = reply_to(peer, Call(1, EVIL, 2, key_id("n"), ("n", 30, 3), 1000 * np.ones(1)))
+        assert stale.status == Status.ERROR and stale.args[0] == "StaleCall"
+        assert peer.runner is not None and peer.runner.owner.applied == {}
+        reply = reply_to(peer, Call(2, EVIL, 2, key_id("n"), ("n", 1, 7), np.ones(1)))
+        assert reply.status == Status.OK and reply.value is not None
+        assert reply.value.to_value().tolist() == [1.0] and peer.runner.owner.applied == {"n": 1}
 
     def test_malformed_engine_calls_get_an_error_reply(self) -> None:
         peer = lone_owner()
