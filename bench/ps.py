@@ -72,6 +72,8 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 NOISE = 0.1
+#: the row suffix of runs whose shard shares the first training worker's process
+CO_LOCATED = ", shard on worker 1"
 
 
 # ------------------------------------------------------------------ the problem
@@ -161,7 +163,7 @@ class Steps:
 
 
 def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle: bool,
-                  balance: bool = False) -> tuple[float, int, float]:
+                  layout: dict[str, Any], balance: bool = False) -> tuple[float, int, float]:
     from engines import param
 
     job = param.Job("bench-a", barrier=barrier, seed=args.seed, data=Data(args.rows, args.features))
@@ -169,7 +171,7 @@ def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle
     job.register_pull(Pull(args.lr))
     job.register_stop(Target(args.seed, args.features, args.target))
     run = job.start(cluster, init={"w": np.zeros(args.features, dtype=np.float32)},
-                    batch=args.batch, balance=balance, timeout_s=args.timeout)
+                    batch=args.batch, balance=balance, timeout_s=args.timeout, **layout)
     w = run.result()["w"]
     return run.stats.seconds, run.stats.updates, error(w, w_star(args.seed, args.features))
 
@@ -343,9 +345,13 @@ def _median(rows: list[tuple[float, int, float]]) -> tuple[float, int, float]:
     return sorted(rows)[len(rows) // 2]
 
 
+def _per_update(result: tuple[float, int, float]) -> float:
+    return result[0] / max(result[1], 1)
+
+
 def _row(name: str, result: tuple[float, int, float], extra: str = "") -> None:
     seconds, updates, err = result
-    print(f"  {name:<28} {seconds:>8.2f} s {updates:>8d} {1000 * seconds / max(updates, 1):>9.3f}"
+    print(f"  {name:<38} {seconds:>8.2f} s {updates:>8d} {1000 * _per_update(result):>9.3f}"
           f" {err:>8.4f}  {extra}", flush=True)
 
 
@@ -380,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Job A: {args.rows} x {args.features} float32, lr {args.lr}, batch {args.batch} per "
           f"worker, target |w-w*|/|w*| < {args.target}; 2 workers, 1 server; "
           f"{os.cpu_count()} cores; BLAS threads per process: {args.blas_threads}")
-    header = f"  {'':<28} {'to target':>10} {'updates':>8} {'ms/update':>9} {'error':>8}"
+    header = f"  {'':<38} {'to target':>10} {'updates':>8} {'ms/update':>9} {'error':>8}"
     # Each barrier's runs with and without the straggler (and the plain PS's) alternate,
     # args.repeat times, and the medians are reported: on a shared machine the load drifts
     # more between two runs a minute apart than a straggler changes a run.
@@ -391,12 +397,20 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--only: unknown row(s) {', '.join(sorted(unknown))}")
         runs = [(name, barrier) for name, barrier in runs if name.split("(")[0] in args.only]
     results: dict[tuple[str, bool], list[tuple[float, int, float]]] = {}
-    with actorpy.connect(workers=2) as cluster:
+    with actorpy.connect(workers=3) as cluster:
+        # Two workers train; the shard lives on the third ("actorpy X": a server process of
+        # its own, as the plain PS has) or on the first training worker ("X, shard on
+        # worker 1": no third process; that worker's steps share an interpreter with the
+        # shard answering the other). The two layouts alternate in every round.
+        nodes = cluster.workers()
+        layouts = {"": {"workers": nodes[:2], "server_nodes": nodes[2:]},
+                   CO_LOCATED: {"workers": nodes[:2]}}
         for name, barrier in runs:
             for _ in range(args.repeat):
                 for straggle in (False, True):
-                    results.setdefault((name, straggle), []).append(actorpy_job_a(
-                        cluster, args, barrier, straggle, balance=name == "LB-BSP"))
+                    for suffix, layout in layouts.items():
+                        results.setdefault((name + suffix, straggle), []).append(actorpy_job_a(
+                            cluster, args, barrier, straggle, layout, balance=name == "LB-BSP"))
                     if name in ("BSP", "ASP"):
                         results.setdefault((f"plain {name}", straggle), []).append(
                             plain_run(args, name.lower(), straggle))
@@ -406,15 +420,19 @@ def main(argv: list[str] | None = None) -> int:
                    else "\nno straggler") + f"; medians of {args.repeat} alternating runs")
             print(header)
             for name, _ in runs:
-                result = med[(name, straggle)]
-                extra = ""
-                if straggle:
-                    extra = f"loses {100 * (result[0] / med[(name, False)][0] - 1):+.0f} %"
-                _row(f"actorpy {name}", result, extra)
+                for suffix in layouts:
+                    result = med[(name + suffix, straggle)]
+                    extra = ""
+                    if straggle:
+                        lost = result[0] / med[(name + suffix, False)][0] - 1
+                        extra = f"loses {100 * lost:+.0f} %"
+                    _row(f"actorpy {name}{suffix}", result, extra)
                 if name in ("BSP", "ASP"):
                     plain = med[(f"plain {name}", straggle)]
-                    ratio = (result[0] / result[1]) / (plain[0] / plain[1])
-                    extra = f"actorpy/plain ms per update {ratio:.2f} (target <= 1.3)"
+                    ratios = [_per_update(med[(name + suffix, straggle)]) / _per_update(plain)
+                              for suffix in layouts]
+                    extra = (f"actorpy/plain ms per update {ratios[0]:.2f} (target <= 1.3; "
+                             f"shard on worker 1: {ratios[1]:.2f})")
                     if straggle:
                         lost = plain[0] / med[(f"plain {name}", False)][0] - 1
                         extra = f"loses {100 * lost:+.0f} %; {extra}"
