@@ -11,7 +11,9 @@ half the rows, 1 server. Reported: seconds from the start barrier (every worker 
 target, worker updates folded, ms per update.
 
 * actorpy: BSP, ASP, pSSP (PSP(1, 4)), DSSP(1, 5) on an embedded 2-worker cluster (the server
-  shard lives on one of the two workers, as it would on a 2-node cluster).
+  shard lives on one of the two workers, as it would on a 2-node cluster). With
+  ``--server-node`` each row also runs, alternating, on a 3-worker cluster's third worker
+  (``server_nodes=``: the plain PS's process layout); on 2 cores that is slower (docs/param.md).
 * plain pyzmq PS, BSP and ASP: a ROUTER server process and two DEALER worker processes over
   ipc; the gradient goes up as one raw frame, the fresh weights come back in the reply.
 * single-process SGD on all the rows, minibatch 256.
@@ -72,6 +74,8 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 NOISE = 0.1
+#: the row suffix of runs whose shard has a worker of its own (--server-node)
+ON_SERVER_NODE = ", shard on a server node"
 
 
 # ------------------------------------------------------------------ the problem
@@ -161,7 +165,7 @@ class Steps:
 
 
 def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle: bool,
-                  balance: bool = False) -> tuple[float, int, float]:
+                  layout: dict[str, Any], balance: bool = False) -> tuple[float, int, float]:
     from engines import param
 
     job = param.Job("bench-a", barrier=barrier, seed=args.seed, data=Data(args.rows, args.features))
@@ -169,7 +173,7 @@ def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle
     job.register_pull(Pull(args.lr))
     job.register_stop(Target(args.seed, args.features, args.target))
     run = job.start(cluster, init={"w": np.zeros(args.features, dtype=np.float32)},
-                    batch=args.batch, balance=balance, timeout_s=args.timeout)
+                    batch=args.batch, balance=balance, timeout_s=args.timeout, **layout)
     w = run.result()["w"]
     return run.stats.seconds, run.stats.updates, error(w, w_star(args.seed, args.features))
 
@@ -343,9 +347,13 @@ def _median(rows: list[tuple[float, int, float]]) -> tuple[float, int, float]:
     return sorted(rows)[len(rows) // 2]
 
 
+def _per_update(result: tuple[float, int, float]) -> float:
+    return result[0] / max(result[1], 1)
+
+
 def _row(name: str, result: tuple[float, int, float], extra: str = "") -> None:
     seconds, updates, err = result
-    print(f"  {name:<28} {seconds:>8.2f} s {updates:>8d} {1000 * seconds / max(updates, 1):>9.3f}"
+    print(f"  {name:<42} {seconds:>8.2f} s {updates:>8d} {1000 * _per_update(result):>9.3f}"
           f" {err:>8.4f}  {extra}", flush=True)
 
 
@@ -370,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="ROW,...", help="run only these Job A rows (of BSP, ASP, "
                         "pSSP, DSSP, LB-BSP; BSP and ASP bring their plain PS), with and "
                         "without the straggler, and nothing else")
+    parser.add_argument("--server-node", action="store_true",
+                        help="also run every actorpy Job A row with its shard on a third "
+                        "worker that does not train (server_nodes=), alternating with the "
+                        "default layout (the shard on training worker 1)")
     args = parser.parse_args(argv)
 
     import actorpy
@@ -380,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Job A: {args.rows} x {args.features} float32, lr {args.lr}, batch {args.batch} per "
           f"worker, target |w-w*|/|w*| < {args.target}; 2 workers, 1 server; "
           f"{os.cpu_count()} cores; BLAS threads per process: {args.blas_threads}")
-    header = f"  {'':<28} {'to target':>10} {'updates':>8} {'ms/update':>9} {'error':>8}"
+    header = f"  {'':<42} {'to target':>10} {'updates':>8} {'ms/update':>9} {'error':>8}"
     # Each barrier's runs with and without the straggler (and the plain PS's) alternate,
     # args.repeat times, and the medians are reported: on a shared machine the load drifts
     # more between two runs a minute apart than a straggler changes a run.
@@ -391,12 +403,22 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--only: unknown row(s) {', '.join(sorted(unknown))}")
         runs = [(name, barrier) for name, barrier in runs if name.split("(")[0] in args.only]
     results: dict[tuple[str, bool], list[tuple[float, int, float]]] = {}
-    with actorpy.connect(workers=2) as cluster:
+    with actorpy.connect(workers=3 if args.server_node else 2) as cluster:
+        # Two workers train. The shard lives on the first of them (the default: that worker
+        # talks to it without a socket, and shares its interpreter with the shard answering
+        # the other) or, with --server-node, also on a third worker that does not train
+        # (server_nodes=: a server process of its own, as the plain PS has); the two layouts
+        # alternate in every round.
+        nodes = cluster.workers()
+        layouts = {"": {"workers": nodes[:2]}}
+        if args.server_node:
+            layouts[ON_SERVER_NODE] = {"workers": nodes[:2], "server_nodes": nodes[2:]}
         for name, barrier in runs:
             for _ in range(args.repeat):
                 for straggle in (False, True):
-                    results.setdefault((name, straggle), []).append(actorpy_job_a(
-                        cluster, args, barrier, straggle, balance=name == "LB-BSP"))
+                    for suffix, layout in layouts.items():
+                        results.setdefault((name + suffix, straggle), []).append(actorpy_job_a(
+                            cluster, args, barrier, straggle, layout, balance=name == "LB-BSP"))
                     if name in ("BSP", "ASP"):
                         results.setdefault((f"plain {name}", straggle), []).append(
                             plain_run(args, name.lower(), straggle))
@@ -406,15 +428,20 @@ def main(argv: list[str] | None = None) -> int:
                    else "\nno straggler") + f"; medians of {args.repeat} alternating runs")
             print(header)
             for name, _ in runs:
-                result = med[(name, straggle)]
-                extra = ""
-                if straggle:
-                    extra = f"loses {100 * (result[0] / med[(name, False)][0] - 1):+.0f} %"
-                _row(f"actorpy {name}", result, extra)
+                for suffix in layouts:
+                    result = med[(name + suffix, straggle)]
+                    extra = ""
+                    if straggle:
+                        lost = result[0] / med[(name + suffix, False)][0] - 1
+                        extra = f"loses {100 * lost:+.0f} %"
+                    _row(f"actorpy {name}{suffix}", result, extra)
                 if name in ("BSP", "ASP"):
                     plain = med[(f"plain {name}", straggle)]
-                    ratio = (result[0] / result[1]) / (plain[0] / plain[1])
-                    extra = f"actorpy/plain ms per update {ratio:.2f} (target <= 1.3)"
+                    ratios = [_per_update(med[(name + suffix, straggle)]) / _per_update(plain)
+                              for suffix in layouts]
+                    extra = f"actorpy/plain ms per update {ratios[0]:.2f} (target <= 1.3)"
+                    if args.server_node:
+                        extra += f"; shard on a server node {ratios[1]:.2f}"
                     if straggle:
                         lost = plain[0] / med[(f"plain {name}", False)][0] - 1
                         extra = f"loses {100 * lost:+.0f} %; {extra}"

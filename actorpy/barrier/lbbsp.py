@@ -61,9 +61,11 @@ class TimeCurve:
         self._recent: deque[tuple[int, float, float]] = deque(maxlen=2 * confirm - 1)
         self._fitted: list[tuple[float, float]] = []
         self._tail = 0.0
+        self._best_rate = math.inf   # the least seconds per sample ever measured
 
     def add(self, batch: int, time_s: float, change_tolerance: float) -> None:
         """Add a measurement (see the class docstring for suspects and speed changes)."""
+        self._best_rate = min(self._best_rate, time_s / batch)
         if self._fitted:
             expected = self.time_at(batch)
             ratio = time_s / expected if expected > 0 else 1.0
@@ -76,11 +78,24 @@ class TimeCurve:
                     self._restart(self._suspects)
                 elif _far(statistics.median(r for _, _, r in self._recent), change_tolerance):
                     self._restart(self._recent)   # slower (or faster) most of the time
-                self._fitted = self._fit()
-                self._tail = self._tail_slope(self._fitted) if self._fitted else 0.0
+                self._refit()
                 return
             self._suspects.clear()
         self._store(batch, time_s)
+        self._refit()
+
+    def _refit(self) -> None:
+        """Rebuild the fit and its tail. Where the tail is a time per sample (no slope to
+        go by), it is at most the least one the worker ever measured: with a fixed cost
+        per iteration (t = a + c * b) time per sample falls as the batch grows, and a tail
+        priced from the smallest batches alone ((a + c) per sample at a batch of one) puts
+        a larger batch at many times its cost; the worker, never given one again, stays at
+        its smallest batch for good. That happens after a load spike: the worker's batch
+        shrinks, its speed "changes" and the curve restarts from small batches (traced on
+        Job A: the 3x straggler 440 rounds at 1 sample of 512). A tail that is too low
+        corrects itself: the worker gets a larger batch and is measured there. It is not
+        reset at a speed change, so it may be too low for a worker that got slower: one
+        extra round or so to re-converge on a GPU-like curve."""
         self._fitted = self._fit()
         self._tail = self._tail_slope(self._fitted) if self._fitted else 0.0
 
@@ -124,8 +139,10 @@ class TimeCurve:
         """The times where ``batch_for`` changes slope (the fitted points' times)."""
         return [t for _, t in self._fitted]
 
-    @staticmethod
-    def _tail_slope(pts: list[tuple[float, float]]) -> float:
+    def _tail_slope(self, pts: list[tuple[float, float]]) -> float:
+        """The slope beyond the largest batch: the last two points' when they have one,
+        else their time per sample, but never more than the least time per sample ever
+        measured (``_refit``)."""
         b1, t1 = pts[-1]
         rate = t1 / b1
         if len(pts) >= 2:
@@ -133,7 +150,7 @@ class TimeCurve:
             slope = (t1 - t0) / (b1 - b0)
             if slope >= 0.25 * rate:  # a near-flat tail would promise unbounded batches
                 return slope
-        return rate
+        return min(rate, self._best_rate)
 
     def time_at(self, batch: float) -> float:
         """Predicted seconds for ``batch`` samples."""

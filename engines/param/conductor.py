@@ -63,7 +63,7 @@ class Conductor(Service):
             self._submit(w)
         if run.options.workers is None:   # workers that joined before we subscribed
             for w in ctx.workers():
-                if w not in self._seen:
+                if w not in self._seen and run.trains(w):
                     self._submit(w)
 
     # ----------------------------------------------------------------- messages
@@ -88,7 +88,7 @@ class Conductor(Service):
         node = NodeId(event.node_id)
         if event.kind is NodeEventKind.JOINED:
             if (event.role == "worker" and self.run.options.workers is None
-                    and not self._ending() and node not in self._seen):
+                    and self.run.trains(node) and not self._ending() and node not in self._seen):
                 log.info("job %s: worker %s joined; giving it a task", self.name, node)
                 self._submit(node)
             return
@@ -164,8 +164,10 @@ class Conductor(Service):
                                  "it from; pass checkpoint_dir= (and checkpoint_every=) to "
                                  "survive this"))
             return
+        # A live worker that neither trains nor hosts a shard, else one that hosts none.
         live = [w for w in self.ctx.workers() if w != run.hosts[i]]
-        spare = [w for w in live if w not in run.hosts] or live
+        free = [w for w in live if w not in run.hosts]
+        spare = [w for w in free if w not in self._running] or free or live
         if not spare:
             self._fail(JobFailed(f"server shard {i} was lost and no live worker can host it"))
             return

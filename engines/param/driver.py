@@ -41,6 +41,7 @@ class RunOptions:
     straggler_factor: float | None = None
     straggler_patience: int = 5
     workers: tuple[NodeId, ...] | None = None
+    server_nodes: tuple[NodeId, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,21 @@ class Run:
 
         o = self.options
         live = self.cluster.workers()
-        pool = [w for w in live if o.workers is None or w in o.workers]
+        servers_on = o.server_nodes or ()
+        if o.server_nodes is not None:
+            if not servers_on or any(n not in live for n in servers_on):
+                raise ConfigError(f"server_nodes={list(servers_on)} must name live workers of "
+                                  "the cluster")
+            if o.workers is not None and set(o.workers) & set(servers_on):
+                raise ConfigError("a node in server_nodes= hosts shards and does not train: "
+                                  "leave it out of workers=")
+        pool = [w for w in live
+                if (o.workers is None or w in o.workers) and w not in servers_on]
         if o.workers is not None and len(pool) != len(o.workers):
             raise ConfigError(f"workers={list(o.workers)} are not all live workers of the cluster")
         if not pool:
-            raise ConfigError("the cluster has no live workers to train on")
+            raise ConfigError("the cluster has no live workers to train on"
+                              + (" besides server_nodes=" if servers_on else ""))
         base = ShardConfig(job=self.job.name, shards=o.servers, policy=self.job.barrier,
                            aggregate=self.job.aggregate, expected=frozenset(pool), batch=o.batch,
                            balance=o.balance, straggler_factor=o.straggler_factor,
@@ -125,8 +136,11 @@ class Run:
                                                    self.job.stop),
                                    self.key_map, self.checkpoint_dir, o.resume)
         try:
-            for i in range(o.servers):   # on training workers: a worker that trains beside
-                host = pool[i % len(pool)]   # its shard talks to it without a socket
+            # By default on training workers: one that trains beside its shard talks to it
+            # without a socket. server_nodes= gives the shards nodes of their own.
+            hosts = list(servers_on) or pool
+            for i in range(o.servers):
+                host = hosts[i % len(hosts)]
                 self.shards.append(self.start_shard(i, host, self.base_spec, pool))
                 self.hosts.append(host)
             self.conductor = self.cluster.start_service(
@@ -155,6 +169,12 @@ class Run:
             raise self.failure
         assert self.model is not None
         return self.model
+
+    def trains(self, node: NodeId) -> bool:
+        """Whether ``node`` may get a worker task (``workers=``, ``server_nodes=``)."""
+        o = self.options
+        return ((o.workers is None or node in o.workers)
+                and node not in (o.server_nodes or ()))
 
     def done(self) -> bool:
         return self.finished.is_set()

@@ -131,7 +131,8 @@ class Job:
               timeout_s: float = 600.0, checkpoint_dir: str | None = None,
               checkpoint_every: int = 0, resume: bool = False, balance: bool = False,
               batch: int = 32, straggler_factor: float | None = None,
-              straggler_patience: int = 5, workers: Sequence[NodeId] | None = None) -> Any:
+              straggler_patience: int = 5, workers: Sequence[NodeId] | None = None,
+              server_nodes: Sequence[NodeId] | None = None) -> Any:
         """Start the job and return its :class:`~engines.param.driver.Run` at once (see
         :meth:`run` for the arguments); ``Run.result(timeout_s)`` gives the model."""
         from engines.param.driver import Run, RunOptions
@@ -148,7 +149,9 @@ class Job:
                              checkpoint_every=checkpoint_every, resume=resume, balance=balance,
                              batch=batch, straggler_factor=straggler_factor,
                              straggler_patience=straggler_patience,
-                             workers=tuple(workers) if workers is not None else None)
+                             workers=tuple(workers) if workers is not None else None,
+                             server_nodes=(tuple(server_nodes) if server_nodes is not None
+                                           else None))
         return Run(self, cluster, dict(init), options).start()
 
     def run(self, cluster: Any, init: Mapping[str, Any], *, servers: int = 1,
@@ -156,12 +159,13 @@ class Job:
             checkpoint_every: int = 0, resume: bool = False, balance: bool = False,
             batch: int = 32, straggler_factor: float | None = None,
             straggler_patience: int = 5,
-            workers: Sequence[NodeId] | None = None) -> dict[str, Any]:
+            workers: Sequence[NodeId] | None = None,
+            server_nodes: Sequence[NodeId] | None = None) -> dict[str, Any]:
         """Train on ``cluster`` until the stop condition holds; returns the final model.
 
         Args:
             cluster: a connected ``actorpy.Cluster`` (its workers run ``push``; server
-                shards live on workers too).
+                shards live on workers too, see ``server_nodes``).
             init: key -> initial value (numpy arrays or torch tensors).
             servers: server shards; keys are spread over them by a stable hash.
             timeout_s: the whole job's time limit.
@@ -177,6 +181,10 @@ class Job:
             straggler_factor: release a worker whose time per sample stays above this
                 many times the others' median for ``straggler_patience`` steps.
             workers: the workers to use (default: all, and any that join later).
+            server_nodes: workers that host the server shards and do not train (shard
+                ``i`` on ``server_nodes[i % len]``), as a PS with server processes of its
+                own; by default shard ``i`` lives on the ``i``-th training worker, which
+                then shares its process with it. A lost one is replaced like any shard host.
 
         Raises:
             RemoteError: a callback raised (remote type, message, traceback, node id).
@@ -191,7 +199,8 @@ class Job:
                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                          resume=resume, balance=balance, batch=batch,
                          straggler_factor=straggler_factor,
-                         straggler_patience=straggler_patience, workers=workers)
+                         straggler_patience=straggler_patience, workers=workers,
+                         server_nodes=server_nodes)
         return run.result()
 
     def __repr__(self) -> str:
