@@ -165,7 +165,10 @@ class Steps:
 
 
 def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle: bool,
-                  layout: dict[str, Any], balance: bool = False) -> tuple[float, int, float]:
+                  layout: dict[str, Any] | None = None,
+                  balance: bool = False) -> tuple[float, int, float]:
+    """Job A on ``cluster``: (seconds to target, updates, final error). ``layout``: run()'s
+    ``workers=`` / ``server_nodes=`` (default: every worker trains, the shard on worker 1)."""
     from engines import param
 
     job = param.Job("bench-a", barrier=barrier, seed=args.seed, data=Data(args.rows, args.features))
@@ -173,7 +176,8 @@ def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle
     job.register_pull(Pull(args.lr))
     job.register_stop(Target(args.seed, args.features, args.target))
     run = job.start(cluster, init={"w": np.zeros(args.features, dtype=np.float32)},
-                    batch=args.batch, balance=balance, timeout_s=args.timeout, **layout)
+                    batch=args.batch, balance=balance, timeout_s=args.timeout,
+                    **(layout or {}))
     w = run.result()["w"]
     return run.stats.seconds, run.stats.updates, error(w, w_star(args.seed, args.features))
 
