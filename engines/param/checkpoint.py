@@ -24,8 +24,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from actorpy.errors import ConfigError
+from actorpy.values import describe, family
 from engines.param.errors import CheckpointError
-from engines.param.store import describe, family
 
 FORMAT = "actorpy-param-checkpoint"
 VERSION = 1

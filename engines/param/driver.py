@@ -17,11 +17,12 @@ from typing import Any
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, RemoteError
 from actorpy.ids import NodeId
+from actorpy.values import family
 from engines.param.errors import CheckpointError
 from engines.param.kinds import ParamKind
 from engines.param.server import Callbacks, ShardConfig
 from engines.param.shell import ShardService, ShardSpec
-from engines.param.store import family, plan_shards
+from engines.param.store import plan_shards
 
 log = logging.getLogger(__name__)
 

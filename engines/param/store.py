@@ -17,6 +17,7 @@ import numpy as np
 
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
+from actorpy.values import describe, family, fits
 from engines.param.errors import KeyNotLocal, UpdateError
 
 
@@ -36,34 +37,6 @@ def plan_shards(keys: Iterable[str], shards: int) -> dict[str, int]:
     if shards < 1:
         raise ConfigError(f"servers must be >= 1, got {shards}")
     return {k: shard_of(k, shards) for k in keys}
-
-
-def family(value: Any) -> str | None:
-    """"numpy" or "torch" for a value the store can hold, else None (torch is never imported
-    here: a tensor's class says where it comes from)."""
-    if isinstance(value, np.ndarray):
-        return "numpy"
-    module = type(value).__module__ or ""
-    if module.startswith("torch") and hasattr(value, "shape") and hasattr(value, "dtype"):
-        return "torch"
-    return None
-
-
-def describe(value: Any) -> str:
-    """``"float32 array of shape (4,)"``-style text for error messages."""
-    fam = family(value)
-    if fam is None:
-        return f"a {type(value).__name__}"
-    dtype = str(value.dtype).replace("torch.", "")
-    kind = "array" if fam == "numpy" else "tensor"
-    return f"a {dtype} {kind} of shape {tuple(value.shape)}"
-
-
-def fits(value: Any, like: Any) -> bool:
-    """True if ``value`` has the family, shape and dtype of ``like``."""
-    fam = family(value)
-    return (fam is not None and fam == family(like) and tuple(value.shape) == tuple(like.shape)
-            and value.dtype == like.dtype)
 
 
 def check_update(key: str, value: Any, like: Any, what: str) -> None:

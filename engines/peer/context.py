@@ -16,6 +16,7 @@ import numpy as np
 
 from actorpy.barrier import ASP, Policy
 from actorpy.errors import ConfigError
+from actorpy.values import describe, fits
 
 
 class Timer(IntEnum):
@@ -100,25 +101,7 @@ class OwnerStore:
         self.written[key] = value
 
 
-def _family(value: Any) -> str | None:
-    """What the overlay would store ``value`` as: "bytes", "numpy", "torch", or None."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "bytes"
-    if isinstance(value, np.ndarray):
-        return "numpy"
-    if type(value).__module__.startswith("torch") and hasattr(value, "shape") \
-            and hasattr(value, "dtype"):
-        return "torch"
-    return None
-
-
-def describe(value: Any) -> str:
-    """``"a float32 array of shape (4,)"``-style text for error messages."""
-    family = _family(value)
-    if family in ("numpy", "torch"):
-        kind = "array" if family == "numpy" else "tensor"
-        return f"a {str(value.dtype).replace('torch.', '')} {kind} of shape {tuple(value.shape)}"
-    return "bytes" if family == "bytes" else f"a {type(value).__name__}"
+_BYTES = (bytes, bytearray, memoryview)
 
 
 def misfit(value: Any, like: Any) -> str | None:
@@ -128,9 +111,7 @@ def misfit(value: Any, like: Any) -> str | None:
     >>> misfit(np.zeros(3), np.ones(3)) is None, misfit([0.0], np.ones(1))
     (True, 'a list, where the model holds a float64 array of shape (1,)')
     """
-    family = _family(like)
-    ok = _family(value) == family and (family == "bytes" or (
-        tuple(value.shape) == tuple(like.shape) and value.dtype == like.dtype))
+    ok = isinstance(value, _BYTES) if isinstance(like, _BYTES) else fits(value, like)
     return None if ok else f"{describe(value)}, where the model holds {describe(like)}"
 
 

@@ -1,0 +1,43 @@
+"""Model values as the engines keep them: numpy arrays and torch tensors, each key's type,
+shape and dtype fixed by its first value. Shared by the parameter-server and P2P engines'
+checks of updates; torch is never imported here (a tensor's class says where it comes
+from).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def family(value: Any) -> str | None:
+    """"numpy" or "torch" for an array or a tensor, else None."""
+    if isinstance(value, np.ndarray):
+        return "numpy"
+    module = type(value).__module__ or ""
+    if module.startswith("torch") and hasattr(value, "shape") and hasattr(value, "dtype"):
+        return "torch"
+    return None
+
+
+def describe(value: Any) -> str:
+    """``"a float32 array of shape (4,)"``-style text for error messages.
+
+    >>> describe([1.0]), describe(b"x")
+    ('a list', 'bytes')
+    """
+    fam = family(value)
+    if fam is None:
+        return "bytes" if isinstance(value, _BYTES) else f"a {type(value).__name__}"
+    dtype = str(value.dtype).replace("torch.", "")
+    kind = "array" if fam == "numpy" else "tensor"
+    return f"a {dtype} {kind} of shape {tuple(value.shape)}"
+
+
+def fits(value: Any, like: Any) -> bool:
+    """True if ``value`` is an array or tensor of the family, shape and dtype of ``like``."""
+    fam = family(value)
+    return (fam is not None and fam == family(like) and tuple(value.shape) == tuple(like.shape)
+            and value.dtype == like.dtype)
