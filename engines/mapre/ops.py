@@ -24,7 +24,8 @@ class Step(IntEnum):
 Op = tuple[Step, Callable[..., Any] | None]
 
 _from_iterable = chain.from_iterable
-_DICT_ITEMS = type({}.items())
+#: A dict's items view: returned by a last map_partitions, it is passed on as the view.
+DICT_ITEMS = type({}.items())
 
 
 def apply_ops(items: Iterable[Any], ops: tuple[Op, ...]) -> Iterable[Any]:
@@ -48,7 +49,7 @@ def apply_ops(items: Iterable[Any], ops: tuple[Op, ...]) -> Iterable[Any]:
             it = _partition_output(fn(iter(it)), fn)  # type: ignore[misc]
     # A dict's items view (``counts.items()`` from map_partitions) is passed on as the view:
     # a sink that wants pairs by key reads its keys and values as lists (shuffle.py).
-    return it if type(it) is _DICT_ITEMS else iter(it)
+    return it if type(it) is DICT_ITEMS else iter(it)
 
 
 def _partition_output(out: Any, fn: Any) -> Iterable[Any]:

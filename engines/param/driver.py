@@ -121,8 +121,7 @@ class Run:
             if o.workers is not None and set(o.workers) & set(servers_on):
                 raise ConfigError("a node in server_nodes= hosts shards and does not train: "
                                   "leave it out of workers=")
-        pool = [w for w in live
-                if (o.workers is None or w in o.workers) and w not in servers_on]
+        pool = [w for w in live if self.trains(w)]
         if o.workers is not None and len(pool) != len(o.workers):
             raise ConfigError(f"workers={list(o.workers)} are not all live workers of the cluster")
         if not pool:
