@@ -147,6 +147,8 @@ class JobSpec:
         run: this run's token, carried by its GET and PUSH calls: an owner refuses a call
             of another run (standalone peers serve one job after another, and a call of
             the last one, retried by its node, must not reach the next one's model).
+        durable: an owner answers another peer's push once its write is on the key's other
+            holders (else once applied; see ``Job``).
         quick: the model is small (``QUICK_MODEL_BYTES``), so a shell may handle overlay
             messages on its node's I/O thread while the peer is idle (``pull`` and ``stop``
             run there then; ``schedule`` and ``push`` never do).
@@ -165,6 +167,7 @@ class JobSpec:
     keys: frozenset[str] = frozenset()
     run: int = 0
     quick: bool = False
+    durable: bool = True
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "retry_s", "replicate_s"):
