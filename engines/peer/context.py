@@ -150,8 +150,8 @@ class JobSpec:
         durable: an owner answers another peer's push once its write is on the key's other
             holders (else once applied; see ``Job``).
         quick: the model is small (``QUICK_MODEL_BYTES``), so a shell may handle overlay
-            messages on its node's I/O thread while the peer is idle (``pull`` and ``stop``
-            run there then; ``schedule`` and ``push`` never do).
+            requests on its node's I/O thread while the peer is idle (``pull`` runs there
+            then, ``schedule`` and ``push`` never).
     """
 
     name: str

@@ -37,7 +37,7 @@ from .context import JobSpec
 from .kademlia import rpc
 from .kademlia.events import Done, Effects, KademliaConfig
 from .kademlia.ids import KadId, key_id, random_id
-from .kademlia.messages import Kind
+from .kademlia.messages import REPLY_KINDS
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
 from .peer import Peer
@@ -92,9 +92,14 @@ def ref_of(address: str) -> ServiceRef:
     return ServiceRef(NodeId(node), int(service))
 
 
+#: The overlay's answers (PONG, STORED, NODES, VALUE, REPLY): they complete this peer's own
+#: operations, whose continuations may run user code
+ANSWER_KINDS = frozenset().union(*REPLY_KINDS.values())
+
+
 def _is_answer(wire: Any) -> bool:
-    """Whether an overlay message (not validated yet) is an answer to a CALL."""
-    return type(wire) is tuple and len(wire) > 1 and wire[1] == Kind.REPLY
+    """Whether an overlay message (not validated yet) is an answer."""
+    return type(wire) is tuple and len(wire) > 1 and wire[1] in ANSWER_KINDS
 
 
 def wire_payload(message: Any) -> tuple[tuple, list[np.ndarray]]:
@@ -209,10 +214,11 @@ class PeerService(Service):
             runner = self.peer.runner
             if runner is not None and threading.get_ident() != self._thread:
                 # On the node's I/O thread (a quick kind, the peer idle). An answer goes on
-                # to the service's thread (it mostly completes a push, and the step after it
-                # begins there at once: handling it here would only move that hand-off
-                # later); a request or a PING is handled here, and a step it lets begin
-                # begins from a timer, on the service's thread.
+                # to the service's thread: it completes one of our operations (mostly a
+                # push, and the step after it begins there at once: handled here, that
+                # hand-off would only come later). A request (a push to us, a PING, a
+                # STORE) is handled here, and a step it lets begin begins from a timer, on
+                # the service's thread.
                 if _is_answer(payload[0]):
                     self.ctx.post(self.overlay, payload, env)
                     return
