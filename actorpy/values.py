@@ -5,7 +5,7 @@ from).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -41,3 +41,18 @@ def fits(value: Any, like: Any) -> bool:
     fam = family(value)
     return (fam is not None and fam == family(like) and tuple(value.shape) == tuple(like.shape)
             and value.dtype == like.dtype)
+
+
+def nbytes(values: Mapping[str, Any]) -> int:
+    """A model's size in bytes (numpy arrays and torch tensors; anything else counts 0).
+
+    >>> nbytes({"w": np.zeros(4, np.float32), "note": "x"})
+    16
+    """
+    total = 0
+    for value in values.values():
+        size = getattr(value, "nbytes", None)
+        if size is None and hasattr(value, "element_size"):
+            size = value.element_size() * value.nelement()
+        total += int(size or 0)
+    return total

@@ -12,11 +12,16 @@ Run: ``python bench/peer.py``  (Job A at 20 000 x 1000; ``--full``: the issue's 
 2. Job A (``bench/ps.py``'s problem: linear regression on ROWS x FEATURES float32 with known
    w*, plain SGD, lr 0.002, minibatch 256 per worker or peer, stop at |w - w*| / |w*| < 0.05)
    on 2 workers: the PS engine's ASP and BSP (one server shard on one of the workers), and the
-   P2P engine with 2 peers (one per worker; the key's owner is one of them) under pBSP, pSSP,
-   BSP and ASP. A P2P peer stops once the w its last push returned is within the target.
-   Then the same with worker / peer 2 three times slower (it sleeps twice its compute time
-   each step). Seconds from the start (every worker / peer ready) to the target; each row's
-   runs with and without the straggler alternate ``--repeat`` times, medians reported.
+   P2P engine under pBSP, pSSP (PSP(1, 4) by default, as bench/ps.py's), BSP and ASP. A P2P
+   peer stops once the w its last push returned is within the target. Then the same with
+   worker / peer 2 three times slower (it sleeps twice its compute time each step). Seconds
+   from the start (every worker / peer ready) to the target; each row's runs with and
+   without the straggler alternate ``--repeat`` times, medians reported. One table per
+   ``--peers-a`` count (default 2 then 4): with 2 peers, one per worker as the PS job's
+   workers, pSSP's sample is always the other peer (PSP(1, s) is SSP(s) there, paced by
+   the straggler like BSP); with 4, two per worker, it samples 1 of 3, and the table adds
+   pSSP with ``durable=False`` (a push acknowledged once applied, no replication round to
+   wait for: with 2 peers the answer is the pusher's copy, so there is none anyway).
 
 Targets (printed, never asserted): lookup median < 5 ms and p95 < 1 s with 25 % dead, no
 failed lookup, no lost key; P2P pSSP within 1.5x the PS engine's ASP; under the straggler,
@@ -147,15 +152,17 @@ class PeerStop:
         return self.push.error < self.target
 
 
-def p2p_job_a(cluster: Any, args: argparse.Namespace, barrier: Policy,
-              straggle: bool) -> tuple[float, int, float, list[int]]:
-    job = peer.Job("bench-a", barrier=barrier, seed=args.seed, rpc_timeout_s=0.5)
+def p2p_job_a(cluster: Any, args: argparse.Namespace, barrier: Policy, straggle: bool,
+              peers: int | None = None,
+              durable: bool = True) -> tuple[float, int, float, list[int]]:
+    job = peer.Job("bench-a", barrier=barrier, seed=args.seed, rpc_timeout_s=0.5,
+                   durable=durable)
     job.register_schedule(lambda ctx: ["w"])
     push = PeerPush(args.seed, args.features, args.batch, straggle)
     job.register_push(push)
     job.register_pull(ps.Pull(args.lr))
     job.register_stop(PeerStop(push, args.target))
-    result = job.run(cluster, peers=args.peers_a,
+    result = job.run(cluster, peers=peers or args.peers_a[0],
                      init={"w": np.zeros(args.features, dtype=np.float32)},
                      data=PeerHalf(args.seed, args.rows, args.features),
                      timeout_s=args.timeout)
@@ -166,13 +173,18 @@ def p2p_job_a(cluster: Any, args: argparse.Namespace, barrier: Policy,
 Row = tuple[float, int, float, str]     # seconds, updates, error, steps per peer
 
 
-def job_a_rows(args: argparse.Namespace) -> dict[tuple[str, bool], float]:
+APPLIED = "P2P pSSP, acks on apply"   # durable=False (more than 2 peers only)
+
+
+def job_a_rows(args: argparse.Namespace, peers: int) -> dict[tuple[str, bool], float]:
     """Each run's times with and without the straggler, alternating ``--repeat`` times;
     the medians are printed (a shared machine's load drifts less between the two sides)."""
     ps_runs = [("PS ASP", ASP()), ("PS BSP", BSP())]
-    beta = min(args.sample, args.peers_a - 1)
+    beta = min(args.sample, peers - 1)
     p2p_runs = [(f"P2P pBSP({beta})", PSP(beta, 0)), (PSSP, PSP(beta, 4)), ("P2P BSP", BSP()),
                 ("P2P ASP", ASP())]
+    if peers > 2:   # with 2, a push's answer is the pusher's copy: no round to wait for
+        p2p_runs.insert(2, (APPLIED, PSP(beta, 4)))
     rows: dict[tuple[str, bool], list[Row]] = {}
     with actorpy.connect(workers=2, task_threads=2) as cluster:
         for name, barrier in ps_runs + p2p_runs:
@@ -183,15 +195,15 @@ def job_a_rows(args: argparse.Namespace) -> dict[tuple[str, bool], float]:
                                                                  straggle)
                         steps = ""
                     else:
-                        seconds, updates, err, per_peer = p2p_job_a(cluster, args, barrier,
-                                                                   straggle)
+                        seconds, updates, err, per_peer = p2p_job_a(
+                            cluster, args, barrier, straggle, peers, durable=name != APPLIED)
                         steps = f"{min(per_peer)}-{max(per_peer)}"
                     rows.setdefault((name, straggle), []).append((seconds, updates, err, steps))
     times: dict[tuple[str, bool], float] = {}
     for straggle in (False, True):
         print(("\n  peer / worker 2 three times slower" if straggle else "\n  no straggler")
               + f"; medians of {args.repeat} alternating runs")
-        print(f"  {'run':<16} {'to target':>9} {'updates':>8} {'ms/update':>9} "
+        print(f"  {'run':<23} {'to target':>9} {'updates':>8} {'ms/update':>9} "
               f"{'error':>7} {'steps':>11}")
         for name, _ in ps_runs + p2p_runs:
             runs = sorted(rows[(name, straggle)])
@@ -199,7 +211,7 @@ def job_a_rows(args: argparse.Namespace) -> dict[tuple[str, bool], float]:
             times[(name, straggle)] = seconds
             extra = (f"  loses {100 * (seconds / times[(name, False)] - 1):+.0f} %"
                      if straggle else "")
-            print(f"  {name:<16} {seconds:>8.2f}s {updates:>8} "
+            print(f"  {name:<23} {seconds:>8.2f}s {updates:>8} "
                   f"{1e3 * seconds / max(updates, 1):>9.3f} {err:>7.4f} {steps:>11}{extra}")
     return times
 
@@ -217,9 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.002)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--target", type=float, default=0.05)
-    parser.add_argument("--peers-a", type=int, default=2, help="P2P peers for Job A (default 2)")
-    parser.add_argument("--sample", type=int, default=2,
-                        help="peers pBSP and pSSP sample (default 2; at most peers - 1)")
+    parser.add_argument("--peers-a", type=lambda s: [int(n) for n in s.split(",")],
+                        default=[2, 4],
+                        help="P2P peers for Job A, one table each (default 2,4: one peer per "
+                             "worker as the PS job's workers, then two)")
+    parser.add_argument("--sample", type=int, default=1,
+                        help="peers pBSP and pSSP sample (default 1, as bench/ps.py's pSSP; "
+                             "at most peers - 1)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="Job A runs per row and side, alternating; medians (default 3)")
     parser.add_argument("--skip-lookups", action="store_true")
@@ -238,16 +254,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{'failed':>7} {'lost':>5} {'node med':>9} {'node p95':>9} {'wall s':>7}")
         for line in lookup_rows(args.peers, args.lookup_workers, args.lookups, args.seed):
             print(line, flush=True)
-    print(f"\n2. Job A: {args.rows} x {args.features} float32, lr {args.lr}, batch "
-          f"{args.batch} per worker / peer, target |w-w*|/|w*| < {args.target}; 2 workers; "
-          f"P2P: {args.peers_a} peers, no server")
-    times = job_a_rows(args)
-    ratio = times[(PSSP, False)] / times[("PS ASP", False)]
-    loss = {n: times[(n, True)] - times[(n, False)] for n in (PSSP, "P2P BSP")}
-    print(f"\n  P2P pSSP / PS ASP time to target: {ratio:.2f} (target <= 1.5)")
-    share = f" ({loss[PSSP] / loss['P2P BSP']:.2f} of it)" if loss["P2P BSP"] > 0 else ""
-    print(f"  straggler costs P2P pSSP {loss[PSSP]:+.2f} s, P2P BSP "
-          f"{loss['P2P BSP']:+.2f} s{share} (target: pSSP's <= half of BSP's)")
+    for part, peers in enumerate(args.peers_a):
+        print(f"\n2{'abcdefgh'[part]}. Job A: {args.rows} x {args.features} float32, lr "
+              f"{args.lr}, batch {args.batch} per worker / peer, target |w-w*|/|w*| < "
+              f"{args.target}; 2 workers; P2P: {peers} peers, no server; pBSP/pSSP sample "
+              f"{min(args.sample, peers - 1)}")
+        times = job_a_rows(args, peers)
+        ratio = times[(PSSP, False)] / times[("PS ASP", False)]
+        loss = {n: times[(n, True)] - times[(n, False)] for n in (PSSP, "P2P BSP")}
+        print(f"\n  {peers} peers: P2P pSSP / PS ASP time to target: {ratio:.2f} "
+              "(target <= 1.5)")
+        share = f" ({loss[PSSP] / loss['P2P BSP']:.2f} of it)" if loss["P2P BSP"] > 0 else ""
+        print(f"  {peers} peers: straggler costs P2P pSSP {loss[PSSP]:+.2f} s, P2P BSP "
+              f"{loss['P2P BSP']:+.2f} s{share} (target: pSSP's <= half of BSP's)", flush=True)
     return 0
 
 

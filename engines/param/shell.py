@@ -22,6 +22,7 @@ from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
 from actorpy.runtime.node import NodeEvent, NodeEventKind
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
+from actorpy.values import nbytes
 from engines.param import checkpoint
 from engines.param.errors import UpdateError
 from engines.param.kinds import Join, ParamKind, Push
@@ -80,7 +81,7 @@ class ShardService(Service):
                               f"the server's node {ctx.node_id}; create it (every shard host "
                               "must see it)")
         c = spec.config
-        if self._path is None and _nbytes(values) <= QUICK_MODEL_BYTES:
+        if self._path is None and nbytes(values) <= QUICK_MODEL_BYTES:
             self.quick_kinds = frozenset({ParamKind.JOIN, ParamKind.PUSH})
         store = Store(values, spec.key_map, c.shard)
         self.core = ServerCore(c, store, spec.callbacks, SystemClock())
@@ -263,17 +264,6 @@ class ShardService(Service):
         except (OSError, ConfigError) as exc:
             log.error("shard %d of %s could not write its checkpoint %s: %s", c.shard, c.job,
                       self._path, exc)
-
-
-def _nbytes(values: dict[str, Any]) -> int:
-    """The model's size in bytes (numpy arrays and torch tensors; anything else counts 0)."""
-    total = 0
-    for value in values.values():
-        nbytes = getattr(value, "nbytes", None)
-        if nbytes is None and hasattr(value, "element_size"):
-            nbytes = value.element_size() * value.nelement()
-        total += int(nbytes or 0)
-    return total
 
 
 def _read_only(values: dict[str, Any] | None) -> bool:

@@ -12,6 +12,7 @@ service stops; ``leave_peer`` does the same for one peer while the job runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -20,11 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError
+from actorpy.values import nbytes
 
 from .context import JobSpec
 from .kademlia.events import KademliaConfig
 from .runner import Phase
-from .shell import PeerKind, PeerService
+from .shell import QUICK_MODEL_BYTES, PeerKind, PeerService
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,8 @@ class ClusterRun:
         if not 0 < timeout_s < math.inf:   # NaN too: it never times out
             raise ConfigError(f"timeout_s must be a finite number > 0, got {timeout_s}")
         self.job = job
-        self.spec = job.spec(init)
+        self.spec = dataclasses.replace(job.spec(init),
+                                        quick=nbytes(init) <= QUICK_MODEL_BYTES)
         self.cluster = cluster
         self.n = peers
         self.init = dict(init)

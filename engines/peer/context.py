@@ -27,6 +27,9 @@ class Timer(IntEnum):
     RETRY = 3         # ask again for the key in the token's slot
     NEXT = 4          # the barrier let us advance: begin the next step
     REPLICATE = 5     # an owner's write nobody waits on goes to the key's holders
+    EARLY = 6         # the pushes are out: check the barrier for the step they complete
+    BEGIN = 7         # begin the step on the service's thread (decided on the I/O thread)
+    COMPUTE = 8       # compute the step on the service's thread (its keys came in there)
 
 
 @dataclass
@@ -144,6 +147,11 @@ class JobSpec:
         run: this run's token, carried by its GET and PUSH calls: an owner refuses a call
             of another run (standalone peers serve one job after another, and a call of
             the last one, retried by its node, must not reach the next one's model).
+        durable: an owner answers another peer's push once its write is on the key's other
+            holders (else once applied; see ``Job``).
+        quick: the model is small (``QUICK_MODEL_BYTES``), so a shell may handle overlay
+            requests on its node's I/O thread while the peer is idle (``pull`` runs there
+            then, ``schedule`` and ``push`` never).
     """
 
     name: str
@@ -158,6 +166,8 @@ class JobSpec:
     replicate_s: float = 0.01
     keys: frozenset[str] = frozenset()
     run: int = 0
+    quick: bool = False
+    durable: bool = True
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "retry_s", "replicate_s"):

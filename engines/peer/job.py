@@ -61,6 +61,12 @@ class Job:
         poll_s: how long a blocked peer waits before checking its barrier again.
         replicate_s: how long a key owner's own writes may wait for a round to the key's
             other holders (an answer to a holder's push carries them sooner).
+        durable: True (default): an owner acknowledges another peer's push once its write
+            is on the key's other holders, so an acknowledged update survives the owner's
+            death while one of them lives. False: once applied, the write going to the
+            holders within ``replicate_s`` like the owner's own (a push acknowledged in that
+            window dies with the owner; the key never does): about half the messages per
+            push when pushers are not the key's only other holder (more than 2 peers).
         **overlay: any other ``KademliaConfig`` field (e.g. ``rpc_timeout_s``).
 
     Raises:
@@ -69,7 +75,7 @@ class Job:
 
     def __init__(self, name: str, barrier: Policy | None = None, replication: int = 3,
                  seed: int = 0, *, ksize: int = 20, alpha: int = 3, poll_s: float = 0.01,
-                 replicate_s: float = 0.01, **overlay: Any) -> None:
+                 replicate_s: float = 0.01, durable: bool = True, **overlay: Any) -> None:
         if not isinstance(replication, int) or not 1 <= replication <= ksize:
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
@@ -84,6 +90,9 @@ class Job:
         self.seed = seed
         self.poll_s = poll_s
         self.replicate_s = replicate_s
+        if not isinstance(durable, bool):
+            raise ConfigError(f"durable must be True or False, got {durable!r}")
+        self.durable = durable
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
                                         "alpha": alpha, "replication": replication})
         if not isinstance(alpha, int) or alpha < 1:   # 0: a lookup would ask nobody
@@ -142,7 +151,8 @@ class Job:
             kwargs["pull"] = self._pull
         return JobSpec(self.name, self._schedule, self._push, stop=self._stop,
                        policy=self.policy, seed=self.seed, poll_s=self.poll_s,
-                       replicate_s=self.replicate_s, keys=frozenset(keys), **kwargs)
+                       replicate_s=self.replicate_s, durable=self.durable,
+                       keys=frozenset(keys), **kwargs)
 
     def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
         """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and

@@ -6,7 +6,9 @@ round in flight per key (writes made meanwhile go out with the next one). Anothe
 push is acknowledged once a round holding its write was taken by every holder it chose
 (*durable*), so an update acknowledged to a peer survives the owner's death while one of
 those holders lives; the owner's own pushes go on at once (if it dies first, they die with
-the only peer that saw them acknowledged). When the pusher is the only other holder (and
+the only peer that saw them acknowledged; a job with ``durable=False`` treats every push so:
+acknowledged once applied, its write on the holders within ``replicate_s``). When the pusher
+is the only other holder (and
 holds a copy), the answer itself is its copy: the pusher keeps the value it is answered
 with. The owner remembers the clock each holder has (from durable rounds and those answers)
 and sends no round that would tell the holders nothing new; a write nobody waits on (its
@@ -202,7 +204,7 @@ class KeyOwner:
             clock = 0 if held is None else held.clock + 1
             self.node.storage.put(written, Blob.of(value), now, self.node.config.ttl_s,
                                   is_origin=True, clock=clock, writer=self.node.node_id)
-            if written != kid or mine:
+            if written != kid or mine or not self.spec.durable:
                 # nobody waits on this write: it goes to the holders with a round at most
                 # ``replicate_s`` from now, or with an answer to a holder's push before that
                 self._replicate_later(written, eff)
@@ -211,9 +213,10 @@ class KeyOwner:
             self._pushed[(kid, sender.node_id)] = step
         record = self.node.storage.get(kid, now)
         assert record is not None
-        if name not in store.written or mine:
+        if name not in store.written or mine or not self.spec.durable:
             # our own update needs no wait: if we die before it is on the holders, it is
-            # lost with the only peer that saw it acknowledged
+            # lost with the only peer that saw it acknowledged (without ``durable``, so is
+            # another peer's)
             return Status.OK, (record.clock,), record.value
         holders = self.node.holders_of(kid, now)
         if holders is not None and sender.node_id in self._copies.get(kid, {}) \

@@ -18,7 +18,7 @@ operations (the runner's are routed to it here, never returned).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .kademlia.events import Effects, TimerKind
 from .kademlia.node import KademliaNode
@@ -42,16 +42,26 @@ class Peer:
         return self.node.address
 
     def receive(self, sender_address: str, message: object, now: float,
-                frames: Sequence[object] = ()) -> Effects:
+                frames: Sequence[object] = (),
+                perform: Callable[[Effects], None] | None = None) -> Effects:
         """Handle one message (see ``KademliaNode.receive``; raises ``ProtocolError`` the
-        same way, with nothing changed)."""
+        same way, with nothing changed).
+
+        ``perform``: the shell's, to have the message's own effects (an answer to a push,
+        mostly) performed before a blocked barrier checks again and perhaps begins the next
+        step; the effects of that are returned. Without it, everything is returned at once
+        and a step the check begins starts from a timer due at once, after the answer."""
         advances = self.node.steps.advances
         eff = self.node.receive(sender_address, message, now, frames)
-        if self.runner is not None and self.node.steps.advances > advances:
-            # some peer made progress: a blocked barrier checks again (and PSP draws a fresh
-            # sample), as a PS worker re-checks each time some worker pushes (papers.md)
+        if self.runner is None or self.node.steps.advances <= advances:
+            return self.route(eff, now)
+        # some peer made progress: a blocked barrier checks again (and PSP draws a fresh
+        # sample), as a PS worker re-checks each time some worker pushes (papers.md)
+        if perform is None:
             eff.extend(self.runner.peer_advanced(now))
-        return self.route(eff, now)
+            return self.route(eff, now)
+        perform(self.route(eff, now))
+        return self.route(self.runner.peer_advanced(now, answered=True), now)
 
     def on_timer(self, kind: Any, token: int, now: float) -> Effects:
         """A timer from an earlier ``SetTimer`` is due (the node's or the runner's)."""

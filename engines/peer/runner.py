@@ -82,6 +82,9 @@ class PeerRunner:
         self._serving_here = False      # inside a push or get this peer serves itself
         self._answering = False         # inside a message another peer awaits an answer to
         self._next_token = 0
+        #: set by a shell while it handles a message on its node's I/O thread: a step is
+        #: then begun and computed from timers (on the service's thread), never there
+        self.on_io_thread = False
         self.owner = KeyOwner(spec, node, self._start_op)
         node.on_call = self.owner.on_call
         self.barrier.pushing = self.owner.pushing
@@ -142,6 +145,13 @@ class PeerRunner:
             self._check_barrier(now, eff)
         elif kind == Timer.NEXT and token == self._epoch and self.phase == Phase.BARRIER:
             self._begin_step(now, eff)
+        elif kind == Timer.BEGIN and token == self._epoch \
+                and self.phase not in (Phase.DONE, Phase.FAILED):
+            self._begin_step(now, eff)
+        elif kind == Timer.COMPUTE and token == self._epoch and self.phase == Phase.WORKING:
+            self._compute(now, eff)
+        elif kind == Timer.EARLY and token == self._epoch:
+            self._check_early(now, eff)
         elif kind == Timer.REPLICATE:
             eff.extend(self.owner.on_timer(token, now))
         elif kind == Timer.RETRY:
@@ -150,14 +160,16 @@ class PeerRunner:
                 retry(now, eff)
         return eff
 
-    def peer_advanced(self, now: float) -> Effects:
+    def peer_advanced(self, now: float, answered: bool = False) -> Effects:
         """We heard that some peer's step went up: a blocked barrier checks again now rather
-        than at its next poll."""
+        than at its next poll. ``answered``: the message's answer is already out, so a step
+        the check allows begins here."""
         eff = Effects()
         if self.phase == Phase.BARRIER and self.waiting_on and not self.barrier.is_checking:
-            # heard on a message that may await our answer (a push): the step begins after
-            # it (a timer due at once), or the answer would wait for our compute
-            answering, self._answering = self._answering, True
+            # heard on a message that may await our answer (a push): unless it is out, the
+            # step begins after it (a timer due at once), or the answer would wait for our
+            # compute
+            answering, self._answering = self._answering, not answered
             try:
                 self._check_barrier(now, eff)
             finally:
@@ -170,6 +182,9 @@ class PeerRunner:
                            max(1, round(self.node.size_estimate())))
 
     def _begin_step(self, now: float, eff: Effects) -> None:
+        if self.on_io_thread:   # user code runs on the service's thread
+            eff.timers.append(SetTimer(0.0, Timer.BEGIN, self._epoch))
+            return
         self._epoch += 1
         self.phase = Phase.WORKING
         try:
@@ -212,6 +227,9 @@ class PeerRunner:
         self._ask(name, Method.GET, None, now, eff, got)
 
     def _compute(self, now: float, eff: Effects) -> None:
+        if self.on_io_thread:   # user code runs on the service's thread
+            eff.timers.append(SetTimer(0.0, Timer.COMPUTE, self._epoch))
+            return
         values = {k: self.values[k][0] for k in self._keys}
         try:
             self._updates = _checked(self.spec.push(self._ctx(), values), values)
@@ -236,8 +254,13 @@ class PeerRunner:
                 and blocking_floor(self.spec.policy, self.step + 1) <= self.step:
             # Check the barrier for the step these pushes complete while they travel: the
             # decision depends only on that step and on the others' steps, which only grow,
-            # so an advance decided now holds then, and its PINGs overlap the push round
-            # trip. (With staleness 0 the others cannot have finished that step yet: no use.)
+            # so an advance decided then holds when they are answered, and its PINGs overlap
+            # the push round trip. (With staleness 0 the others cannot have finished that
+            # step yet: no use.) From a timer due at once, so the pushes go out first.
+            eff.timers.append(SetTimer(0.0, Timer.EARLY, self._epoch))
+
+    def _check_early(self, now: float, eff: Effects) -> None:
+        if self.phase == Phase.WORKING and not self.barrier.is_checking:
             decision, more = self.barrier.check(self.step + 1, now)
             eff.extend(more)
             if decision is not None:

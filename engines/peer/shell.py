@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -36,6 +37,7 @@ from .context import JobSpec
 from .kademlia import rpc
 from .kademlia.events import Done, Effects, KademliaConfig
 from .kademlia.ids import KadId, key_id, random_id
+from .kademlia.messages import REPLY_KINDS
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
 from .peer import Peer
@@ -46,6 +48,13 @@ if TYPE_CHECKING:
     from .dialer import Dialer
 
 log = logging.getLogger(__name__)
+
+
+#: A job whose model is at most this big lets its peers handle overlay messages on the node's
+#: I/O thread while the peer is idle (``Service.quick_kinds``: one thread hand-off less for an
+#: owner answering a push, as for the PS engine's shard); a bigger model's ``pull`` stays on
+#: the service's thread.
+QUICK_MODEL_BYTES = 1 << 20
 
 
 class PeerKind(IntEnum):
@@ -81,6 +90,16 @@ def ref_of(address: str) -> ServiceRef:
     """The service behind an overlay address (the inverse of ``address_of``)."""
     node, _, service = address.rpartition("/")
     return ServiceRef(NodeId(node), int(service))
+
+
+#: The overlay's answers (PONG, STORED, NODES, VALUE, REPLY): they complete this peer's own
+#: operations, whose continuations may run user code
+ANSWER_KINDS = frozenset().union(*REPLY_KINDS.values())
+
+
+def _is_answer(wire: Any) -> bool:
+    """Whether an overlay message (not validated yet) is an answer."""
+    return type(wire) is tuple and len(wire) > 1 and wire[1] in ANSWER_KINDS
 
 
 def wire_payload(message: Any) -> tuple[tuple, list[np.ndarray]]:
@@ -123,7 +142,15 @@ class PeerService(Service):
         self.unreachable = 0    # overlay sends dropped: no endpoint known (standalone)
         self._waiting: dict[int, tuple[Reply, Callable[[Done], Any]]] = {}
         self._timers = TimerHeap(ctx, self.clock.now, self._due)
+        self._thread = threading.get_ident()    # the service's own (it constructs us)
+        self._set_quick(spec)
         self.perform(node.start(self.clock.now()))
+
+    def _set_quick(self, spec: JobSpec | None) -> None:
+        """Overlay messages may be handled on the node's I/O thread while the peer is idle:
+        always for a bare overlay peer (no user code), for a job when its model is small."""
+        self.quick_kinds = frozenset({PeerKind.OVERLAY}) if spec is None or spec.quick \
+            else frozenset()
 
     # ------------------------------------------------------------------ effects
     def perform(self, eff: Effects) -> None:
@@ -184,7 +211,26 @@ class PeerService(Service):
                                     "[, endpoint hints])")
             if len(payload) == 3 and self.dialer is not None:
                 self.dialer.learn_hints(env.sender, payload[2])   # before any answer
-            eff = self.peer.receive(sender, payload[0], self.clock.now(), payload[1])
+            runner = self.peer.runner
+            if runner is not None and threading.get_ident() != self._thread:
+                # On the node's I/O thread (a quick kind, the peer idle). An answer goes on
+                # to the service's thread: it completes one of our operations (mostly a
+                # push, and the step after it begins there at once: handled here, that
+                # hand-off would only come later). A request (a push to us, a PING, a
+                # STORE) is handled here, and a step it lets begin begins from a timer, on
+                # the service's thread.
+                if _is_answer(payload[0]):
+                    self.ctx.post(self.overlay, payload, env)
+                    return
+                runner.on_io_thread = True
+                try:
+                    eff = self.peer.receive(sender, payload[0], self.clock.now(), payload[1],
+                                            perform=self.perform)
+                finally:
+                    runner.on_io_thread = False
+            else:
+                eff = self.peer.receive(sender, payload[0], self.clock.now(), payload[1],
+                                        perform=self.perform)
         except ProtocolError as exc:
             if str(exc).startswith("unsolicited"):
                 # most often an answer that came after its rpc timeout: not an attack
@@ -310,12 +356,14 @@ class PeerService(Service):
             node.storage.drop(key)
         self.peer.runner = PeerRunner(spec, node, index,
                                       data(index) if data is not None else None)
+        self._set_quick(spec)
         return len(node.routing.contacts())
 
     @handles(PeerKind.END)
     def end(self, _: Any, env: Envelope) -> bool:
         """The job is over: keep serving the overlay, without its runner."""
         ended, self.peer.runner = self.peer.runner is not None, None
+        self._set_quick(None)
         return ended
 
     def _dialer(self) -> Dialer:

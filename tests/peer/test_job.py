@@ -76,6 +76,22 @@ class TestTraining:
             owner = sim.net.true_closest(key_id(name), 1)[0].address
             assert result.owners[name] == {owner}
 
+    def test_acknowledging_pushes_once_applied_folds_every_one_with_fewer_messages(self):
+        """durable=False: an owner answers a push once applied and sends its writes to the
+        key's other holders within replicate_s, instead of a round per answer."""
+        runs = {}
+        for durable in (True, False):
+            job = linreg(ASP(), steps=40)
+            job.durable = durable
+            sim, result = run(job)
+            assert weight_error(result.model) < 0.02
+            assert result.updates == 8 * 40 * KEYS and set(result.steps.values()) == {40}
+            assert all(clock == 8 * 40 for clock in result.clocks.values())
+            runs[durable] = result
+        assert runs[False].messages < 0.8 * runs[True].messages, \
+            (runs[False].messages, runs[True].messages)
+        assert runs[False].seconds < runs[True].seconds
+
     def test_bsp_and_ssp_keep_their_spread(self) -> None:
         for barrier, bound in ((BSP(), 1), (SSP(2), 3)):
             slow = lambda index, step: 0.004 if index == 5 else 0.001  # noqa: E731
@@ -273,6 +289,8 @@ class TestFailures:
             Job("x", rpc_timeout_s=0.0)
         with pytest.raises(ConfigError, match="alpha must be an int >= 1"):
             Job("x", alpha=0)
+        with pytest.raises(ConfigError, match="durable must be True or False"):
+            Job("x", durable="no")
         for timeout in (float("nan"), float("inf")):
             with pytest.raises(ConfigError, match="timeout_s must be a finite number > 0"):
                 linreg(ASP(), steps=1).run(None, peers=2, init=init(), timeout_s=timeout)

@@ -244,3 +244,49 @@ def test_a_push_that_hangs_ends_the_job_at_its_timeout(cluster):
     with pytest.raises(ActorpyTimeout, match="did not answer within the job's timeout_s=1.5"):
         job.run(cluster, peers=1, init={"w": np.zeros(2)}, timeout_s=1.5)
     assert time.monotonic() - started < 8.0   # the peer's leave waits for the push
+
+
+def _on_service_thread() -> bool:
+    return threading.current_thread().name.startswith("actorpy-service")
+
+
+def _threads_job() -> peer.Job:
+    """schedule and push fail unless on their peer's service thread; pull counts in "io" the
+    pushes it folded on the node's I/O thread."""
+    def schedule(ctx):
+        if not _on_service_thread():
+            raise RuntimeError(f"schedule ran on {threading.current_thread().name}")
+        return ["w", "io"]
+
+    def push(ctx, values):
+        if not _on_service_thread():
+            raise RuntimeError(f"push ran on {threading.current_thread().name}")
+        return {"w": np.ones_like(values["w"]), "io": np.zeros(1)}
+
+    def pull(store, updates):
+        for key, update in updates.items():
+            value = store.get(key)[0]
+            if key == "io":
+                store.set(key, value + (0.0 if _on_service_thread() else 1.0))
+            else:
+                store.set(key, value + update)
+
+    job = peer.Job("threads", barrier=PSP(1, 0), seed=0)
+    job.register_schedule(schedule)
+    job.register_push(push)
+    job.register_pull(pull)
+    job.register_stop(lambda ctx: ctx.step >= 30)
+    return job
+
+
+@pytest.mark.parametrize("floats, quick", [(16, True), (300_000, False)])
+def test_user_steps_never_run_on_the_io_thread_and_a_big_models_pull_neither(cluster, floats,
+                                                                              quick):
+    """A small model's overlay messages may be handled on the node's I/O thread while the
+    peer is idle (one thread hand-off less per push an owner answers): its pull runs there
+    then, never schedule or push; a model over QUICK_MODEL_BYTES keeps pull off it too."""
+    init = {"w": np.zeros(floats, np.float32), "io": np.zeros(1)}
+    result = _threads_job().run(cluster, peers=2, init=init, timeout_s=60)
+    assert result.updates == 2 * 60 and (result.model["w"] == 60).all()   # 2 keys a push
+    io_pulls = int(result.model["io"][0])
+    assert (io_pulls > 0) if quick else (io_pulls == 0), io_pulls

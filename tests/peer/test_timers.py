@@ -64,3 +64,39 @@ def test_an_earlier_timer_rearms_and_the_later_ones_still_fire() -> None:
     heap.add(0.7, "middle")
     ctx.advance(2.0)
     assert fired == ["early", "middle", "late"]
+
+
+def test_timers_due_close_together_share_a_sweep_and_none_fires_more_than_slack_late() -> None:
+    """A stepping peer sets a timer per step (an RPC timeout, a barrier re-check), most of
+    them stale when due: one sweep each would wake two threads per step for nothing."""
+    from engines.peer.timers import SLACK_S
+
+    ctx = FakeCtx()
+    fired: list[tuple[int, float]] = []
+    heap = TimerHeap(ctx, lambda: ctx.now, lambda items: fired.extend((i, ctx.now) for i in items))
+    due = {}
+    for i in range(200):                      # one timer per 0.5 ms step, 0.1 s out
+        ctx.advance(i * 0.0005)
+        due[i] = ctx.now + 0.1
+        heap.add(due[i], i)
+    ctx.advance(1.0)
+    assert [i for i, _ in fired] == list(range(200))      # all of them, in order
+    assert all(due[i] <= at <= due[i] + SLACK_S + 1e-9 for i, at in fired)
+    sweeps = len({at for _, at in fired})
+    assert sweeps <= 0.1 / SLACK_S + 2, sweeps            # one per SLACK_S, not per timer
+
+
+def test_an_earlier_timer_within_the_slack_arms_nothing_new() -> None:
+    from engines.peer.timers import SLACK_S
+
+    ctx = FakeCtx()
+    fired: list[Any] = []
+    heap = TimerHeap(ctx, lambda: ctx.now, fired.extend)
+    heap.add(1.0, "armed")
+    heap.add(1.0 - SLACK_S / 2, "close")      # fires with the armed one, a little late
+    heap.add(0.5, "early")                    # far earlier: re-arms
+    assert [t.cancelled for t in ctx.armed] == [True, False]
+    ctx.advance(0.6)
+    assert fired == ["early"]
+    ctx.advance(1.0 + SLACK_S)
+    assert fired == ["early", "close", "armed"]
