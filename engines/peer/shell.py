@@ -209,19 +209,21 @@ class PeerService(Service):
                     or type(payload[1]) is not list:
                 raise ProtocolError("an overlay message is (wire tuple, [value buffers]"
                                     "[, endpoint hints])")
-            if len(payload) == 3 and self.dialer is not None:
-                self.dialer.learn_hints(env.sender, payload[2])   # before any answer
             runner = self.peer.runner
-            if runner is not None and threading.get_ident() != self._thread:
+            on_io_thread = runner is not None and threading.get_ident() != self._thread
+            if on_io_thread and _is_answer(payload[0]):
                 # On the node's I/O thread (a quick kind, the peer idle). An answer goes on
                 # to the service's thread: it completes one of our operations (mostly a
                 # push, and the step after it begins there at once: handled here, that
                 # hand-off would only come later). A request (a push to us, a PING, a
                 # STORE) is handled here, and a step it lets begin begins from a timer, on
                 # the service's thread.
-                if _is_answer(payload[0]):
-                    self.ctx.post(self.overlay, payload, env)
-                    return
+                self.ctx.post(self.overlay, payload, env)
+                return
+            if len(payload) == 3 and self.dialer is not None:
+                self.dialer.learn_hints(env.sender, payload[2])   # before any answer
+            if on_io_thread:
+                assert runner is not None
                 runner.on_io_thread = True
                 try:
                     eff = self.peer.receive(sender, payload[0], self.clock.now(), payload[1],
