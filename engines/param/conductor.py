@@ -18,7 +18,7 @@ from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime.node import NodeEvent, NodeEventKind
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
-from engines.param.driver import GRACE_S, Run, RunStats
+from engines.param.driver import FAILED_GRACE_S, GRACE_S, Run, RunStats
 from engines.param.errors import JobFailed
 from engines.param.kinds import ParamKind, Status
 from engines.param.worker import WorkerResult, WorkerTask
@@ -142,7 +142,8 @@ class Conductor(Service):
             if not self._running:
                 self._finish()
             elif self._grace is None:
-                self._grace = self.ctx.schedule(GRACE_S, self._grace_over)
+                grace = GRACE_S if self.run.failure is None else FAILED_GRACE_S
+                self._grace = self.ctx.schedule(grace, self._grace_over)
         elif not self._running and self.run.options.workers is not None:
             self._fail(JobFailed(f"every worker of job {self.name!r} was lost "
                                  f"({', '.join(self._order)})"))
@@ -258,10 +259,11 @@ class Conductor(Service):
         run = self.run
         model: dict[str, Any] = {}
         shard_stats: list[dict[str, Any]] = []
+        wait = 30.0 if run.failure is None else FAILED_GRACE_S
         for i, ref in enumerate(run.shards):
             try:
-                model.update(self.ctx.call(ref, ParamKind.MODEL, True, timeout_s=30))
-                shard_stats.append(self.ctx.call(ref, ParamKind.STATS, timeout_s=30))
+                model.update(self.ctx.call(ref, ParamKind.MODEL, True, timeout_s=wait))
+                shard_stats.append(self.ctx.call(ref, ParamKind.STATS, timeout_s=wait))
             except ActorpyError as exc:
                 log.warning("job %s: could not collect shard %d: %s", self.name, i, exc)
                 if run.failure is None:

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 #: How long the end of a job waits for worker tasks still computing.
 GRACE_S = 15.0
+#: The same for a job that failed (a timeout, most often: its error is due now), and how
+#: long collecting each shard's model may take then (a callback may hang on that shard).
+FAILED_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -199,13 +202,15 @@ class Run:
                                           timeout_s=self.cluster.config.start_timeout_s)
 
     def stop_services(self) -> None:
-        """Stop every shard still running (its host alive)."""
+        """Stop every shard still running (its host alive); a failed job's waits are short
+        (``FAILED_GRACE_S``: a shard may hang in a callback, and the error is due)."""
+        wait = 10.0 if self.failure is None else FAILED_GRACE_S
         for ref in self.shards:
             if self.cluster.node.is_dead(ref.node):
                 self.services_stopped.append(False)
                 continue
             try:
-                self.services_stopped.append(self.cluster.stop_service(ref))
+                self.services_stopped.append(self.cluster.stop_service(ref, timeout_s=wait))
             except ActorpyError as exc:
                 log.warning("could not stop %s: %s", ref, exc)
                 self.services_stopped.append(False)

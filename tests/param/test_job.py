@@ -157,6 +157,31 @@ class TestBadInput:
         assert np.array_equal(run.model["w"], np.ones(pb.D))
         self._assert_clean(cluster, run)
 
+    def test_a_pull_that_hangs_ends_the_job_soon_after_its_timeout(self):
+        """A shard's pull that never returns: the job failed at timeout_s=4 only after 49 s
+        (15 s waiting for the worker tasks, 30 s for the hung shard's model, up to 10 s to
+        stop it); a failed job now waits 2 s for each (its own cluster: the hung thread is
+        the shard's)."""
+        import threading
+        import time
+
+        from actorpy.errors import ActorpyTimeout
+
+        def hanging_pull(store, updates):
+            w, clock = store.get("w")
+            if clock == 5:
+                threading.Event().wait(30)
+            store.set("w", w - 0.1 * updates["w"])
+
+        job = _job(ASP())
+        job.register_pull(hanging_pull)
+        job.register_stop(pb.StepStop(1000))
+        with actorpy.connect(workers=2) as cluster:
+            started = time.monotonic()
+            with pytest.raises(ActorpyTimeout, match="within timeout_s=4"):
+                job.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=4)
+            assert time.monotonic() - started < 4 + 10
+
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")
         with pytest.raises(actorpy.ConfigError, match="register_push and register_pull"):
