@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 CALL_S = 30.0
 LEAVE_S = 10.0     # a peer's graceful leave at the end of a job (then it is stopped anyway)
+FAILED_LEAVE_S = 2.0   # the same when the job failed: a peer may hang in a callback
 
 
 @dataclass
@@ -138,6 +139,7 @@ class ClusterRun:
             ActorpyTimeout: not finished within ``timeout_s``.
         """
         deadline = self.deadline = time.monotonic() + self.timeout_s
+        failed = True
         try:
             self.start_peers()
             self.cluster.call(self.refs[0], PeerKind.SEED, self.init, timeout_s=CALL_S)
@@ -159,14 +161,16 @@ class ClusterRun:
                     raise ActorpyError(f"key {name!r} is on no live peer: lost")
                 model[name], clocks[name] = got
             live = [s for i, s in self.last.items() if i not in self.lost]
-            return RunResult(model=model, clocks=clocks,
-                             steps={s["address"]: s["step"] for s in self.last.values()},
-                             seconds=seconds, updates=self.updates(),
-                             lost=[self.addresses[i] for i in sorted(self.lost)],
-                             rejected=sum(s["rejected"] for s in live),
-                             left=[self.addresses[i] for i in sorted(self.left)])
+            result = RunResult(model=model, clocks=clocks,
+                               steps={s["address"]: s["step"] for s in self.last.values()},
+                               seconds=seconds, updates=self.updates(),
+                               lost=[self.addresses[i] for i in sorted(self.lost)],
+                               rejected=sum(s["rejected"] for s in live),
+                               left=[self.addresses[i] for i in sorted(self.left)])
+            failed = False
+            return result
         finally:
-            self.stop()
+            self.stop(FAILED_LEAVE_S if failed else LEAVE_S)
 
     def add_peer(self, node: Any = None) -> str:
         """A new peer joins the overlay (through a live peer) and the running job, catching
@@ -267,17 +271,17 @@ class ClusterRun:
                 raise ActorpyTimeout(f"P2P job {self.spec.name!r}: timed out waiting for "
                                      f"{what}; steps: {[s['step'] for s in self.last.values()]}")
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = LEAVE_S) -> None:
         """Every peer still running leaves (hands its keys on, tells its contacts), one after
-        the other, and its service stops."""
+        the other, and its service stops; ``wait_s`` bounds each of the two waits."""
         for i in reversed(self._live()):
             ref = self.refs[i]
             try:
-                self.cluster.call(ref, PeerKind.LEAVE, timeout_s=LEAVE_S)
+                self.cluster.call(ref, PeerKind.LEAVE, timeout_s=wait_s)
             except Exception as exc:  # noqa: BLE001 - best effort at the end
                 log.debug("peer %d did not leave cleanly: %s", i, exc)
             try:
-                self.cluster.stop_service(ref)
+                self.cluster.stop_service(ref, timeout_s=wait_s)
             except Exception as exc:  # noqa: BLE001 - best effort at the end
                 log.debug("stopping peer %d: %s", i, exc)
             self.left.add(i)

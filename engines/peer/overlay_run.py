@@ -145,13 +145,13 @@ class OverlayRun(ClusterRun):
             self.refs.append(ref)
             self.addresses.append(member.address)
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 10.0) -> None:
         """The job is over: each live peer drops its runner and goes on serving the
         overlay (never stopped, never leaving: the overlay outlives its jobs)."""
         for i, ref in enumerate(self.refs):
             if i not in self.lost:
                 try:
-                    self.cluster.call(ref, PeerKind.END)
+                    self.cluster.call(ref, PeerKind.END, timeout_s=wait_s)
                 except ActorpyError as exc:
                     log.debug("ending the job on peer %d: %s", i, exc)
 

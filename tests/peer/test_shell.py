@@ -246,6 +246,29 @@ def test_a_push_that_hangs_ends_the_job_at_its_timeout(cluster):
     assert time.monotonic() - started < 8.0   # the peer's leave waits for the push
 
 
+def test_a_pull_that_hangs_ends_the_job_soon_after_its_timeout():
+    """An owner's pull that never returns: with timeout_s=4 the job failed after 24 s (the
+    hung peer's leave and stop waited 10 s each); a failed job now waits 2 s for each. Its
+    own cluster: the hung thread is a worker's."""
+    job = peer.Job("hangs-pull", barrier=PSP(1, 0), seed=0)
+    job.register_schedule(lambda ctx: ["w"])
+    job.register_push(lambda ctx, values: {"w": np.ones(2)})
+
+    def pull(store, updates):
+        w, clock = store.get("w")
+        if clock == 5:
+            threading.Event().wait(30)
+        store.set("w", w + updates["w"])
+
+    job.register_pull(pull)
+    job.register_stop(lambda ctx: ctx.step >= 100)
+    with actorpy.connect(workers=2) as cluster:
+        started = time.monotonic()
+        with pytest.raises(ActorpyTimeout, match="timeout_s=4"):
+            job.run(cluster, peers=2, init={"w": np.zeros(2)}, timeout_s=4)
+        assert time.monotonic() - started < 4 + 8
+
+
 def _on_service_thread() -> bool:
     return threading.current_thread().name.startswith("actorpy-service")
 
