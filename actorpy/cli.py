@@ -242,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except KeyboardInterrupt:   # while an app's modules load, before it runs
+        return 130
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -92,3 +92,21 @@ def test_running_out_of_memory_is_one_line(capsys):
     assert _run("sgd", allocate) == 1
     err = capsys.readouterr().err
     assert err == "actorpy sgd: out of memory: Unable to allocate 7.28 TiB for an array\n"
+
+
+def test_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback(monkeypatch):
+    """`actorpy` imports its command line inside a handler: a Ctrl-C in those ~0.15 s of
+    imports printed a KeyboardInterrupt traceback (and died by SIGINT), unlike one later."""
+    import sys
+
+    from actorpy import entry
+
+    class Interrupting:
+        def find_spec(self, name, path=None, target=None):
+            if name == "actorpy.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "actorpy.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert entry.main(["--help"]) == 130
