@@ -19,7 +19,11 @@ target, worker updates folded, ms per update.
 * single-process SGD on all the rows, minibatch 256.
 
 Then the same with worker 2 made 3x slower (it sleeps twice its compute time each step),
-adding LB-BSP (balance=True). Each row's runs with and without the straggler alternate
+adding LB-BSP (balance=True). pSSP, DSSP and LB-BSP also run with the engine's straggler
+policy on (``straggler_factor=2``, ``straggler_patience=100``: ``--release-factor``,
+``--release-patience``), with and without the straggler: what a user with a persistent
+straggler gets (the fast worker goes on alone). Their rows count the workers released (none
+should be without the straggler). Each row's runs with and without the straggler alternate
 (``--repeat`` times, median reported), so the load of a shared machine drifts less between
 the two sides of a "loses" figure. Then the pull-compute-push rate for a model of RATE_FLOATS
 float32 (1M by default) with 1 and 2 workers, ASP, against plain pyzmq moving the same bytes
@@ -165,10 +169,13 @@ class Steps:
 
 
 def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle: bool,
-                  layout: dict[str, Any] | None = None,
-                  balance: bool = False) -> tuple[float, int, float]:
-    """Job A on ``cluster``: (seconds to target, updates, final error). ``layout``: run()'s
-    ``workers=`` / ``server_nodes=`` (default: every worker trains, the shard on worker 1)."""
+                  layout: dict[str, Any] | None = None, balance: bool = False,
+                  straggler_factor: float | None = None,
+                  straggler_patience: int = 5) -> tuple[float, int, float, int]:
+    """Job A on ``cluster``: (seconds to target, updates, final error, workers released as
+    stragglers). ``layout``: run()'s ``workers=`` / ``server_nodes=`` (default: every worker
+    trains, the shard on worker 1); ``straggler_factor``, ``straggler_patience``: the engine's
+    straggler policy."""
     from engines import param
 
     job = param.Job("bench-a", barrier=barrier, seed=args.seed, data=Data(args.rows, args.features))
@@ -177,9 +184,12 @@ def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle
     job.register_stop(Target(args.seed, args.features, args.target))
     run = job.start(cluster, init={"w": np.zeros(args.features, dtype=np.float32)},
                     batch=args.batch, balance=balance, timeout_s=args.timeout,
+                    straggler_factor=straggler_factor, straggler_patience=straggler_patience,
                     **(layout or {}))
     w = run.result()["w"]
-    return run.stats.seconds, run.stats.updates, error(w, w_star(args.seed, args.features))
+    released = sum(status == "RELEASED" for status in run.stats.statuses.values())
+    return (run.stats.seconds, run.stats.updates, error(w, w_star(args.seed, args.features)),
+            released)
 
 
 def actorpy_rate(cluster: Any, floats: int, workers: int, steps: int) -> float:
@@ -346,19 +356,24 @@ def single_process(args: argparse.Namespace) -> tuple[float, int, float]:
 
 
 # ------------------------------------------------------------------ report
-def _median(rows: list[tuple[float, int, float]]) -> tuple[float, int, float]:
+def _median(rows: list[tuple]) -> tuple:
     """The run with the median time (its own updates and error)."""
     return sorted(rows)[len(rows) // 2]
 
 
-def _per_update(result: tuple[float, int, float]) -> float:
+def _per_update(result: tuple) -> float:
     return result[0] / max(result[1], 1)
 
 
-def _row(name: str, result: tuple[float, int, float], extra: str = "") -> None:
-    seconds, updates, err = result
+def _row(name: str, result: tuple, extra: str = "") -> None:
+    seconds, updates, err = result[:3]
     print(f"  {name:<42} {seconds:>8.2f} s {updates:>8d} {1000 * _per_update(result):>9.3f}"
           f" {err:>8.4f}  {extra}", flush=True)
+
+
+def _key(name: str) -> str:
+    """A row's name for ``--only``: "pSSP" for "pSSP(1,4)" and "pSSP(1,4), release at 2x"."""
+    return name.split("(")[0].split(",")[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="ROW,...", help="run only these Job A rows (of BSP, ASP, "
                         "pSSP, DSSP, LB-BSP; BSP and ASP bring their plain PS), with and "
                         "without the straggler, and nothing else")
+    parser.add_argument("--release-factor", type=float, default=2.0,
+                        help="also run pSSP, DSSP and LB-BSP with the engine's straggler "
+                        "policy (straggler_factor=; 0: not)")
+    parser.add_argument("--release-patience", type=int, default=100,
+                        help="the straggler policy's straggler_patience (pushes in a row)")
     parser.add_argument("--server-node", action="store_true",
                         help="also run every actorpy Job A row with its shard on a third "
                         "worker that does not train (server_nodes=), alternating with the "
@@ -400,13 +420,22 @@ def main(argv: list[str] | None = None) -> int:
     # Each barrier's runs with and without the straggler (and the plain PS's) alternate,
     # args.repeat times, and the medians are reported: on a shared machine the load drifts
     # more between two runs a minute apart than a straggler changes a run.
-    runs = barriers + [("LB-BSP", BSP())]
+    # (row, barrier, straggler_factor): the plain rows, then (unless --release-factor 0)
+    # pSSP, DSSP and LB-BSP with the engine's straggler policy on, which a user with a
+    # persistent straggler would turn on (released workers are counted: none should be
+    # released without the straggler).
+    runs: list[tuple[str, Any, float | None]] = [
+        (name, barrier, None) for name, barrier in barriers + [("LB-BSP", BSP())]]
+    if args.release_factor:
+        tag = f", release at {args.release_factor:g}x"
+        runs += [(name + tag, barrier, args.release_factor) for name, barrier, _ in runs
+                 if _key(name) in ("pSSP", "DSSP", "LB-BSP")]
     if args.only is not None:
-        unknown = set(args.only) - {name.split("(")[0] for name, _ in runs}
+        unknown = set(args.only) - {_key(name) for name, _, _ in runs}
         if unknown:
             parser.error(f"--only: unknown row(s) {', '.join(sorted(unknown))}")
-        runs = [(name, barrier) for name, barrier in runs if name.split("(")[0] in args.only]
-    results: dict[tuple[str, bool], list[tuple[float, int, float]]] = {}
+        runs = [run for run in runs if _key(run[0]) in args.only]
+    results: dict[tuple[str, bool], list[tuple]] = {}
     with actorpy.connect(workers=3 if args.server_node else 2) as cluster:
         # Two workers train. The shard lives on the first of them (the default: that worker
         # talks to it without a socket, and shares its interpreter with the shard answering
@@ -417,12 +446,14 @@ def main(argv: list[str] | None = None) -> int:
         layouts = {"": {"workers": nodes[:2]}}
         if args.server_node:
             layouts[ON_SERVER_NODE] = {"workers": nodes[:2], "server_nodes": nodes[2:]}
-        for name, barrier in runs:
+        for name, barrier, factor in runs:
             for _ in range(args.repeat):
                 for straggle in (False, True):
                     for suffix, layout in layouts.items():
                         results.setdefault((name + suffix, straggle), []).append(actorpy_job_a(
-                            cluster, args, barrier, straggle, layout, balance=name == "LB-BSP"))
+                            cluster, args, barrier, straggle, layout,
+                            balance=_key(name) == "LB-BSP", straggler_factor=factor,
+                            straggler_patience=args.release_patience))
                     if name in ("BSP", "ASP"):
                         results.setdefault((f"plain {name}", straggle), []).append(
                             plain_run(args, name.lower(), straggle))
@@ -431,13 +462,17 @@ def main(argv: list[str] | None = None) -> int:
             print(("\nworker 2 three times slower (sleeps 2x its compute)" if straggle
                    else "\nno straggler") + f"; medians of {args.repeat} alternating runs")
             print(header)
-            for name, _ in runs:
+            for name, _, factor in runs:
                 for suffix in layouts:
                     result = med[(name + suffix, straggle)]
                     extra = ""
                     if straggle:
                         lost = result[0] / med[(name + suffix, False)][0] - 1
                         extra = f"loses {100 * lost:+.0f} %"
+                    if factor is not None:
+                        released = sum(r[3] for r in results[(name + suffix, straggle)])
+                        extra += (f"{'; ' if extra else ''}workers released: {released} in "
+                                  f"{args.repeat} runs")
                     _row(f"actorpy {name}{suffix}", result, extra)
                 if name in ("BSP", "ASP"):
                     plain = med[(f"plain {name}", straggle)]

@@ -117,10 +117,13 @@ class Mailbox:
             return True
 
     def release(self) -> None:
-        """End a ``claim``: the service's thread may take items again."""
+        """End a ``claim``: the service's thread may take items again. It is woken only if
+        an item came in meanwhile: with the box empty it would wake to find nothing (one
+        thread wake-up, and a turn at the interpreter lock, per quick message)."""
         with self._cond:
             self._claimed = False
-            self._cond.notify()
+            if self._queue:
+                self._cond.notify()
 
     def refuse_messages(self) -> None:
         """From now on ``offer`` answers CLOSED (a stopping service); control items and what

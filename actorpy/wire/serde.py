@@ -116,14 +116,33 @@ class _PlainPickler(pickle.Pickler):
         if type(obj) is _ndarray():
             if obj.dtype.hasobject:
                 raise _NotPlain
+            if obj.flags.c_contiguous and obj.size and obj.dtype.kind in _SIMPLE_KINDS:
+                # numpy's own reduction, with the dtype as its string: pickling the dtype
+                # object (a global and its state) took 3 of the 6 us a push of a 4 KB array
+                # took to pickle, and rebuilding it 1 of the 3.5 to unpickle. The buffer goes
+                # in or out of band and comes back as writable as with numpy's reduction.
+                return _array, (pickle.PickleBuffer(obj), obj.dtype.str, obj.shape)
             if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
                 return obj.copy(order="C").__reduce_ex__(5)
+            return NotImplemented
+        if obj is _array:   # by reference, as numpy's own functions
             return NotImplemented
         module = getattr(obj, "__module__", None) if isinstance(obj, (type, _NUMPY_FUNCTIONS)) \
             else type(obj).__module__
         if isinstance(module, str) and (module == "numpy" or module.startswith("numpy.")):
             return NotImplemented
         raise _NotPlain
+
+
+#: dtype kinds whose ``dtype.str`` names them whole (bool, integers, floats, complex)
+_SIMPLE_KINDS = frozenset("biufc")
+
+
+def _array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    """Rebuilds an array ``_PlainPickler`` pickled (as numpy's own ``_frombuffer`` does)."""
+    import numpy as np
+
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
 _NUMPY_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)

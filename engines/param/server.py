@@ -18,6 +18,7 @@ shrunk by being averaged with whatever else waited in the buffer.
 from __future__ import annotations
 
 import random
+from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -257,7 +258,8 @@ class ServerCore:
 
     # ----------------------------------------------------------------- internals
     def _validate(self, w: NodeId, updates: Mapping[str, Any]) -> None:
-        if not isinstance(updates, Mapping):
+        # (typing.Mapping's isinstance goes through typing's __instancecheck__: ~1 us a push)
+        if type(updates) is not dict and not isinstance(updates, abc.Mapping):
             raise UpdateError(f"push on worker {w} returned {type(updates).__name__}; it must "
                               "return a dict of key -> update")
         for key, value in updates.items():

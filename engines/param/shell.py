@@ -23,6 +23,7 @@ from actorpy.ids import NodeId
 from actorpy.runtime.node import NodeEvent, NodeEventKind
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
 from actorpy.values import nbytes
+from actorpy.wire.serde import IN_BAND_MAX_BYTES
 from engines.param import checkpoint
 from engines.param.errors import UpdateError
 from engines.param.kinds import Join, ParamKind, Push
@@ -181,6 +182,11 @@ class ShardService(Service):
         try:
             if mine is not None and not _read_only(mine[2]):
                 return mine   # the runtime's reply copies the arrays first
+            if mine is not None and not local and _in_band(mine[2]):
+                # The runtime's copy is of arrays that travel out of band: small ones copy
+                # nothing, and a returned reply skips the deferred one's bookkeeping (with
+                # answers for this node to send, the deferred one goes first, see _apply).
+                return mine
             reply = env.defer()
             if mine is not None:
                 # Read-only store values are replaced by pull, never changed in place: a
@@ -270,3 +276,8 @@ def _read_only(values: dict[str, Any] | None) -> bool:
     """Whether every value of a reply is a read-only numpy array (safe to send uncopied)."""
     return all(isinstance(v, np.ndarray) and not v.flags.writeable
                for v in (values or {}).values())
+
+
+def _in_band(values: dict[str, Any] | None) -> bool:
+    """Whether every array of a reply is small enough to travel inside the pickle."""
+    return all(v.nbytes <= IN_BAND_MAX_BYTES for v in (values or {}).values())

@@ -185,6 +185,6 @@ class Store:
 
 
 def _frozen(value: Any) -> Any:
-    if isinstance(value, np.ndarray) and value.flags.writeable:
-        value.flags.writeable = False
+    if isinstance(value, np.ndarray):
+        value.setflags(write=False)   # one call (reading .flags builds an object each time)
     return value

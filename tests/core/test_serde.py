@@ -124,6 +124,24 @@ class TestNumpy:
         assert_same_array(got, a)
         assert got.flags.writeable
 
+    @pytest.mark.parametrize("dtype", [*DTYPES, ">f4", ">i8", "<u2"])
+    @pytest.mark.parametrize("shape", [*SHAPES, (5000,)], ids=str)
+    @pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
+    def test_arrays_in_containers_roundtrip_as_they_were(self, dtype, shape, read_only, pipe):
+        # In a container, the C pickler reduces a simple array itself (dtype as its string):
+        # values, dtype (byte order too), shape and the read-only flag come back, in band
+        # (small) and out of band (5000 x 8 bytes).
+        a = _array(dtype.lstrip("<>"), shape).astype(dtype)
+        a.flags.writeable = not read_only
+        value = {"a": a, "step": (3, [a, a.reshape(-1)])}
+        for got in (local_roundtrip(value), pipe(value)):
+            assert_same_array(got["a"], a)
+            assert got["a"].dtype.str == a.dtype.str
+            assert_same_array(got["step"][1][1], a.reshape(-1))
+            if a.size:
+                assert got["a"].flags.writeable == (not read_only)
+        assert b"cloudpickle" not in bytes(serde.encode(value)[0][0])
+
     def test_a_step_tuple_is_one_frame_from_the_c_pickler(self):
         # (step, {key: update}, batch, seconds): builtin containers and arrays only.
         value = (3, {"w": np.arange(1000, dtype=np.float32), "b": np.float32(2.5)}, 256, 0.5)
