@@ -191,8 +191,8 @@ def job_a_rows(args: argparse.Namespace, peers: int) -> dict[tuple[str, bool], f
             for _ in range(args.repeat):
                 for straggle in (False, True):
                     if name.startswith("PS"):
-                        seconds, updates, err = ps.actorpy_job_a(cluster, args, barrier,
-                                                                 straggle)
+                        seconds, updates, err, _ = ps.actorpy_job_a(cluster, args, barrier,
+                                                                    straggle)
                         steps = ""
                     else:
                         seconds, updates, err, per_peer = p2p_job_a(
