@@ -171,7 +171,7 @@ class Steps:
 def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle: bool,
                   layout: dict[str, Any] | None = None, balance: bool = False,
                   straggler_factor: float | None = None,
-                  straggler_patience: int = 5) -> tuple[float, int, float, int]:
+                  straggler_patience: int = 100) -> tuple[float, int, float, int]:
     """Job A on ``cluster``: (seconds to target, updates, final error, workers released as
     stragglers). ``layout``: run()'s ``workers=`` / ``server_nodes=`` (default: every worker
     trains, the shard on worker 1); ``straggler_factor``, ``straggler_patience``: the engine's

@@ -43,7 +43,7 @@ class RunOptions:
     balance: bool = False
     batch: int = 32
     straggler_factor: float | None = None
-    straggler_patience: int = 5
+    straggler_patience: int = 100
     workers: tuple[NodeId, ...] | None = None
     server_nodes: tuple[NodeId, ...] | None = None
 

@@ -131,7 +131,7 @@ class Job:
               timeout_s: float = 600.0, checkpoint_dir: str | None = None,
               checkpoint_every: int = 0, resume: bool = False, balance: bool = False,
               batch: int = 32, straggler_factor: float | None = None,
-              straggler_patience: int = 5, workers: Sequence[NodeId] | None = None,
+              straggler_patience: int = 100, workers: Sequence[NodeId] | None = None,
               server_nodes: Sequence[NodeId] | None = None) -> Any:
         """Start the job and return its :class:`~engines.param.driver.Run` at once (see
         :meth:`run` for the arguments); ``Run.result(timeout_s)`` gives the model."""
@@ -158,7 +158,7 @@ class Job:
             timeout_s: float = 600.0, checkpoint_dir: str | None = None,
             checkpoint_every: int = 0, resume: bool = False, balance: bool = False,
             batch: int = 32, straggler_factor: float | None = None,
-            straggler_patience: int = 5,
+            straggler_patience: int = 100,
             workers: Sequence[NodeId] | None = None,
             server_nodes: Sequence[NodeId] | None = None) -> dict[str, Any]:
         """Train on ``cluster`` until the stop condition holds; returns the final model.
@@ -179,7 +179,9 @@ class Job:
             batch: each worker's batch size (``ctx.batch_size``); with ``balance``, the
                 mean batch.
             straggler_factor: release a worker whose time per sample stays above this
-                many times the others' median for ``straggler_patience`` steps.
+                many times the others' median for ``straggler_patience`` steps in a row
+                (default 100: on a loaded machine a handful of slow steps in a row happen
+                to a healthy worker, and a patience of 5 released one in bench runs).
             workers: the workers to use (default: all, and any that join later).
             server_nodes: workers that host the server shards and do not train (shard
                 ``i`` on ``server_nodes[i % len]``), as a PS with server processes of its

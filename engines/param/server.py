@@ -49,7 +49,7 @@ class ShardConfig:
     batch: int = 1
     balance: bool = False              # LB-BSP batch sizes (coordinator)
     straggler_factor: float | None = None
-    straggler_patience: int = 5
+    straggler_patience: int = 100
     checkpoint_every: int = 0          # pulls between checkpoints; 0: never
     seed: int = 0
 
