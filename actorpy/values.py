@@ -42,6 +42,11 @@ def fits(value: Any, like: Any) -> bool:
     return (fam is not None and fam == family(like) and tuple(value.shape) == tuple(like.shape)
             and value.dtype == like.dtype)
 
+#: A model at most this big may be served on its node's I/O thread while its service is idle
+#: (``Service.quick_kinds``: one thread hand-off less per update): the PS engine's shard and
+#: the P2P engine's owners; a bigger model's pull and reply stay on the service's thread.
+QUICK_MODEL_BYTES = 1 << 20
+
 
 def nbytes(values: Mapping[str, Any]) -> int:
     """A model's size in bytes (numpy arrays and torch tensors; anything else counts 0).

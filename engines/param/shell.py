@@ -22,7 +22,7 @@ from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
 from actorpy.runtime.node import NodeEvent, NodeEventKind
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
-from actorpy.values import nbytes
+from actorpy.values import QUICK_MODEL_BYTES, nbytes
 from actorpy.wire.serde import IN_BAND_MAX_BYTES
 from engines.param import checkpoint
 from engines.param.errors import UpdateError
@@ -31,11 +31,6 @@ from engines.param.server import Answer, Callbacks, CheckpointDue, ServerCore, S
 from engines.param.store import Store
 
 log = logging.getLogger(__name__)
-
-#: A shard whose model is at most this big, and that writes no checkpoints, answers JOIN and
-#: PUSH on the node's I/O thread when it is idle (``Service.quick_kinds``: one thread
-#: hand-off less per step); a bigger model's pull and reply stay on the shard's thread.
-QUICK_MODEL_BYTES = 1 << 20
 
 #: How long a request for the final model waits for a stop that is due at a step (the
 #: pushes completing that round are already on their way) before the shard stops anyway.

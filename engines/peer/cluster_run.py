@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError
-from actorpy.values import nbytes
+from actorpy.values import QUICK_MODEL_BYTES, nbytes
 
 from .context import JobSpec
 from .kademlia.events import KademliaConfig
 from .runner import Phase
-from .shell import QUICK_MODEL_BYTES, PeerKind, PeerService
+from .shell import PeerKind, PeerService
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,9 @@ class Timer(IntEnum):
     COMPUTED = 1      # a simulated compute time is over
     RECHECK = 2       # check the barrier again
     RETRY = 3         # ask again for the key in the token's slot
-    NEXT = 4          # the barrier let us advance: begin the next step
     REPLICATE = 5     # an owner's write nobody waits on goes to the key's holders
     EARLY = 6         # the pushes are out: check the barrier for the step they complete
-    BEGIN = 7         # begin the step on the service's thread (decided on the I/O thread)
+    BEGIN = 7         # begin the next step from the shell's loop (see _begin_step)
     COMPUTE = 8       # compute the step on the service's thread (its keys came in there)
 
 

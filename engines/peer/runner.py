@@ -143,8 +143,6 @@ class PeerRunner:
             self._push_all(now, eff)
         elif kind == Timer.RECHECK and token == self._epoch and self.phase == Phase.BARRIER:
             self._check_barrier(now, eff)
-        elif kind == Timer.NEXT and token == self._epoch and self.phase == Phase.BARRIER:
-            self._begin_step(now, eff)
         elif kind == Timer.BEGIN and token == self._epoch \
                 and self.phase not in (Phase.DONE, Phase.FAILED):
             self._begin_step(now, eff)
@@ -182,7 +180,14 @@ class PeerRunner:
                            max(1, round(self.node.size_estimate())))
 
     def _begin_step(self, now: float, eff: Effects) -> None:
-        if self.on_io_thread:   # user code runs on the service's thread
+        if self.on_io_thread or self._serving_here or self._answering:
+            # From a timer due at once, not from here: on the node's I/O thread, so that
+            # user code runs on the service's thread; inside a push this peer served itself,
+            # or a peer that owns every key it works on would run all its steps in one call
+            # (deep recursion) and its shell would serve no other message meanwhile; on
+            # another peer's message, so that our answer to it goes out first. Otherwise
+            # (an owner's reply, a PONG, a re-check) at once: a timer would cost the shell
+            # a hop through its event loop.
             eff.timers.append(SetTimer(0.0, Timer.BEGIN, self._epoch))
             return
         self._epoch += 1
@@ -327,17 +332,7 @@ class PeerRunner:
             return
         if decision.advance:
             self.waiting_on = frozenset()
-            if self._serving_here or self._answering:
-                # decided inside a push this peer served itself: the next step begins from
-                # a timer due at once, not from here, or a peer that owns every key it works
-                # on would run all its steps in one call (deep recursion) and its shell
-                # would serve no other message meanwhile; decided on another peer's message:
-                # our answer to it goes out first
-                eff.timers.append(SetTimer(0.0, Timer.NEXT, self._epoch))
-            else:
-                # decided on a message or a timer (an owner's reply, a PONG, a re-check):
-                # begin at once; a timer would cost the shell a hop through its event loop
-                self._begin_step(now, eff)
+            self._begin_step(now, eff)
         else:
             self.waits += 1
             self.waiting_on = frozenset(decision.waiting_on)

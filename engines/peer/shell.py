@@ -50,13 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-#: A job whose model is at most this big lets its peers handle overlay messages on the node's
-#: I/O thread while the peer is idle (``Service.quick_kinds``: one thread hand-off less for an
-#: owner answering a push, as for the PS engine's shard); a bigger model's ``pull`` stays on
-#: the service's thread.
-QUICK_MODEL_BYTES = 1 << 20
-
-
 class PeerKind(IntEnum):
     """Messages to a peer service."""
 
