@@ -6,7 +6,7 @@ round in flight per key (writes made meanwhile go out with the next one). Anothe
 push is acknowledged once a round holding its write was taken by every holder it chose
 (*durable*), so an update acknowledged to a peer survives the owner's death while one of
 those holders lives; the owner's own pushes go on at once (if it dies first, they die with
-the only peer that saw them acknowledged; a job with ``durable=False`` treats every push so:
+the only peer that saw them acknowledged; below, *own updates*; a job with ``durable=False`` treats every push so:
 acknowledged once applied, its write on the holders within ``replicate_s``). When the pusher
 is the only other holder (and
 holds a copy), the answer itself is its copy: the pusher keeps the value it is answered
@@ -27,8 +27,16 @@ Owner changes are serialised:
   with the version it holds, so the write's round is not durable.
 - **Stale owner.** A round refused by a holder means a closer peer has taken over: the pushes
   waiting on it are answered NOT_OWNER (their pushers look the owner up again; an update
-  applied here but not acknowledged may so be applied twice, never lost), and the key is
-  taken over again (fetched) before this peer serves it again.
+  applied here but not acknowledged may so be applied twice, never lost), the local copy is
+  dropped (a branch the holders did not take; with ``durable``), and the key is taken over
+  again (fetched) before this peer serves it again, with no memory of the pushes applied or
+  the copies given in the lost branch. A holder answering with a newer copy this owner gave
+  it (the answer to its own push, overtaking the round's STORE) is no refusal.
+- **Own updates.** The owner's own pushes, acknowledged at once, are kept until a durable
+  round (or an answer that is the one other holder's copy) covers them; if the copy they are
+  in loses instead (a refused round, or a take-over that fetched a newer copy), they are
+  pushed again to the key's owner now: applied twice at worst, lost only if the owner dies
+  before they are on a holder.
 """
 from __future__ import annotations
 
@@ -98,12 +106,22 @@ class KeyOwner:
         self.owned: set[int] = set()                # keys taken over (newest copy fetched)
         self._queued: dict[int, list[tuple[Callable[[float, Effects], None], Later]]] = {}
         self._waiting: dict[int, list[tuple[int, Later]]] = {}   # acks waiting on a round
-        self._pushed: dict[tuple[int, int], int] = {}   # (key, pusher) -> last step applied
+        # key -> pusher -> the last step of its applied here, in this take-over's copy
+        self._pushed: dict[int, dict[int, int]] = {}
         self._pushes: dict[int, tuple[float, float]] = {}   # pusher -> (last push, interval)
         # key -> holder -> the newest clock it holds: taken in a durable round, or answered
         # to its push (a holder keeps the value its push is answered with)
         self._copies: dict[int, dict[int, int]] = {}
+        # key -> pusher -> the clock of the copy we answered its last push with, in this
+        # take-over (a holder keeps it: a round's STORE arriving after it is no refusal)
+        self._answered: dict[int, dict[int, int]] = {}
         self._later: dict[int, int] = {}            # replication timer token -> key
+        # key -> our own pushes acknowledged at once whose write no holder confirmed yet:
+        # (clock, name, update), pushed again through ``repush`` if that write is lost
+        self._unsure: dict[int, list[tuple[int, str, Any]]] = {}
+        #: ``repush(name, update, now, effects)``: push an own update again, to whoever owns
+        #: its key now (the runner wires it; None: own updates are not kept)
+        self.repush: Callable[[str, Any, float, Effects], None] | None = None
         self._tokens = 0
         node.accept_store = self.accept_store
 
@@ -183,7 +201,7 @@ class KeyOwner:
         if method == Method.GET:
             return Status.OK, (record.clock,), record.value
         mine = sender.node_id == self.node.node_id
-        if not mine and step >= 0 and self._pushed.get((kid, sender.node_id), -1) >= step:
+        if not mine and step >= 0 and self._pushed.get(kid, {}).get(sender.node_id, -1) >= step:
             # the same push again (its first answer came after the pusher's timeout and the
             # node asked again): applied once, answered once its write is durable
             self._waiting.setdefault(kid, []).append((record.clock, later))
@@ -210,13 +228,18 @@ class KeyOwner:
                 self._replicate_later(written, eff)
         self.applied[name] = self.applied.get(name, 0) + 1
         if not mine and step >= 0:
-            self._pushed[(kid, sender.node_id)] = step
+            self._pushed.setdefault(kid, {})[sender.node_id] = step
         record = self.node.storage.get(kid, now)
         assert record is not None
         if name not in store.written or mine or not self.spec.durable:
             # our own update needs no wait: if we die before it is on the holders, it is
             # lost with the only peer that saw it acknowledged (without ``durable``, so is
-            # another peer's)
+            # another peer's). Until it is on them, we keep it: should our write not make it
+            # (a closer peer took the key over meanwhile), it is pushed again (``repush``)
+            if mine and name in store.written and self.spec.durable:
+                self._unsure.setdefault(kid, []).append((record.clock, name, update))
+            elif not mine:
+                self._answered.setdefault(kid, {})[sender.node_id] = record.clock
             return Status.OK, (record.clock,), record.value
         holders = self.node.holders_of(kid, now)
         if holders is not None and sender.node_id in self._copies.get(kid, {}) \
@@ -224,6 +247,7 @@ class KeyOwner:
             # the pusher is the only other holder and holds a copy: the answer is its new
             # copy (it keeps it), so the write needs no round
             self._copies[kid][sender.node_id] = record.clock
+            self._settled(kid, record.clock)
             return Status.OK, (record.clock,), record.value
         self._waiting.setdefault(kid, []).append((record.clock, later))
         self._replicate(kid, now, eff)
@@ -252,6 +276,20 @@ class KeyOwner:
         return holders is not None and all(copies.get(h.node_id, -1) >= clock
                                            for h in holders)
 
+    def _settled(self, kid: KadId, clock: int) -> None:
+        """Every holder of ``kid`` took our copy at ``clock``: own updates up to it are safe."""
+        unsure = self._unsure.get(kid)
+        if unsure:
+            unsure[:] = [u for u in unsure if u[0] > clock]
+
+    def _unsettled(self, kid: KadId, now: float, eff: Effects) -> None:
+        """Our copy of ``kid`` lost to another (a refused round, or a newer copy fetched): the
+        own updates no holder confirmed may be lost with it, so they are pushed again (to
+        the key's owner now; applied twice at worst, never lost)."""
+        for _, name, update in self._unsure.pop(kid, []):
+            if self.repush is not None:
+                self.repush(name, update, now, eff)
+
     def _adopt(self, kid: KadId, now: float, eff: Effects) -> None:
         """Take a key over: fetch the newest copy among its holders (ours included), which
         also tells them of us (the fence), before serving it."""
@@ -266,7 +304,14 @@ class KeyOwner:
                 self.node.storage.put(kid, done.blob, when, self.node.config.ttl_s,
                                       is_origin=True, clock=done.clock, writer=KadId(0))
                 held = self.node.storage.get(kid, when)
+                self._unsettled(kid, when, e)       # another copy replaced ours
             if held is not None and self._is_owner(kid):
+                # what we applied before (a refused round's writes) may not be in the copy
+                # fetched: a push seen then is applied again if it comes again, and every
+                # holder's copy is unknown until a round or an answer tells
+                self._pushed.pop(kid, None)
+                self._copies.pop(kid, None)
+                self._answered.pop(kid, None)
                 self.owned.add(kid)
                 self._replicate(kid, when, e)
             for again, later in self._queued.pop(kid, []):
@@ -293,18 +338,34 @@ class KeyOwner:
         def replicated(done: Done, when: float, e: Effects) -> None:
             del self._replicating[kid]
             waiting = self._waiting.pop(kid, [])
-            if done.refused:
+            gave = (self._copies.get(kid, {}), self._answered.get(kid, {}))
+            # a holder that answers with a newer copy we gave it (the answer to its own
+            # push, sent after this round's STORE and arrived before it) holds all of this
+            # round's write: not a refusal, and it counts as confirmed
+            ours = all(writer == self.node.node_id and held > clock
+                       and any(g.get(c.node_id) == held for g in gave)
+                       for c, held, writer in done.refusals)
+            answered = sum(1 for c in done.stored_on if c.node_id != self.node.node_id)
+            durable = done.durable or (ours and answered == done.asked)
+            if done.refused and not ours:
                 log.info("peer %s: a holder of key %s refused our write: a closer peer took "
                          "it over", self.node.address, kid)
                 self.owned.discard(kid)
                 self._dirty.discard(kid)
                 for _, later in waiting:
                     later((Status.NOT_OWNER, (), None), when, e)
+                if self.spec.durable:
+                    # our copy is a branch the holders did not take: every write on it that
+                    # was acknowledged is on them (durable) or pushed again (below), so it
+                    # is dropped, and the take-over fetches theirs, never ours instead
+                    self.node.storage.drop(kid)
+                self._unsettled(kid, when, e)
                 return
-            if done.durable:
+            if durable:
                 copies = self._copies.setdefault(kid, {})
                 for holder in done.stored_on:
                     copies[holder.node_id] = max(clock, copies.get(holder.node_id, -1))
+                self._settled(kid, clock)
                 held = self.node.storage.get(kid, when)
                 assert held is not None
                 done_now = [w for w in waiting if w[0] <= clock]

@@ -65,6 +65,7 @@ class PeerRunner:
         self.barrier = OverlayBarrier(node, spec.policy, random.Random(spec.seed * 7919 + index))
         self.phase = Phase.IDLE
         self.step = 0
+        self.first_step: int | None = None  # the step it began at (a joiner: caught up to)
         self.values: dict[str, tuple[Any, int]] = {}
         self.owners: dict[str, Contact | None] = {}   # None: this peer owns the key
         self.pushed = 0
@@ -87,6 +88,7 @@ class PeerRunner:
         self.on_io_thread = False
         self.owner = KeyOwner(spec, node, self._start_op)
         node.on_call = self.owner.on_call
+        self.owner.repush = self._repush
         self.barrier.pushing = self.owner.pushing
 
     # ------------------------------------------------------------------ shell-facing
@@ -100,16 +102,17 @@ class PeerRunner:
         eff = Effects()
         self.phase = Phase.WORKING
         if not catch_up:
-            self.node.step = 0
+            self.node.step = self.first_step = 0
             self._begin_step(now, eff)
             return eff
 
         def found(done: Done, when: float, e: Effects) -> None:
             known = [s.step for c in done.contacts
                      if (s := self.node.steps.get(c.node_id)) is not None]
-            self.step = max(known, default=0)
+            self.step = self.first_step = max(known, default=0)
             self.node.step = self.step
-            self._begin_step(when, e)
+            if not self._stopped(when):     # caught up with peers that are done: so is it
+                self._begin_step(when, e)
 
         self._start_op(self.node.members(random.Random(self.index), now), found, eff)
         return eff
@@ -284,6 +287,15 @@ class PeerRunner:
                 self._retry(lambda t, ef: self._push(name, t, ef), status, when, e)
         self._ask(name, Method.PUSH, self._updates[name], now, eff, acked)
 
+    def _repush(self, name: str, update: Any, now: float, eff: Effects) -> None:
+        """Push an update again that this peer, as ``name``'s owner, applied and answered at
+        once but whose write did not reach the holders (``KeyOwner.repush``): with no step,
+        so no owner takes it for one it applied already."""
+        def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
+            if status != Status.OK:
+                self._retry(lambda t, ef: self._repush(name, update, t, ef), status, when, e)
+        self._ask(name, Method.PUSH, update, now, eff, acked, step=-1)
+
     def _keep_copy(self, name: str, value: Any, clock: int, now: float) -> None:
         """A holder of a key keeps the value an owner answered its push with: when it is the
         owner's only other holder, that answer is the write's replica (``owner.py``)."""
@@ -301,14 +313,7 @@ class PeerRunner:
             # it asked for our step while ahead of us: our PING carries the new one, so a
             # barrier waiting on us re-checks now instead of at its next poll
             self._start_op(self.node.ping(watcher, now), lambda d, t, e: None, eff)
-        try:
-            stop = bool(self.spec.stop(self._ctx()))
-        except Exception as exc:
-            self._fail(exc)
-            return
-        if stop:
-            self.phase = Phase.DONE
-            self.finished_s = now
+        if self._stopped(now):
             return
         self.phase = Phase.BARRIER
         early, self._early = self._early, None
@@ -338,6 +343,18 @@ class PeerRunner:
             self.waiting_on = frozenset(decision.waiting_on)
             eff.timers.append(SetTimer(self.spec.poll_s, Timer.RECHECK, self._epoch))
 
+    def _stopped(self, now: float) -> bool:
+        """Whether ``stop`` says this peer is done (then DONE), or raised (then FAILED)."""
+        try:
+            stop = bool(self.spec.stop(self._ctx()))
+        except Exception as exc:
+            self._fail(exc)
+            return True
+        if stop:
+            self.phase = Phase.DONE
+            self.finished_s = now
+        return stop
+
     def _fail(self, exc: BaseException) -> None:
         self.error = (type(exc).__qualname__, str(exc), traceback.format_exc())
         self.phase = Phase.FAILED
@@ -360,8 +377,11 @@ class PeerRunner:
             again(now, eff)                     # the owner moved or died: look it up again
 
     def _ask(self, name: str, method: Method, update: Any, now: float, eff: Effects,
-             answer: Callable[[Status, int, Any, float, Effects], None]) -> None:
-        """Send ``method`` for ``name`` to its owner (looked up if unknown), or run it here."""
+             answer: Callable[[Status, int, Any, float, Effects], None],
+             step: int | None = None) -> None:
+        """Send ``method`` for ``name`` to its owner (looked up if unknown), or run it here;
+        ``step``: the step it is of (default: this peer's; -1: none)."""
+        step = self.step if step is None else step
         kid = key_id(name)
         cached = self.owners.get(name)
         if cached is not None and self.node.is_gone(cached.node_id, now):
@@ -371,7 +391,7 @@ class PeerRunner:
                 closest = done.contacts[0] if done.contacts else None
                 mine = closest is None or self.node.node_id ^ kid < closest.node_id ^ kid
                 self.owners[name] = None if mine else closest
-                self._ask(name, method, update, when, e, answer)
+                self._ask(name, method, update, when, e, answer, step)
             self._start_op(self.node.find_node(kid, now), located, eff)
             return
         owner = self.owners[name]
@@ -391,7 +411,7 @@ class PeerRunner:
                     self._serving_here = serving
 
             me = Contact(self.node.node_id, self.node.address)
-            got = self.owner.serve(me, name, kid, method, self.step, update, now, eff, served)
+            got = self.owner.serve(me, name, kid, method, step, update, now, eff, served)
             if got is not None:                 # else answered once the write is durable
                 served(got, now, eff)
             return
@@ -410,7 +430,7 @@ class PeerRunner:
             clock = reply.args[0] if reply is not None and reply.args else 0
             answer(status, clock, value, when, e)
 
-        args = (name, self.step, self.spec.run)
+        args = (name, step, self.spec.run)
         self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
                        replied, eff)
 

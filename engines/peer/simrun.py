@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from actorpy.errors import ActorpyTimeout, RemoteError
 
 from .barrier import CheckRecord
-from .kademlia.ids import key_id
+from .kademlia.ids import KadId, key_id
 from .kademlia.sim import SimNetwork
 from .peer import Peer
 from .runner import Phase, PeerRunner
@@ -107,9 +107,9 @@ class SimRun:
             self.net.set(self.order[0], key_id(name), value, clock=0)
 
     # ------------------------------------------------------------------ membership
-    def _new_peer(self) -> str:
+    def _new_peer(self, node_id: int | None = None) -> str:
         live = sorted(self.net.alive, key=lambda a: int(a[1:]))
-        address = self.net.add_node()
+        address = self.net.add_node(None if node_id is None else KadId(node_id))
         self.net.join(address, self.rng.choice(live) if live else None)
         index = len(self.order)
         node = self.net.nodes[address]
@@ -121,9 +121,10 @@ class SimRun:
         self.order.append(address)
         return address
 
-    def add_peer(self) -> str:
-        """A new peer joins the overlay and the running job (catching up to its step)."""
-        address = self._new_peer()
+    def add_peer(self, node_id: int | None = None) -> str:
+        """A new peer joins the overlay and the running job (catching up to its step);
+        ``node_id`` places it (e.g. next to a key, to make it that key's owner)."""
+        address = self._new_peer(node_id)
         self._start(address, catch_up=True)
         return address
 

@@ -136,6 +136,8 @@ class Done:
         durable: STORE: every other peer chosen to hold the value answered holding a copy at
             its clock (none timed out, none refused it or held a newer one).
         refused: STORE: how many of them answered holding another clock.
+        refusals: STORE: each of those as (peer, clock it holds, writer of that copy).
+        asked: STORE: how many other peers were asked to hold the value.
         rounds: lookup rounds (hops); rpcs: requests sent; elapsed_s: time on the node's clock.
     """
 
@@ -149,6 +151,8 @@ class Done:
     reply: Reply | None = None
     durable: bool = False
     refused: int = 0
+    refusals: tuple[tuple[Contact, int, KadId], ...] = ()
+    asked: int = 0
     rounds: int = 0
     rpcs: int = 0
     elapsed_s: float = 0.0
