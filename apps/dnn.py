@@ -1,11 +1,13 @@
-"""``actorpy dnn``: a small torch MLP trained through the parameter server, on scikit-learn's
-bundled 8x8 digits (no download) or, with ``--data DIR``, on MNIST idx files.
+"""``actorpy dnn``: a small torch MLP or CNN trained through the parameter server, on
+scikit-learn's bundled 8x8 digits (no download) or, with ``--data DIR``, on MNIST idx files.
 
     actorpy dnn --workers 2 --barrier ssp --staleness 2 --steps 600 --json
+    actorpy dnn --model cnn --device cuda --steps 300
     actorpy dnn --compare bsp ssp:4 asp --plot dnn.png
 
 Every parameter tensor is a key; each worker loads its share of the training set where it
-trains and pushes gradients; the server applies SGD and records the test accuracy as it goes.
+trains (on ``--device``: the CPU, or its GPU) and pushes gradients; the server applies SGD on
+the CPU and records the test accuracy as it goes.
 ``--json`` prints ``{"accuracy", "loss", "steps_per_worker", "updates", "seconds"}`` (with
 ``--compare``: ``{"runs": [...]}``).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import importlib.util
+import math
 import os
 from typing import Any, Sequence
 
@@ -77,35 +80,63 @@ def load(split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
             labels.astype(np.int64))
 
 
-def make_model(inputs: int, hidden: int) -> Any:
+def make_model(inputs: int, hidden: int, kind: str = "mlp") -> Any:
+    """``mlp``: one hidden layer of ``hidden`` units; ``cnn``: over the square image, a 3x3
+    convolution (16 channels), 2x2 max pooling, a 3x3 convolution (``hidden`` channels),
+    a linear layer."""
     import torch
+    from torch import nn
 
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(inputs, hidden), torch.nn.ReLU(),
-                               torch.nn.Linear(hidden, 10))
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    side = math.isqrt(inputs)
+    return nn.Sequential(nn.Unflatten(1, (1, side, side)),
+                         nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, hidden, 3, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(hidden * (side // 2) ** 2, 10))
 
 
 class Local:
-    """A worker's share of the data and its copy of the network (made on the worker)."""
+    """A worker's share of the data and its copy of the network (made on the worker, on
+    ``device``)."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, hidden: int) -> None:
+    def __init__(self, x: np.ndarray, y: np.ndarray, hidden: int, kind: str,
+                 device: str) -> None:
         import torch
 
-        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
-        self.model = make_model(x.shape[1], hidden)
+        self.device = torch.device(device)
+        self.x = torch.from_numpy(x).to(self.device)
+        self.y = torch.from_numpy(y).to(self.device)
+        self.model = make_model(x.shape[1], hidden, kind).to(self.device)
 
 
 class Data:
-    def __init__(self, data_dir: str | None, hidden: int) -> None:
-        self.data_dir, self.hidden = data_dir, hidden
+    def __init__(self, data_dir: str | None, hidden: int, kind: str = "mlp",
+                 device: str = "cpu") -> None:
+        self.data_dir, self.hidden, self.kind, self.device = data_dir, hidden, kind, device
 
     def __call__(self, ctx: param.DataContext) -> Local:
         import torch
 
         torch.set_num_threads(1)   # one process per core already
+        device = self.device
+        if device == "cuda":
+            check_device(device)
+            device = f"cuda:{ctx.slot % torch.cuda.device_count()}"   # a worker per GPU
         x, y = load("train", self.data_dir)
         part = ctx.slot % ctx.slots
-        return Local(x[part::ctx.slots], y[part::ctx.slots], self.hidden)
+        return Local(x[part::ctx.slots], y[part::ctx.slots], self.hidden, self.kind, device)
+
+
+def check_device(device: str) -> None:
+    """A clear error for a ``--device`` this machine does not have."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: torch sees no CUDA GPU here "
+                              f"(torch {torch.__version__}); use --device cpu")
 
 
 def push(ctx: param.WorkerContext, values: dict[str, Any]) -> dict[str, Any]:
@@ -114,11 +145,13 @@ def push(ctx: param.WorkerContext, values: dict[str, Any]) -> dict[str, Any]:
     local: Local = ctx.data
     with torch.no_grad():
         for name, p in local.model.named_parameters():
-            p.copy_(values[name])
-    i = torch.from_numpy(ctx.rng.integers(0, len(local.y), ctx.batch_size))
+            p.copy_(values[name])           # host to device when on a GPU
+    i = torch.from_numpy(ctx.rng.integers(0, len(local.y), ctx.batch_size)).to(local.device)
     local.model.zero_grad()
     torch.nn.functional.cross_entropy(local.model(local.x[i]), local.y[i]).backward()
-    return {name: p.grad.detach().clone() for name, p in local.model.named_parameters()}
+    # the server keeps the model on the CPU: gradients go back to host memory
+    return {name: p.grad.detach().to("cpu", copy=True)
+            for name, p in local.model.named_parameters()}
 
 
 class Pull:
@@ -132,11 +165,11 @@ class Pull:
 
 
 def evaluate(values: dict[str, Any], x: np.ndarray, y: np.ndarray,
-             hidden: int) -> tuple[float, float]:
+             hidden: int, kind: str = "mlp") -> tuple[float, float]:
     """``(accuracy, mean cross-entropy)`` of the parameters ``values`` on ``(x, y)``."""
     import torch
 
-    model = make_model(x.shape[1], hidden)
+    model = make_model(x.shape[1], hidden, kind)
     model.load_state_dict(values)
     with torch.no_grad():
         out = model(torch.from_numpy(x))
@@ -149,17 +182,18 @@ class Monitor:
     """Stop after ``steps`` steps (or at ``target`` accuracy); records the test accuracy
     every ``every`` pulls."""
 
-    def __init__(self, data_dir: str | None, hidden: int, steps: int, target: float | None,
-                 every: int) -> None:
+    def __init__(self, data_dir: str | None, hidden: int, kind: str, steps: int,
+                 target: float | None, every: int) -> None:
         self.x, self.y = load("test", data_dir)
-        self.hidden, self.steps, self.target, self.every = hidden, steps, target, every
+        self.hidden, self.kind = hidden, kind
+        self.steps, self.target, self.every = steps, target, every
         self._pulls = 0
 
     def __call__(self, store: param.Store) -> bool:
         done = store.step >= self.steps
         if self._pulls % self.every == 0 or done or self.target is not None:
             values = {k: store.get(k)[0] for k in store.keys()}
-            accuracy, loss = evaluate(values, self.x, self.y, self.hidden)
+            accuracy, loss = evaluate(values, self.x, self.y, self.hidden, self.kind)
             store.record(accuracy=accuracy, loss=loss)
             done = done or (self.target is not None and accuracy >= self.target)
         self._pulls += 1
@@ -168,17 +202,18 @@ class Monitor:
 
 def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[str, Any], list]:
     x_test, y_test = load("test", args.data)
-    model = make_model(x_test.shape[1], args.hidden)
+    model = make_model(x_test.shape[1], args.hidden, args.model)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    job = param.Job("dnn", barrier=barrier, seed=args.seed, data=Data(args.data, args.hidden))
+    job = param.Job("dnn", barrier=barrier, seed=args.seed,
+                    data=Data(args.data, args.hidden, args.model, args.device))
     job.register_push(push)
     job.register_pull(Pull(args.lr))
-    job.register_stop(Monitor(args.data, args.hidden, args.steps, args.target,
+    job.register_stop(Monitor(args.data, args.hidden, args.model, args.steps, args.target,
                               max(1, args.steps // 50)))
     run = job.start(cluster, init=init, batch=args.batch, balance=args.balance,
                     timeout_s=args.timeout)
     values = run.result()
-    accuracy, loss = evaluate(values, x_test, y_test, args.hidden)
+    accuracy, loss = evaluate(values, x_test, y_test, args.hidden, args.model)
     stats = run.stats
     return ({"accuracy": accuracy, "loss": loss, "steps_per_worker": stats.steps_per_worker,
              "updates": stats.updates, "seconds": stats.seconds}, stats.trace)
@@ -194,7 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=600, help="steps per worker (default 600)")
     parser.add_argument("--lr", type=apputil.positive_float, default=0.1, help="default 0.1")
     parser.add_argument("--batch", type=int, default=32, help="default 32")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden units (default 64)")
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
+                        help="mlp (default) or cnn (two 3x3 convolutions)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where workers compute (cuda: worker i on GPU i %% count; "
+                             "the server stays on the CPU)")
+    parser.add_argument("--hidden", type=int, default=64,
+                        help="hidden units, or the cnn's second layer channels (default 64)")
     parser.add_argument("--balance", action="store_true", help="LB-BSP batch sizes")
     parser.add_argument("--target", type=float, default=None,
                         help="stop early at this test accuracy")
@@ -210,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.steps, args.batch, args.hidden) < 1:
         raise ConfigError("--steps, --batch and --hidden must be >= 1")
     load("test", args.data)   # fail on a bad --data before starting anything
+    if args.manager is None:
+        check_device(args.device)     # (on a cluster, each worker checks its own)
     return run_barriers(args, train, lambda r: f"test accuracy {r['accuracy']:.3f}  loss "
                                                f"{r['loss']:.3f}", "accuracy", "test accuracy",
                         log_scale=False)

@@ -1,4 +1,4 @@
-"""`actorpy dnn`: a torch MLP on the bundled digits through the parameter server; MNIST idx
+"""`actorpy dnn`: a torch MLP or CNN on the bundled digits through the parameter server; MNIST idx
 reading."""
 from __future__ import annotations
 
@@ -28,6 +28,34 @@ class TestDNN:
         result = json.loads(capsys.readouterr().out)
         assert set(result) == {"accuracy", "loss", "steps_per_worker", "updates", "seconds"}
         assert result["accuracy"] > 0.8 and min(result["steps_per_worker"]) >= 150
+
+    def test_trains_a_cnn(self, capsys):
+        assert dnn.main(["--model", "cnn", "--steps", "150", "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["accuracy"] > 0.8 and result["updates"] == 300
+
+    def test_cuda_without_a_gpu_is_a_clear_error(self):
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
+            dnn.main(["--device", "cuda", "--steps", "10"])
+
+    def test_trains_on_the_gpu(self, capsys):
+        """Workers compute on the GPU, the server folds gradients on the CPU: the same
+        accuracy as on the CPU (run where torch sees a GPU)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+        results = {}
+        for device in ("cpu", "cuda"):
+            assert dnn.main(["--model", "cnn", "--steps", "150", "--device", device,
+                             "--barrier", "bsp", "--json"]) == 0
+            results[device] = json.loads(capsys.readouterr().out)
+        assert results["cuda"]["accuracy"] > 0.8
+        assert abs(results["cuda"]["accuracy"] - results["cpu"]["accuracy"]) < 0.05
 
     def test_reads_mnist_idx_files(self, tmp_path):
         rng = np.random.default_rng(0)
