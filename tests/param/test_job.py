@@ -3,6 +3,8 @@ converges, sharding is transparent, barrier bounds hold on the server's own tabl
 input fails cleanly."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ import actorpy
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.errors import RemoteError
 from engines import param
+from engines.param import checkpoint
 from tests.param import problems as pb
 
 SEED = 11
@@ -181,6 +184,16 @@ class TestBadInput:
             with pytest.raises(ActorpyTimeout, match="within timeout_s=4"):
                 job.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=4)
             assert time.monotonic() - started < 4 + 10
+
+    def test_a_checkpoint_dir_it_cannot_write_is_refused_at_start(self, cluster, tmp_path):
+        # Before, the shard logged an ERROR at every save and the run went on with none.
+        os.mkdir(checkpoint.path_for(str(tmp_path), "lin", 0, 1))   # nothing replaces a dir
+        job = _job(BSP())
+        job.register_stop(pb.StepStop(2))
+        with pytest.raises(actorpy.ConfigError, match=r"shard 0 cannot write .*lin\.shard0of1"):
+            job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path),
+                    timeout_s=30)
+        assert os.listdir(tmp_path) == ["lin.shard0of1.npz"]   # no temporary file left
 
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")
