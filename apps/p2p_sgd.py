@@ -204,8 +204,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           else apputil.connect_from_args(args, task_threads=2)) as cluster:
         result, trace = train(cluster, args, barrier)
     warn_if_diverged(label, result)
-    if args.plot:
-        plot_curves(args.plot, [(label, trace)], "loss", "held-out loss")
     if args.json:
         apputil.print_json(result)
     else:
@@ -213,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{result['weight_error']:.4f}  updates {result['updates']}  "
               f"{result['seconds']:.2f} s  steps per peer {result['steps_per_worker']}",
               file=sys.stdout)
+    if args.plot:   # after the results: a plot that cannot be written does not lose them
+        plot_curves(args.plot, [(label, trace)], "loss", "held-out loss")
     return 0
 
 

@@ -71,6 +71,27 @@ class TestSGD:
                                                   "directory /nonexistent"):
                 main(["--plot", "/nonexistent/x.png", "--workers", "0"])
 
+    def test_a_plot_path_that_cannot_be_a_plot_is_refused_before_training(self, tmp_path):
+        # before: a directory was written as DIR.png; an unknown format failed with
+        # matplotlib's traceback after the whole training run, and the results were lost
+        for main in (sgd.main, p2p_sgd.main):
+            with pytest.raises(ConfigError, match="is a directory; name a file in it"):
+                main(["--plot", str(tmp_path), "--workers", "0"])
+            with pytest.raises(ConfigError, match="matplotlib writes no .jpgz files; use "
+                                                  "one of .*png"):
+                main(["--plot", str(tmp_path / "x.jpgz"), "--workers", "0"])
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("main, flags", [(sgd.main, []), (p2p_sgd.main, ["--peers", "1"])],
+                             ids=["sgd", "p2p-sgd"])
+    def test_a_plot_that_cannot_be_written_keeps_the_results(self, tmp_path, capsys, main,
+                                                              flags):
+        plot = tmp_path / "curves.png"
+        plot.symlink_to(tmp_path / "gone" / "curves.png")   # a path open() cannot create
+        with pytest.raises(ConfigError, match=f"--plot {plot}: cannot write it: No such"):
+            main([*flags, "--steps", "5", "--workers", "1", "--plot", str(plot), "--json"])
+        assert set(json.loads(capsys.readouterr().out)) == FIELDS   # printed before the plot
+
     # With 2 workers the server averages their updates (before: numpy's RuntimeWarning from
     # the engine's mean reached stderr, in the worker processes: hence capfd).
     @pytest.mark.parametrize("workers", ["1", "2"])
