@@ -272,6 +272,17 @@ class TestFailures:
         with pytest.raises(RemoteError, match="truth value of an array"):
             run(job, peers=3, max_s=60)
 
+    def test_no_peer_or_an_empty_model_is_a_config_error(self) -> None:
+        # before: init={} ran until the timeout (every peer waited at step 0 for its key),
+        # simulate(peers=0) failed with an IndexError, run(peers=0) with an ActorpyError
+        from actorpy.errors import ConfigError
+        job = linreg(ASP(), steps=1)
+        for start in (job.simulate, lambda **kw: job.run(None, timeout_s=5, **kw)):
+            with pytest.raises(ConfigError, match="init must name at least one key"):
+                start(peers=2, init={})
+            with pytest.raises(ConfigError, match="at least one peer, got 0"):
+                start(peers=0, init=init())
+
     def test_missing_callbacks_are_a_config_error(self) -> None:
         from actorpy.errors import ConfigError
         with pytest.raises(ConfigError, match="schedule, push, stop"):
