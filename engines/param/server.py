@@ -378,12 +378,16 @@ class ServerCore:
 
     def _should_stop(self) -> bool:
         try:
-            return bool(self._cb.stop(self.store))
+            answer = self._cb.stop(self.store)
         except KeyNotLocal:
             return False   # a shard without the keys the stop reads does not vote
         except Exception as exc:
             raise CallbackError(f"stop raised {type(exc).__name__}: {exc} on server shard "
                                 f"{self.config.shard}") from exc
+        if answer is None:   # a missing `return`: it would never stop, until timeout_s
+            raise CallbackError(f"stop returned None on server shard {self.config.shard}; it "
+                                "must return True (stop) or False (go on)")
+        return bool(answer)
 
     def _call(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:

@@ -160,6 +160,16 @@ class TestBadInput:
         assert np.array_equal(run.model["w"], np.ones(pb.D))
         self._assert_clean(cluster, run)
 
+    def test_a_stop_that_returns_none_is_a_clear_error(self, cluster):
+        # before: None is false, so the job ran until timeout_s (600 s by default)
+        job = _job(ASP())
+        job.register_stop(lambda store: None)
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(RemoteError, match="stop returned None on server shard 0; it must "
+                                              "return True"):
+            run.result()
+        self._assert_clean(cluster, run)
+
     def test_a_pull_that_hangs_ends_the_job_soon_after_its_timeout(self):
         """A shard's pull that never returns: the job failed at timeout_s=4 only after 49 s
         (15 s waiting for the worker tasks, 30 s for the hung shard's model, up to 10 s to

@@ -283,6 +283,13 @@ class TestFailures:
             with pytest.raises(ConfigError, match="at least one peer, got 0"):
                 start(peers=0, init=init())
 
+    def test_a_stop_that_returns_none_fails_the_job(self) -> None:
+        # before: None is false, so every peer ran until the run's timeout
+        job = linreg(ASP(), steps=5)
+        job.register_stop(lambda ctx: None)
+        with pytest.raises(RemoteError, match="stop returned None; it must return True"):
+            run(job, peers=3, max_s=60)
+
     def test_missing_callbacks_are_a_config_error(self) -> None:
         from actorpy.errors import ConfigError
         with pytest.raises(ConfigError, match="schedule, push, stop"):
