@@ -130,12 +130,16 @@ def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], m
 
 
 def warn_if_diverged(name: str, result: dict[str, Any]) -> None:
-    """One line on stderr when the run's loss is not finite: it diverged (too large a
-    learning rate, for one), which ``null`` in the JSON alone would not say."""
-    value = result.get("loss")
+    """One line on stderr when the run diverged (too large a learning rate, for one): its
+    loss is not finite, which ``null`` in the JSON alone would not say, or its weight error
+    is above 1, farther from w* than the zeros it started from (a finite 1e26 loss)."""
+    value, error = result.get("loss"), result.get("weight_error")
     if isinstance(value, float) and not math.isfinite(value):
         print(f"actorpy: {name}: training diverged (loss is {value}); try a smaller --lr",
               file=sys.stderr)
+    elif isinstance(error, float) and error > 1:
+        print(f"actorpy: {name}: training diverged (weight error {error:.3g}, farther from w* "
+              "than the zeros it started from); try a smaller --lr", file=sys.stderr)
 
 
 def run_barriers(args: argparse.Namespace,

@@ -103,6 +103,15 @@ class TestSGD:
         assert "training diverged" in err and "--lr" in err and "RuntimeWarning" not in err
 
 
+    def test_a_run_that_diverged_to_finite_numbers_says_so(self, capsys):
+        # before: one row at lr 0.1 ended at weight error 1.5e8, loss 2.2e18 after 10 steps,
+        # printed as a result with no word on stderr
+        assert sgd.main(["--rows", "1", "--workers", "1", "--steps", "10", "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["weight_error"] > 1
+        assert "training diverged (weight error" in err and "than the zeros" in err
+
+
 class TestSGDOnACluster:
     def test_manager_run_takes_on_a_worker_that_joins(self):
         """`actorpy sgd --manager` trains on the cluster's workers and on one added while
