@@ -63,6 +63,10 @@ class TestSGD:
         for lr in ("nan", "inf", "0", "-0.1", "x"):
             with pytest.raises(SystemExit):
                 sgd.build_parser().parse_args(["--lr", lr])
+        for parser in (sgd.build_parser(), p2p_sgd.build_parser()):   # before: taken; a
+            for target in ("nan", "-1", "0"):                          # run never stopped early
+                with pytest.raises(SystemExit):
+                    parser.parse_args(["--target", target])
 
     def test_a_plot_file_in_no_directory_is_refused_before_training(self):
         # before: the error came after the whole training run
