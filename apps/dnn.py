@@ -250,6 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if min(args.steps, args.batch, args.hidden) < 1:
         raise ConfigError("--steps, --batch and --hidden must be >= 1")
+    if args.target is not None and not 0 < args.target <= 1:   # NaN too: never reached
+        raise ConfigError(f"--target is a test accuracy in (0, 1], got {args.target}")
     load("test", args.data)   # fail on a bad --data before starting anything
     if args.manager is None:
         check_device(args.device)     # (on a cluster, each worker checks its own)

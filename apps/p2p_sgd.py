@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
     parser.add_argument("--features", type=int, default=100, help="default 100")
-    parser.add_argument("--target", type=float, default=None,
+    parser.add_argument("--target", type=apputil.positive_float, default=None,
                         help="a peer stops early once the w it last read has a weight error "
                              "below this")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
@@ -204,8 +204,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           else apputil.connect_from_args(args, task_threads=2)) as cluster:
         result, trace = train(cluster, args, barrier)
     warn_if_diverged(label, result)
-    if args.plot:
-        plot_curves(args.plot, [(label, trace)], "loss", "held-out loss")
     if args.json:
         apputil.print_json(result)
     else:
@@ -213,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{result['weight_error']:.4f}  updates {result['updates']}  "
               f"{result['seconds']:.2f} s  steps per peer {result['steps_per_worker']}",
               file=sys.stdout)
+    if args.plot:   # after the results: a plot that cannot be written does not lose them
+        plot_curves(args.plot, [(label, trace)], "loss", "held-out loss")
     return 0
 
 

@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
     parser.add_argument("--features", type=int, default=100, help="default 100")
-    parser.add_argument("--target", type=float, default=None,
+    parser.add_argument("--target", type=apputil.positive_float, default=None,
                         help="stop early once weight_error is below this")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
     parser.add_argument("--plot", metavar="FILE", help="save the training curves (png)")

@@ -71,15 +71,31 @@ def barriers_from_args(args: argparse.Namespace) -> list[tuple[str, Any]]:
 
 
 def check_plot_path(path: str | None) -> None:
-    """Refuse a ``--plot FILE`` whose directory does not exist before training, not after.
+    """Refuse a ``--plot FILE`` that cannot be written before training, not after: its
+    directory does not exist, it is a directory, or matplotlib writes no such format.
 
     Raises:
-        ConfigError: no such directory.
+        ConfigError: which of those, and what to pass instead.
     """
     if path is not None:
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             raise ConfigError(f"--plot {path}: there is no directory {folder}")
+        if os.path.isdir(path):   # matplotlib would write PATH.png beside it
+            raise ConfigError(f"--plot {path} is a directory; name a file in it, such as "
+                              f"{os.path.join(path, 'curves.png')}")
+        suffix = os.path.splitext(path)[1][1:].lower()
+        if suffix and suffix not in _plot_formats():
+            raise ConfigError(f"--plot {path}: matplotlib writes no .{suffix} files; use "
+                              f"one of {', '.join(sorted(_plot_formats()))}")
+
+
+def _plot_formats() -> set[str]:
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib (pip install 'actorpy[plot]')") from None
+    return set(FigureCanvasBase.get_supported_filetypes())
 
 
 def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], metric: str,
@@ -105,17 +121,25 @@ def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], m
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: cannot write it: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def warn_if_diverged(name: str, result: dict[str, Any]) -> None:
-    """One line on stderr when the run's loss is not finite: it diverged (too large a
-    learning rate, for one), which ``null`` in the JSON alone would not say."""
-    value = result.get("loss")
+    """One line on stderr when the run diverged (too large a learning rate, for one): its
+    loss is not finite, which ``null`` in the JSON alone would not say, or its weight error
+    is above 1, farther from w* than the zeros it started from (a finite 1e26 loss)."""
+    value, error = result.get("loss"), result.get("weight_error")
     if isinstance(value, float) and not math.isfinite(value):
         print(f"actorpy: {name}: training diverged (loss is {value}); try a smaller --lr",
               file=sys.stderr)
+    elif isinstance(error, float) and error > 1:
+        print(f"actorpy: {name}: training diverged (weight error {error:.3g}, farther from w* "
+              "than the zeros it started from); try a smaller --lr", file=sys.stderr)
 
 
 def run_barriers(args: argparse.Namespace,
@@ -137,12 +161,12 @@ def run_barriers(args: argparse.Namespace,
                 print(f"{name:<12} {describe(result)}  updates {result['updates']}  "
                       f"{result['seconds']:.2f} s  steps per worker "
                       f"{result['steps_per_worker']}", flush=True)
-    if args.plot:
-        plot_curves(args.plot, [(name, trace) for name, _, trace in runs], metric, label,
-                    log_scale=log_scale)
     if args.json:
         if args.compare:
             apputil.print_json({"runs": [{"barrier": name, **res} for name, res, _ in runs]})
         else:
             apputil.print_json(runs[0][1])
+    if args.plot:   # after the results: a plot that cannot be written does not lose them
+        plot_curves(args.plot, [(name, trace) for name, _, trace in runs], metric, label,
+                    log_scale=log_scale)
     return 0

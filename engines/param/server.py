@@ -22,6 +22,8 @@ from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.clock import Clock
 from actorpy.errors import ConfigError
@@ -358,27 +360,34 @@ class ServerCore:
         if len(pending) == 1:
             updates = pending[0][2]
             return {key: updates[key] for key in sorted(updates)}
-        for key in sorted({k for _, _, u, _ in pending for k in u}):
-            parts = [(u[key], b) for _, _, u, b in pending if key in u]
-            if len(parts) == 1:
-                combined[key] = parts[0][0]
-            elif self.config.aggregate == "sum":
-                acc = parts[0][0] + parts[1][0]
-                for value, _ in parts[2:]:
-                    acc += value
-                combined[key] = acc
-            else:
-                combined[key] = _mean(parts)
+        # Overflow is not reported here: pull gets the inf or nan and its own code decides
+        # (numpy's warning, from this line on a shard's node, was nothing a user could act on).
+        with np.errstate(over="ignore", invalid="ignore"):
+            for key in sorted({k for _, _, u, _ in pending for k in u}):
+                parts = [(u[key], b) for _, _, u, b in pending if key in u]
+                if len(parts) == 1:
+                    combined[key] = parts[0][0]
+                elif self.config.aggregate == "sum":
+                    acc = parts[0][0] + parts[1][0]
+                    for value, _ in parts[2:]:
+                        acc += value
+                    combined[key] = acc
+                else:
+                    combined[key] = _mean(parts)
         return combined
 
     def _should_stop(self) -> bool:
         try:
-            return bool(self._cb.stop(self.store))
+            answer = self._cb.stop(self.store)
         except KeyNotLocal:
             return False   # a shard without the keys the stop reads does not vote
         except Exception as exc:
             raise CallbackError(f"stop raised {type(exc).__name__}: {exc} on server shard "
                                 f"{self.config.shard}") from exc
+        if answer is None:   # a missing `return`: it would never stop, until timeout_s
+            raise CallbackError(f"stop returned None on server shard {self.config.shard}; it "
+                                "must return True (stop) or False (go on)")
+        return bool(answer)
 
     def _call(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:

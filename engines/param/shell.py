@@ -88,7 +88,15 @@ class ShardService(Service):
             log.info("shard %d of %s resumed from %s at step %d", c.shard, c.job, self._path,
                      self.core.progress.base_step)
         elif self._path is not None:   # the file on disk always belongs to this run
-            self._save(self.core.snapshot())
+            # A shard that cannot write it refuses to start: a run that asked for
+            # checkpoints must not learn that it has none when a shard is lost.
+            try:
+                checkpoint.save(self._path, self.core.snapshot(), job=c.job, shard=c.shard,
+                                shards=c.shards)
+            except OSError as exc:
+                raise ConfigError(f"checkpoint_dir {spec.checkpoint_dir!r}: shard {c.shard} "
+                                  f"cannot write {self._path} on the server's node "
+                                  f"{ctx.node_id}: {exc}") from None
         self._started_at: float | None = None
         self._halted_at: float | None = None
         self._first_push_wall: float | None = None

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError
 from actorpy.values import QUICK_MODEL_BYTES, nbytes
 
-from .context import JobSpec
+from .context import JobSpec, check_run
 from .kademlia.events import KademliaConfig
 from .runner import Phase
 from .shell import PeerKind, PeerService
@@ -102,8 +102,7 @@ class ClusterRun:
                  data: Callable[[int], Any] | None = None, timeout_s: float = 300.0,
                  poll_s: float = 0.05,
                  on_poll: Callable[[ClusterRun, float], None] | None = None) -> None:
-        if peers < 1:
-            raise ActorpyError(f"a P2P job needs at least one peer, got {peers}")
+        check_run(peers, init)
         if not 0 < timeout_s < math.inf:   # NaN too: it never times out
             raise ConfigError(f"timeout_s must be a finite number > 0, got {timeout_s}")
         self.job = job

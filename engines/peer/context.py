@@ -123,6 +123,19 @@ Pull = Callable[[OwnerStore, dict[str, Any]], None]
 Stop = Callable[[PeerContext], bool]
 
 
+def check_run(peers: int, init: Mapping[str, Any]) -> None:
+    """What every run of a job needs: a peer, and a model with a key (with none, a
+    ``schedule`` naming a key waited for it until the run's timeout).
+
+    Raises:
+        ConfigError: no peer, or an empty ``init``.
+    """
+    if peers < 1:
+        raise ConfigError(f"a P2P job needs at least one peer, got {peers}")
+    if not init:
+        raise ConfigError("init must name at least one key")
+
+
 def _no_pull(store: OwnerStore, updates: dict[str, Any]) -> None:
     raise ConfigError("this job has no pull: register one with job.register_pull")
 

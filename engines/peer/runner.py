@@ -346,7 +346,11 @@ class PeerRunner:
     def _stopped(self, now: float) -> bool:
         """Whether ``stop`` says this peer is done (then DONE), or raised (then FAILED)."""
         try:
-            stop = bool(self.spec.stop(self._ctx()))
+            stop = self.spec.stop(self._ctx())
+            if stop is None:   # a missing `return`: it would never stop, until the timeout
+                raise TypeError("stop returned None; it must return True (stop) or False "
+                                "(go on)")
+            stop = bool(stop)
         except Exception as exc:
             self._fail(exc)
             return True

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 from actorpy.errors import ActorpyTimeout, RemoteError
 
 from .barrier import CheckRecord
+from .context import check_run
 from .kademlia.ids import KadId, key_id
 from .kademlia.sim import SimNetwork
 from .peer import Peer
@@ -85,6 +86,7 @@ class SimRun:
                  wire: bool = False, seed: int | None = None,
                  events: Sequence[tuple[float, Callable[[SimRun], None]]] = (),
                  max_s: float = 3600.0, trace_s: float = 0.01) -> None:
+        check_run(peers, init)
         self.spec = job.spec(init)
         self.init = dict(init)
         self.data = data

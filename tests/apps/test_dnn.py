@@ -71,3 +71,9 @@ class TestDNN:
             dnn.load("test", str(tmp_path))
         with pytest.raises(ConfigError, match="train-images-idx3-ubyte"):
             dnn.load("train", str(tmp_path))
+
+    @pytest.mark.parametrize("target", ["nan", "2", "0", "-0.5"])
+    def test_a_target_no_accuracy_can_reach_is_refused(self, target):
+        # before: taken, and the run went on to --steps without ever stopping early
+        with pytest.raises(ConfigError, match="--target is a test accuracy in \\(0, 1\\]"):
+            dnn.main(["--target", target, "--workers", "0"])

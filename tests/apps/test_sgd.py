@@ -63,6 +63,10 @@ class TestSGD:
         for lr in ("nan", "inf", "0", "-0.1", "x"):
             with pytest.raises(SystemExit):
                 sgd.build_parser().parse_args(["--lr", lr])
+        for parser in (sgd.build_parser(), p2p_sgd.build_parser()):   # before: taken; a
+            for target in ("nan", "-1", "0"):                          # run never stopped early
+                with pytest.raises(SystemExit):
+                    parser.parse_args(["--target", target])
 
     def test_a_plot_file_in_no_directory_is_refused_before_training(self):
         # before: the error came after the whole training run
@@ -71,12 +75,45 @@ class TestSGD:
                                                   "directory /nonexistent"):
                 main(["--plot", "/nonexistent/x.png", "--workers", "0"])
 
-    def test_a_diverged_run_says_so_and_keeps_the_json_valid(self, capsys):
-        assert sgd.main(["--lr", "1e6", "--steps", "20", "--workers", "1", "--json"]) == 0
-        out, err = capsys.readouterr()
+    def test_a_plot_path_that_cannot_be_a_plot_is_refused_before_training(self, tmp_path):
+        # before: a directory was written as DIR.png; an unknown format failed with
+        # matplotlib's traceback after the whole training run, and the results were lost
+        for main in (sgd.main, p2p_sgd.main):
+            with pytest.raises(ConfigError, match="is a directory; name a file in it"):
+                main(["--plot", str(tmp_path), "--workers", "0"])
+            with pytest.raises(ConfigError, match="matplotlib writes no .jpgz files; use "
+                                                  "one of .*png"):
+                main(["--plot", str(tmp_path / "x.jpgz"), "--workers", "0"])
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("main, flags", [(sgd.main, []), (p2p_sgd.main, ["--peers", "1"])],
+                             ids=["sgd", "p2p-sgd"])
+    def test_a_plot_that_cannot_be_written_keeps_the_results(self, tmp_path, capsys, main,
+                                                              flags):
+        plot = tmp_path / "curves.png"
+        plot.symlink_to(tmp_path / "gone" / "curves.png")   # a path open() cannot create
+        with pytest.raises(ConfigError, match=f"--plot {plot}: cannot write it: No such"):
+            main([*flags, "--steps", "5", "--workers", "1", "--plot", str(plot), "--json"])
+        assert set(json.loads(capsys.readouterr().out)) == FIELDS   # printed before the plot
+
+    # With 2 workers the server averages their updates (before: numpy's RuntimeWarning from
+    # the engine's mean reached stderr, in the worker processes: hence capfd).
+    @pytest.mark.parametrize("workers", ["1", "2"])
+    def test_a_diverged_run_says_so_and_keeps_the_json_valid(self, capfd, workers):
+        assert sgd.main(["--lr", "1e6", "--steps", "20", "--workers", workers, "--json"]) == 0
+        out, err = capfd.readouterr()
         result = json.loads(out)   # strict JSON: NaN would not be
         assert result["loss"] is None and result["weight_error"] is None
         assert "training diverged" in err and "--lr" in err and "RuntimeWarning" not in err
+
+
+    def test_a_run_that_diverged_to_finite_numbers_says_so(self, capsys):
+        # before: one row at lr 0.1 ended at weight error 1.5e8, loss 2.2e18 after 10 steps,
+        # printed as a result with no word on stderr
+        assert sgd.main(["--rows", "1", "--workers", "1", "--steps", "10", "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["weight_error"] > 1
+        assert "training diverged (weight error" in err and "than the zeros" in err
 
 
 class TestSGDOnACluster:

@@ -3,6 +3,8 @@ converges, sharding is transparent, barrier bounds hold on the server's own tabl
 input fails cleanly."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ import actorpy
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.errors import RemoteError
 from engines import param
+from engines.param import checkpoint
 from tests.param import problems as pb
 
 SEED = 11
@@ -157,6 +160,16 @@ class TestBadInput:
         assert np.array_equal(run.model["w"], np.ones(pb.D))
         self._assert_clean(cluster, run)
 
+    def test_a_stop_that_returns_none_is_a_clear_error(self, cluster):
+        # before: None is false, so the job ran until timeout_s (600 s by default)
+        job = _job(ASP())
+        job.register_stop(lambda store: None)
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(RemoteError, match="stop returned None on server shard 0; it must "
+                                              "return True"):
+            run.result()
+        self._assert_clean(cluster, run)
+
     def test_a_pull_that_hangs_ends_the_job_soon_after_its_timeout(self):
         """A shard's pull that never returns: the job failed at timeout_s=4 only after 49 s
         (15 s waiting for the worker tasks, 30 s for the hung shard's model, up to 10 s to
@@ -181,6 +194,16 @@ class TestBadInput:
             with pytest.raises(ActorpyTimeout, match="within timeout_s=4"):
                 job.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=4)
             assert time.monotonic() - started < 4 + 10
+
+    def test_a_checkpoint_dir_it_cannot_write_is_refused_at_start(self, cluster, tmp_path):
+        # Before, the shard logged an ERROR at every save and the run went on with none.
+        os.mkdir(checkpoint.path_for(str(tmp_path), "lin", 0, 1))   # nothing replaces a dir
+        job = _job(BSP())
+        job.register_stop(pb.StepStop(2))
+        with pytest.raises(actorpy.ConfigError, match=r"shard 0 cannot write .*lin\.shard0of1"):
+            job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path),
+                    timeout_s=30)
+        assert os.listdir(tmp_path) == ["lin.shard0of1.npz"]   # no temporary file left
 
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")

@@ -272,6 +272,24 @@ class TestFailures:
         with pytest.raises(RemoteError, match="truth value of an array"):
             run(job, peers=3, max_s=60)
 
+    def test_no_peer_or_an_empty_model_is_a_config_error(self) -> None:
+        # before: init={} ran until the timeout (every peer waited at step 0 for its key),
+        # simulate(peers=0) failed with an IndexError, run(peers=0) with an ActorpyError
+        from actorpy.errors import ConfigError
+        job = linreg(ASP(), steps=1)
+        for start in (job.simulate, lambda **kw: job.run(None, timeout_s=5, **kw)):
+            with pytest.raises(ConfigError, match="init must name at least one key"):
+                start(peers=2, init={})
+            with pytest.raises(ConfigError, match="at least one peer, got 0"):
+                start(peers=0, init=init())
+
+    def test_a_stop_that_returns_none_fails_the_job(self) -> None:
+        # before: None is false, so every peer ran until the run's timeout
+        job = linreg(ASP(), steps=5)
+        job.register_stop(lambda ctx: None)
+        with pytest.raises(RemoteError, match="stop returned None; it must return True"):
+            run(job, peers=3, max_s=60)
+
     def test_missing_callbacks_are_a_config_error(self) -> None:
         from actorpy.errors import ConfigError
         with pytest.raises(ConfigError, match="schedule, push, stop"):
