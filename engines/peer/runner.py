@@ -418,6 +418,12 @@ class PeerRunner:
 
         def replied(done: Done, when: float, e: Effects) -> None:
             reply = done.reply
+            if reply is not None and reply.status == Status.OK and method == Method.PUSH \
+                    and owner is not None and self.owner.fenced(owner, kid):
+                # a stale owner's answer (we know a peer closer to the key): taken as
+                # NOT_OWNER, as our node would refuse its STORE, which the owner's round may
+                # have skipped (``KeyOwner._skip``); the push goes to the owner found now
+                reply = None
             if reply is None or reply.status not in (Status.OK, Status.MISSING):
                 self.owners.pop(name, None)     # dead, or not the owner: look it up again
             if reply is not None and reply.status == Status.ERROR:

@@ -88,7 +88,10 @@ class TestTraining:
             assert result.updates == 8 * 40 * KEYS and set(result.steps.values()) == {40}
             assert all(clock == 8 * 40 for clock in result.clocks.values())
             runs[durable] = result
-        assert runs[False].messages < 0.8 * runs[True].messages, \
+        # durable: a round skips the holders whose pushes it answers (they keep the answer
+        # as their copy): 4160-4200 messages under PYTHONHASHSEED 0-2, 4790-4840 before
+        assert runs[True].messages < 4400, runs[True].messages
+        assert runs[False].messages < 0.9 * runs[True].messages, \
             (runs[False].messages, runs[True].messages)
         assert runs[False].seconds < runs[True].seconds
 

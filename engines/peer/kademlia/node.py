@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 from actorpy.errors import ProtocolError
 
@@ -143,10 +143,13 @@ class KademliaNode(NodeOps):
         return self._begin(OpKind.FIND_VALUE, key, now, newest=newest)
 
     def set(self, key: KadId, value: Any, now: float, ttl_s: float | None = None,
-            clock: int | None = None) -> tuple[int, Effects]:
+            clock: int | None = None, skip: Collection[int] = ()) -> tuple[int, Effects]:
         """Store ``value`` (bytes, numpy array or tensor) on the ``replication`` nodes closest
         to ``key``, with version ``(clock, this node)``; this node keeps a copy and renews it
         at every republish. ``clock`` defaults to one past the version held here (0 if none).
+        ``skip``: ids of holders sent no STORE (an engine that gives them the value another
+        way); they are still counted as holders, so no farther peer takes their place, and
+        ``Done.asked`` leaves them out.
 
         Raises:
             ValueError: the value is over ``max_value_bytes``.
@@ -160,7 +163,8 @@ class KademliaNode(NodeOps):
             held = self.storage.get(key, now)
             clock = 0 if held is None else held.clock + 1
         self.storage.put(key, blob, now, ttl, is_origin=True, clock=clock, writer=self.node_id)
-        fields = dict(value=blob, ttl_s=ttl, clock=clock, writer=self.node_id)
+        fields = dict(value=blob, ttl_s=ttl, clock=clock, writer=self.node_id,
+                      skip=frozenset(skip))
         cached = self._holders.get(key)
         if cached is not None and now < cached[1]:
             op = _Op(self._new_op_id(), OpKind.STORE, key, now, **fields)  # type: ignore[arg-type]
