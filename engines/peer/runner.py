@@ -310,9 +310,9 @@ class PeerRunner:
         self.step += 1
         self.node.step = self.step
         for watcher in self.node.take_watchers():
-            # it asked for our step while ahead of us: our PING carries the new one, so a
+            # it asked for our step while ahead of us: a STEP tells it the new one, so a
             # barrier waiting on us re-checks now instead of at its next poll
-            self._start_op(self.node.ping(watcher, now), lambda d, t, e: None, eff)
+            eff.sends.append(self.node.tell_step(watcher))
         if self._stopped(now):
             return
         self.phase = Phase.BARRIER

@@ -16,7 +16,7 @@ from engines.peer.kademlia.ids import KadId, key_id
 from engines.peer.kademlia.events import Effects
 from engines.peer.kademlia.messages import Call, FindNode, Nodes, Reply
 from engines.peer.kademlia.node import KademliaNode
-from engines.peer.kademlia.rpc import decode, encode, value_frames
+from engines.peer.kademlia.rpc import PROTOCOL_VERSION, decode, encode, value_frames
 from engines.peer.kademlia.values import Blob
 from engines.peer.kademlia.routing import Contact
 from engines.peer.owner import Method, Status
@@ -110,7 +110,8 @@ class TestEngineCalls:
 
     def test_garbage_is_a_protocol_error_for_the_shell(self) -> None:
         peer = lone_owner()
-        for wire in (b"junk", (2, 10, 0, bytes(20), -1, 2, bytes(20), ["n"], [1, "|O", [1]])):
+        for wire in (b"junk", (PROTOCOL_VERSION, 10, 0, bytes(20), -1, 2, bytes(20), ["n"],
+                                 [1, "|O", [1]])):
             try:
                 peer.receive("evil", wire, now=1.0, frames=[b"12345678"])
             except ProtocolError:

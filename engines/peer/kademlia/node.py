@@ -27,8 +27,8 @@ from actorpy.errors import ProtocolError
 from .events import Done, Effects, KademliaConfig, OpKind, Send, SetTimer, TimerKind
 from .ids import KadId, random_id_in_range, short
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
-                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Store, Stored,
-                       Value)
+                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
+                       Stored, Value)
 from .ops import NodeOps, NodeStats, _Op, _Pending
 from .routing import Contact, RoutingTable
 from .rpc import decode
@@ -227,6 +227,11 @@ class KademliaNode(NodeOps):
         self.upkeep.leave(op, now, eff)
         return op.op_id, eff
 
+    def tell_step(self, contact: Contact) -> Send:
+        """A STEP to ``contact`` carrying our step: one-way (no answer, no timeout), for a
+        watcher (``take_watchers``), where a PING would cost a PONG."""
+        return Send(contact.address, Step(0, self.node_id, self.step))
+
     def take_watchers(self) -> list[Contact]:
         """The peers that asked for our step while ahead of us, once each (then forgotten)."""
         watchers, self.watchers = list(self.watchers.values()), {}
@@ -304,6 +309,9 @@ class KademliaNode(NodeOps):
                 log.debug("%s: %s left", short(self.node_id), sender_address)
                 self._evict(sender.node_id, now, eff)
                 self._fail_pending_to(sender.node_id, now, eff)
+            return eff
+        if isinstance(message, Step):           # one-way: its step is all it says
+            self._note_alive(sender, message.step, now, eff)
             return eff
         if message.KIND in REQUEST_KINDS:
             self._note_alive(sender, message.step, now, eff)
