@@ -12,7 +12,11 @@ is the only other holder (and
 holds a copy), the answer itself is its copy: the pusher keeps the value it is answered
 with. The owner remembers the clock each holder has (from durable rounds and those answers)
 and sends no round that would tell the holders nothing new; a write nobody waits on (its
-own push's) goes out with a round within ``replicate_s``, or with such an answer sooner.
+own push's) goes out with a round within ``replicate_s``, or with such an answer sooner. A
+round sends no STORE to a holder whose push it answers (it keeps the answer as its copy,
+counted at the clock answered) or that holds the round's clock already, but always to one
+holder at least, so a holder's fence judges every round; a pusher judges the answer as its
+fence would the STORE (``fenced``).
 
 Owner changes are serialised:
 
@@ -105,7 +109,8 @@ class KeyOwner:
         self._adopting: set[int] = set()
         self.owned: set[int] = set()                # keys taken over (newest copy fetched)
         self._queued: dict[int, list[tuple[Callable[[float, Effects], None], Later]]] = {}
-        self._waiting: dict[int, list[tuple[int, Later]]] = {}   # acks waiting on a round
+        # key -> the acks waiting on a round: (clock of the write, pusher, answer)
+        self._waiting: dict[int, list[tuple[int, int, Later]]] = {}
         # key -> pusher -> the last step of its applied here, in this take-over's copy
         self._pushed: dict[int, dict[int, int]] = {}
         self._pushes: dict[int, tuple[float, float]] = {}   # pusher -> (last push, interval)
@@ -167,16 +172,28 @@ class KeyOwner:
         closest = self._closest_known(kid)
         return closest is None or self.node.node_id ^ kid < closest.node_id ^ kid
 
+    def _closer_known(self, kid: int, node_id: int) -> bool:
+        """Whether we know a peer closer to ``kid`` than ``node_id``, ourselves included."""
+        distance = node_id ^ kid
+        if self.node.node_id ^ kid < distance:
+            return True
+        closest = self._closest_known(kid)
+        return closest is not None and closest.node_id ^ kid < distance
+
     def accept_store(self, sender: Contact, store: Any, now: float) -> bool:
         """The fence (module docstring): refuse an owner's write when we know a peer closer
         to the key than that owner, ourselves included."""
         if store.clock == 0 or store.writer != sender.node_id:
             return True             # a seed, a hand-off or a copy passed on: not a new write
-        distance = sender.node_id ^ store.key
-        if self.node.node_id ^ store.key < distance:
-            return False
-        closest = self._closest_known(store.key)
-        return closest is None or closest.node_id ^ store.key >= distance
+        return not self._closer_known(store.key, sender.node_id)
+
+    def fenced(self, owner: Contact, kid: KadId) -> bool:
+        """The fence on the pusher's side: whether an answer to our push from ``owner`` is
+        a stale owner's (we know a peer closer to ``kid``, ourselves included). A holder
+        keeps that answer as its copy instead of the STORE a round then skips (``_skip``),
+        so it judges the answer as it would the STORE (``accept_store``); the runner takes
+        it as NOT_OWNER."""
+        return self._closer_known(kid, owner.node_id)
 
     def serve(self, sender: Contact, name: str, kid: KadId, method: Method, step: int,
               update: Any, now: float, eff: Effects, later: Later) -> Answer | None:
@@ -204,7 +221,7 @@ class KeyOwner:
         if not mine and step >= 0 and self._pushed.get(kid, {}).get(sender.node_id, -1) >= step:
             # the same push again (its first answer came after the pusher's timeout and the
             # node asked again): applied once, answered once its write is durable
-            self._waiting.setdefault(kid, []).append((record.clock, later))
+            self._waiting.setdefault(kid, []).append((record.clock, sender.node_id, later))
             self._replicate(kid, now, eff)
             return None
         read = lambda n: ((r.value.to_value(), r.clock)  # noqa: E731
@@ -249,7 +266,7 @@ class KeyOwner:
             self._copies[kid][sender.node_id] = record.clock
             self._settled(kid, record.clock)
             return Status.OK, (record.clock,), record.value
-        self._waiting.setdefault(kid, []).append((record.clock, later))
+        self._waiting.setdefault(kid, []).append((record.clock, sender.node_id, later))
         self._replicate(kid, now, eff)
         return None
 
@@ -334,6 +351,7 @@ class KeyOwner:
         clock = record.clock
         if not self._waiting.get(kid) and self._covered(kid, clock, now):
             return                  # the holders' copies are as new: nothing to send
+        skip = self._skip(kid, clock, now)
 
         def replicated(done: Done, when: float, e: Effects) -> None:
             del self._replicating[kid]
@@ -352,7 +370,7 @@ class KeyOwner:
                          "it over", self.node.address, kid)
                 self.owned.discard(kid)
                 self._dirty.discard(kid)
-                for _, later in waiting:
+                for _, _, later in waiting:
                     later((Status.NOT_OWNER, (), None), when, e)
                 if self.spec.durable:
                     # our copy is a branch the holders did not take: every write on it that
@@ -365,13 +383,17 @@ class KeyOwner:
                 copies = self._copies.setdefault(kid, {})
                 for holder in done.stored_on:
                     copies[holder.node_id] = max(clock, copies.get(holder.node_id, -1))
-                self._settled(kid, clock)
                 held = self.node.storage.get(kid, when)
                 assert held is not None
                 done_now = [w for w in waiting if w[0] <= clock]
                 waiting = [w for w in waiting if w[0] > clock]
-                for _, later in done_now:
+                for _, pusher, later in done_now:
+                    if pusher in skip:      # sent no STORE: it keeps this answer instead
+                        copies[pusher] = max(held.clock, copies.get(pusher, -1))
                     later((Status.OK, (held.clock,), held.value), when, e)
+                # a skipped holder counts only at the clock it holds (answered or before)
+                if all(copies.get(h, -1) >= clock for h in skip):
+                    self._settled(kid, clock)
             else:
                 self._dirty.add(kid)            # a holder did not answer: go again
             if waiting:
@@ -380,4 +402,22 @@ class KeyOwner:
                 self._dirty.discard(kid)
                 self._replicate(kid, when, e)
         self._replicating[kid] = clock
-        self._start_op(self.node.set(kid, record.value, now, clock=clock), replicated, eff)
+        self._start_op(self.node.set(kid, record.value, now, clock=clock, skip=skip),
+                       replicated, eff)
+
+    def _skip(self, kid: KadId, clock: int, now: float) -> frozenset[int]:
+        """The holders a round at ``clock`` need not STORE to: each holds a copy and either
+        holds ``clock`` already (``_copies``) or has a push waiting on the round, whose
+        answer (at ``clock`` or newer) it keeps as its copy (``PeerRunner._keep_copy``,
+        behind the same fence, ``fenced``). Never every holder: the holders' fence judges
+        every round that acknowledges a write, so a stale owner learns it from a refusal."""
+        holders = self.node.holders_of(kid, now)
+        copies = self._copies.get(kid)
+        if not holders or not copies:
+            return frozenset()
+        pushing = {pusher for _, pusher, _ in self._waiting.get(kid, [])}
+        skip = [h.node_id for h in holders if h.node_id in copies
+                and (copies[h.node_id] >= clock or h.node_id in pushing)]
+        if len(skip) == len(holders):
+            skip.pop()
+        return frozenset(skip)

@@ -310,9 +310,9 @@ class PeerRunner:
         self.step += 1
         self.node.step = self.step
         for watcher in self.node.take_watchers():
-            # it asked for our step while ahead of us: our PING carries the new one, so a
+            # it asked for our step while ahead of us: a STEP tells it the new one, so a
             # barrier waiting on us re-checks now instead of at its next poll
-            self._start_op(self.node.ping(watcher, now), lambda d, t, e: None, eff)
+            eff.sends.append(self.node.tell_step(watcher))
         if self._stopped(now):
             return
         self.phase = Phase.BARRIER
@@ -422,6 +422,12 @@ class PeerRunner:
 
         def replied(done: Done, when: float, e: Effects) -> None:
             reply = done.reply
+            if reply is not None and reply.status == Status.OK and method == Method.PUSH \
+                    and owner is not None and self.owner.fenced(owner, kid):
+                # a stale owner's answer (we know a peer closer to the key): taken as
+                # NOT_OWNER, as our node would refuse its STORE, which the owner's round may
+                # have skipped (``KeyOwner._skip``); the push goes to the owner found now
+                reply = None
             if reply is None or reply.status not in (Status.OK, Status.MISSING):
                 self.owners.pop(name, None)     # dead, or not the owner: look it up again
             if reply is not None and reply.status == Status.ERROR:

@@ -88,7 +88,10 @@ class TestTraining:
             assert result.updates == 8 * 40 * KEYS and set(result.steps.values()) == {40}
             assert all(clock == 8 * 40 for clock in result.clocks.values())
             runs[durable] = result
-        assert runs[False].messages < 0.8 * runs[True].messages, \
+        # durable: a round skips the holders whose pushes it answers (they keep the answer
+        # as their copy): 4160-4200 messages under PYTHONHASHSEED 0-2, 4790-4840 before
+        assert runs[True].messages < 4400, runs[True].messages
+        assert runs[False].messages < 0.9 * runs[True].messages, \
             (runs[False].messages, runs[True].messages)
         assert runs[False].seconds < runs[True].seconds
 
@@ -146,6 +149,15 @@ class TestTraining:
                      for address, steps in result.steps.items())
         assert remote > 100 and result.messages < 3 * remote
         assert weight_error(result.model) < 0.02 and result.updates == 2 * 60 * KEYS
+
+    def test_four_peers_under_pssp_send_under_four_messages_per_update(self) -> None:
+        # a round skips the holder whose push it answers, and a peer tells a watcher its
+        # new step with a one-way STEP instead of a PING (and its PONG): 3.5-3.6 per update
+        # under PYTHONHASHSEED 0-4, 4.6 before both
+        slow = lambda index, step: 0.002 if index == 1 else 0.001  # noqa: E731
+        _, result = run(linreg(PSP(1, 4), steps=60), peers=4, compute_s=slow)
+        assert result.updates == 4 * 60 * KEYS and weight_error(result.model) < 0.02
+        assert result.messages < 4 * result.updates, result.messages
 
     def test_an_owners_own_writes_reach_the_other_holder_within_replicate_s(self) -> None:
         # each peer works only on the keys it owns, so no answer carries its writes to the

@@ -16,9 +16,10 @@ from engines.peer.kademlia.ids import KadId, key_id
 from engines.peer.kademlia.events import Effects
 from engines.peer.kademlia.messages import Call, FindNode, Nodes, Reply
 from engines.peer.kademlia.node import KademliaNode
-from engines.peer.kademlia.rpc import decode, encode, value_frames
+from engines.peer.kademlia.rpc import PROTOCOL_VERSION, decode, encode, value_frames
 from engines.peer.kademlia.values import Blob
-from engines.peer.owner import Status
+from engines.peer.kademlia.routing import Contact
+from engines.peer.owner import Method, Status
 from engines.peer.runner import PeerRunner
 
 EVIL = KadId(0xE << 150)
@@ -109,12 +110,37 @@ class TestEngineCalls:
 
     def test_garbage_is_a_protocol_error_for_the_shell(self) -> None:
         peer = lone_owner()
-        for wire in (b"junk", (2, 10, 0, bytes(20), -1, 2, bytes(20), ["n"], [1, "|O", [1]])):
+        for wire in (b"junk", (PROTOCOL_VERSION, 10, 0, bytes(20), -1, 2, bytes(20), ["n"],
+                                 [1, "|O", [1]])):
             try:
                 peer.receive("evil", wire, now=1.0, frames=[b"12345678"])
             except ProtocolError:
                 continue
             raise AssertionError(f"{wire!r} was accepted")
+
+
+class TestPusherFence:
+    def test_an_ok_from_an_owner_farther_than_a_known_peer_is_taken_as_not_owner(self) -> None:
+        """A holder keeps the answer to its push as its copy (a round may skip its STORE):
+        it judges that answer as its fence would the STORE."""
+        kid = key_id("n")
+        near, far = Contact(KadId(kid ^ 1), "near"), Contact(KadId(kid ^ (1 << 100)), "far")
+        for owner, expected in ((far, Status.NOT_OWNER), (near, Status.OK)):
+            peer = lone_owner()
+            runner = peer.runner
+            assert runner is not None
+            for contact in (near, far):
+                peer.node.routing.observe(contact, now=1.0)
+            runner.owners["n"] = owner
+            got: list[Status] = []
+            eff = Effects()
+            runner._ask("n", Method.PUSH, np.ones(1), 1.0, eff,
+                        lambda status, clock, value, when, e: got.append(status))
+            call = next(s.message for s in eff.sends if isinstance(s.message, Call))
+            answer = Reply(call.rpc_id, owner.node_id, Status.OK, (5,), Blob.of(np.ones(1)), 2)
+            peer.receive(owner.address, answer, now=1.1)
+            assert got == [expected]
+            assert ("n" in runner.owners) == (expected == Status.OK)  # else looked up again
 
 
 class TestRouting:

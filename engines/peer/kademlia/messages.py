@@ -33,6 +33,7 @@ class Kind(IntEnum):
     LEAVE = 9
     CALL = 10
     REPLY = 11
+    STEP = 12
 
 
 def _blob(msg: Any) -> None:
@@ -152,6 +153,17 @@ class Leave:
 
 
 @dataclass(frozen=True)
+class Step:
+    """My step is now ``step`` (to a peer that asked for it while ahead of us: it may be
+    waiting on us). Not answered: a PING would cost a PONG for nothing."""
+
+    KIND: ClassVar[Kind] = Kind.STEP
+    rpc_id: int
+    sender_id: KadId
+    step: int = NO_STEP
+
+
+@dataclass(frozen=True)
 class Call:
     """An engine request: ``method`` (the engine's enum) about ``key``, with a few plain
     ``args`` (ints, floats, str, bytes, None) and optionally a value."""
@@ -190,10 +202,11 @@ class Reply:
             _blob(self)
 
 
-Message = Union[Ping, Pong, Store, Stored, FindNode, Nodes, FindValue, Value, Leave, Call, Reply]
+Message = Union[Ping, Pong, Store, Stored, FindNode, Nodes, FindValue, Value, Leave, Step, Call,
+                Reply]
 #: The message classes (what ``receive`` accepts besides wire tuples).
 MESSAGE_TYPES = frozenset({Ping, Pong, Store, Stored, FindNode, Nodes, FindValue, Value, Leave,
-                           Call, Reply})
+                           Step, Call, Reply})
 REQUEST_KINDS = frozenset({Kind.PING, Kind.STORE, Kind.FIND_NODE, Kind.FIND_VALUE, Kind.CALL})
 #: Which reply kinds answer which request kind.
 REPLY_KINDS: dict[Kind, frozenset[Kind]] = {

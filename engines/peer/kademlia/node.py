@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 from actorpy.errors import ProtocolError
 
 from .events import Done, Effects, KademliaConfig, OpKind, Send, SetTimer, TimerKind
 from .ids import KadId, random_id_in_range, short
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
-                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Store, Stored,
-                       Value)
+                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
+                       Stored, Value)
 from .ops import NodeOps, NodeStats, _Op, _Pending
 from .routing import Contact, RoutingTable
 from .rpc import decode
@@ -143,10 +143,13 @@ class KademliaNode(NodeOps):
         return self._begin(OpKind.FIND_VALUE, key, now, newest=newest)
 
     def set(self, key: KadId, value: Any, now: float, ttl_s: float | None = None,
-            clock: int | None = None) -> tuple[int, Effects]:
+            clock: int | None = None, skip: Collection[int] = ()) -> tuple[int, Effects]:
         """Store ``value`` (bytes, numpy array or tensor) on the ``replication`` nodes closest
         to ``key``, with version ``(clock, this node)``; this node keeps a copy and renews it
         at every republish. ``clock`` defaults to one past the version held here (0 if none).
+        ``skip``: ids of holders sent no STORE (an engine that gives them the value another
+        way); they are still counted as holders, so no farther peer takes their place, and
+        ``Done.asked`` leaves them out.
 
         Raises:
             ValueError: the value is over ``max_value_bytes``.
@@ -160,7 +163,8 @@ class KademliaNode(NodeOps):
             held = self.storage.get(key, now)
             clock = 0 if held is None else held.clock + 1
         self.storage.put(key, blob, now, ttl, is_origin=True, clock=clock, writer=self.node_id)
-        fields = dict(value=blob, ttl_s=ttl, clock=clock, writer=self.node_id)
+        fields = dict(value=blob, ttl_s=ttl, clock=clock, writer=self.node_id,
+                      skip=frozenset(skip))
         cached = self._holders.get(key)
         if cached is not None and now < cached[1]:
             op = _Op(self._new_op_id(), OpKind.STORE, key, now, **fields)  # type: ignore[arg-type]
@@ -222,6 +226,11 @@ class KademliaNode(NodeOps):
         eff = Effects()
         self.upkeep.leave(op, now, eff)
         return op.op_id, eff
+
+    def tell_step(self, contact: Contact) -> Send:
+        """A STEP to ``contact`` carrying our step: one-way (no answer, no timeout), for a
+        watcher (``take_watchers``), where a PING would cost a PONG."""
+        return Send(contact.address, Step(0, self.node_id, self.step))
 
     def take_watchers(self) -> list[Contact]:
         """The peers that asked for our step while ahead of us, once each (then forgotten)."""
@@ -300,6 +309,9 @@ class KademliaNode(NodeOps):
                 log.debug("%s: %s left", short(self.node_id), sender_address)
                 self._evict(sender.node_id, now, eff)
                 self._fail_pending_to(sender.node_id, now, eff)
+            return eff
+        if isinstance(message, Step):           # one-way: its step is all it says
+            self._note_alive(sender, message.step, now, eff)
             return eff
         if message.KIND in REQUEST_KINDS:
             self._note_alive(sender, message.step, now, eff)

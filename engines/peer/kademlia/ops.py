@@ -48,6 +48,7 @@ class _Op:
     clock: int = 0
     writer: KadId = KadId(0)
     exclude_self: bool = False          # HANDOFF: keep no copy here
+    skip: frozenset[int] = frozenset()  # STORE phase: holders sent nothing (``set(skip=)``)
     newest: bool = False                # FIND_VALUE: the highest version of the k closest
     awaiting: int = 0
     stored_on: list[Contact] = field(default_factory=list)
@@ -307,7 +308,7 @@ class NodeOps:
                 self.storage.put(op.target, value, now, op.ttl_s, clock=op.clock,
                                  writer=op.writer)
                 op.stored_on.append(me)
-            else:
+            elif contact.node_id not in op.skip:
                 op.awaiting += 1
                 self._request(contact, lambda rpc: Store(rpc, self.node_id, op.target, value,
                                                          op.ttl_s, op.clock, op.writer,

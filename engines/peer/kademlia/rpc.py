@@ -11,7 +11,7 @@ arity, types, id lengths, sizes and the descriptor against its frame, and raises
 >>> decode(encode(msg)) == msg
 True
 >>> encode(msg)[:3], encode(msg)[4]
-((2, 5, 7), 3)
+((3, 5, 7), 3)
 >>> store = Store(1, KadId(1), KadId(2), b"abc", ttl_s=60.0, clock=4)
 >>> wire, frames = encode(store), value_frames(store)
 >>> wire[6:9], [bytes(f) for f in frames]
@@ -28,18 +28,19 @@ from actorpy.errors import ProtocolError
 
 from .ids import KadId, id_from_bytes, id_to_bytes
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
-                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Store, Stored,
-                       Value)
+                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
+                       Stored, Value)
 from .routing import Contact
 from .values import Blob, parse
 
 __all__ = [
     "MESSAGE_TYPES", "NO_STEP", "REPLY_KINDS", "REQUEST_KINDS", "Call", "FindNode", "FindValue",
-    "Kind", "Leave", "Message", "Nodes", "Ping", "Pong", "Reply", "Store", "Stored", "Value",
+    "Kind", "Leave", "Message", "Nodes", "Ping", "Pong", "Reply", "Step", "Store", "Stored",
+    "Value",
     "brief", "decode", "encode", "value_frames",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3          # 3: STEP
 MAX_CONTACTS = 64            # a NODES reply holds at most this many (nodes also cap at ksize)
 MAX_VALUE_BYTES = 1 << 30    # values travel as their own frames; nodes set their own limit
 MAX_ADDRESS_CHARS = 256
@@ -203,7 +204,7 @@ class _Frames:
             raise ProtocolError(f"{len(self._frames) - self._used} value frames too many")
 
 
-_ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STORED: 2, Kind.FIND_NODE: 1,
+_ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STEP: 0, Kind.STORED: 2, Kind.FIND_NODE: 1,
           Kind.FIND_VALUE: 1, Kind.NODES: 1, Kind.VALUE: 4, Kind.STORE: 5, Kind.CALL: 4,
           Kind.REPLY: 4}
 
@@ -222,7 +223,7 @@ def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = M
         ProtocolError: wrong version, unknown kind, wrong arity, types, id length, sizes, or
             value frames that do not match the descriptors.
 
-    >>> decode((2, 99, 0, bytes(20), -1))
+    >>> decode((3, 99, 0, bytes(20), -1))
     Traceback (most recent call last):
     ...
     actorpy.errors.ProtocolError: unknown message kind 99
@@ -255,6 +256,7 @@ def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = M
         Kind.PING: lambda: Ping(rpc_id, sender, step),
         Kind.PONG: lambda: Pong(rpc_id, sender, step),
         Kind.LEAVE: lambda: Leave(rpc_id, sender, step),
+        Kind.STEP: lambda: Step(rpc_id, sender, step),
         Kind.STORED: lambda: Stored(rpc_id, sender, _int(f[0], "clock", 0, MAX_STEP),
                                     id_from_bytes(f[1]), step),
         Kind.FIND_NODE: lambda: FindNode(rpc_id, sender, id_from_bytes(f[0]), step),

@@ -15,16 +15,17 @@ from engines.peer.kademlia.ids import KadId, id_to_bytes
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.routing import Contact
 from engines.peer.kademlia.rpc import (PROTOCOL_VERSION, Call, FindNode, FindValue, Kind, Leave,
-                                       Nodes, Ping, Pong, Reply, Store, Stored, Value, brief,
-                                       decode, encode, value_frames)
+                                       Nodes, Ping, Pong, Reply, Step, Store, Stored, Value,
+                                       brief, decode, encode, value_frames)
 
+V = PROTOCOL_VERSION
 A, B = KadId(0xA << 150), KadId(0xB << 150)
 MESSAGES = [
     Ping(1, A), Pong(2, A, step=7), Stored(3, A, 4, B), FindNode(4, A, B), FindValue(5, A, B),
     Store(6, A, B, b"\x00" * 100, 60.0, clock=3, writer=A, step=2),
     Value(7, A, B, np.arange(6, dtype=np.float64).reshape(2, 3), clock=9, writer=B),
     Nodes(8, A, (Contact(B, "tcp://10.0.0.2:9"), Contact(KadId(1), "n1"))),
-    Leave(0, A, step=5), Call(9, A, 3, B, (1, 2.5, "w", b"x", None), np.ones(4, np.float32), 1),
+    Leave(0, A, step=5), Step(0, A, step=6), Call(9, A, 3, B, (1, 2.5, "w", b"x", None), np.ones(4, np.float32), 1),
     Call(10, A, 1, B), Reply(11, A, 2, (7,), None, 3), Reply(12, A, 1, (), b"model"),
     Reply(13, A, 1, (), None, 4, ((B, 9), (KadId(5), 0))),
 ]
@@ -100,42 +101,45 @@ class TestCodec:
     @pytest.mark.parametrize("wire, reason", [
         ("ping", "tuple"),
         ((1, 1, 0, bytes(20), -1), "version"),
-        ((2, 42, 0, bytes(20), -1), "unknown"),
-        ((2, True, 0, bytes(20), -1), "unknown"),
-        ((2, 1, -1, bytes(20), -1), "rpc_id"),
-        ((2, 1, 1.5, bytes(20), -1), "rpc_id"),
-        ((2, 1, True, bytes(20), -1), "rpc_id"),
-        ((2, 1, 0, bytes(19), -1), "20 bytes"),
-        ((2, 1, 0, "x" * 20, -1), "bytes"),
-        ((2, 1, 0, bytes(20), -2), "step"),
-        ((2, 1, 0, bytes(20), 1 << 63), "step"),
-        ((2, 1, 0, bytes(20), "3"), "step"),
-        ((2, 1, 0, bytes(20), -1, b"extra"), "fields"),
-        ((2, 5, 0, bytes(20), -1, bytes(21)), "20 bytes"),
-        ((2, 3, 0, bytes(20), -1, bytes(20), "text", 5.0, 0, bytes(20)), "descriptor"),
-        ((2, 3, 0, bytes(20), -1, bytes(20), None, 5.0, 0, bytes(20)), "descriptor"),
-        ((2, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], -1.0, 0, bytes(20)), "ttl"),
-        ((2, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], float("inf"), 0, bytes(20)),
+        ((V, 42, 0, bytes(20), -1), "unknown"),
+        ((V, True, 0, bytes(20), -1), "unknown"),
+        ((V, 1, -1, bytes(20), -1), "rpc_id"),
+        ((V, 1, 1.5, bytes(20), -1), "rpc_id"),
+        ((V, 1, True, bytes(20), -1), "rpc_id"),
+        ((V, 1, 0, bytes(19), -1), "20 bytes"),
+        ((V, 1, 0, "x" * 20, -1), "bytes"),
+        ((V, 1, 0, bytes(20), -2), "step"),
+        ((V, 1, 0, bytes(20), 1 << 63), "step"),
+        ((V, 1, 0, bytes(20), "3"), "step"),
+        ((V, 1, 0, bytes(20), -1, b"extra"), "fields"),
+        ((V, 12, 0, bytes(20), -1, 5), "fields"),
+        ((V, 12, 0, bytes(20), -2), "step"),
+        ((V - 1, 12, 0, bytes(20), 5), "version"),
+        ((V, 5, 0, bytes(20), -1, bytes(21)), "20 bytes"),
+        ((V, 3, 0, bytes(20), -1, bytes(20), "text", 5.0, 0, bytes(20)), "descriptor"),
+        ((V, 3, 0, bytes(20), -1, bytes(20), None, 5.0, 0, bytes(20)), "descriptor"),
+        ((V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], -1.0, 0, bytes(20)), "ttl"),
+        ((V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], float("inf"), 0, bytes(20)),
          "ttl"),
-        ((2, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], 5.0, -1, bytes(20)), "clock"),
-        ((2, 4, 0, bytes(20), -1, 0, b"w"), "20 bytes"),
-        ((2, 6, 0, bytes(20), -1, [(bytes(20), "a")] * 2), "duplicate"),
-        ((2, 6, 0, bytes(20), -1, [(bytes(20 - 1), "a")]), "20 bytes"),
-        ((2, 6, 0, bytes(20), -1, [(bytes(20), "")]), "address"),
-        ((2, 6, 0, bytes(20), -1, [(bytes(20), 5)]), "address"),
-        ((2, 6, 0, bytes(20), -1, [bytes(20)]), "pair"),
-        ((2, 6, 0, bytes(20), -1, {"a": 1}), "list"),
-        ((2, 10, 0, bytes(20), -1, 1, bytes(20), [[1]], None), "args are"),
-        ((2, 10, 0, bytes(20), -1, 1, bytes(20), [1] * 17, None), "at most"),
-        ((2, 10, 0, bytes(20), -1, 1, bytes(20), [1 << 64], None), "64-bit"),
-        ((2, 10, 0, bytes(20), -1, 1, bytes(20), [float("nan")], None), "finite"),
-        ((2, 10, 0, bytes(20), -1, 1, bytes(20), ["x" * 300], None), "at most"),
-        ((2, 10, 0, bytes(20), -1, 1 << 20, bytes(20), [], None), "method"),
-        ((2, 11, 0, bytes(20), -1, -1, [], None, []), "status"),
-        ((2, 11, 0, bytes(20), -1, 1, [], None, [[bytes(20)]]), "pair"),
-        ((2, 11, 0, bytes(20), -1, 1, [], None, [[bytes(20), -1]]), "peer step"),
-        ((2, 11, 0, bytes(20), -1, 1, [], None, [[bytes(3), 1]]), "20 bytes"),
-        ((2, 11, 0, bytes(20), -1, 1, [], None, [[bytes(20), 1]] * 65), "at most"),
+        ((V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], 5.0, -1, bytes(20)), "clock"),
+        ((V, 4, 0, bytes(20), -1, 0, b"w"), "20 bytes"),
+        ((V, 6, 0, bytes(20), -1, [(bytes(20), "a")] * 2), "duplicate"),
+        ((V, 6, 0, bytes(20), -1, [(bytes(20 - 1), "a")]), "20 bytes"),
+        ((V, 6, 0, bytes(20), -1, [(bytes(20), "")]), "address"),
+        ((V, 6, 0, bytes(20), -1, [(bytes(20), 5)]), "address"),
+        ((V, 6, 0, bytes(20), -1, [bytes(20)]), "pair"),
+        ((V, 6, 0, bytes(20), -1, {"a": 1}), "list"),
+        ((V, 10, 0, bytes(20), -1, 1, bytes(20), [[1]], None), "args are"),
+        ((V, 10, 0, bytes(20), -1, 1, bytes(20), [1] * 17, None), "at most"),
+        ((V, 10, 0, bytes(20), -1, 1, bytes(20), [1 << 64], None), "64-bit"),
+        ((V, 10, 0, bytes(20), -1, 1, bytes(20), [float("nan")], None), "finite"),
+        ((V, 10, 0, bytes(20), -1, 1, bytes(20), ["x" * 300], None), "at most"),
+        ((V, 10, 0, bytes(20), -1, 1 << 20, bytes(20), [], None), "method"),
+        ((V, 11, 0, bytes(20), -1, -1, [], None, []), "status"),
+        ((V, 11, 0, bytes(20), -1, 1, [], None, [[bytes(20)]]), "pair"),
+        ((V, 11, 0, bytes(20), -1, 1, [], None, [[bytes(20), -1]]), "peer step"),
+        ((V, 11, 0, bytes(20), -1, 1, [], None, [[bytes(3), 1]]), "20 bytes"),
+        ((V, 11, 0, bytes(20), -1, 1, [], None, [[bytes(20), 1]] * 65), "at most"),
     ])
     def test_malformed_messages_are_rejected(self, wire: object, reason: str) -> None:
         with pytest.raises(ProtocolError, match=reason):
@@ -144,9 +148,9 @@ class TestCodec:
     def test_huge_contact_lists_are_rejected(self) -> None:
         contacts = [(id_to_bytes(i + 1), f"n{i}") for i in range(10_000)]
         with pytest.raises(ProtocolError, match="limit"):
-            decode((2, 6, 0, bytes(20), -1, contacts))
+            decode((V, 6, 0, bytes(20), -1, contacts))
         with pytest.raises(ProtocolError, match="limit"):
-            decode((2, 6, 0, bytes(20), -1, contacts[:21]), max_contacts=20)
+            decode((V, 6, 0, bytes(20), -1, contacts[:21]), max_contacts=20)
 
 
 class TestNodeRejects:
@@ -166,10 +170,11 @@ class TestNodeRejects:
         ("a", encode(Ping(1, KadId(99)))),                       # a second id for a's address
         ("evil", encode(Ping(1, KadId(1)))),                     # claims our own id
         ("a", encode(Pong(77, A))),                              # unsolicited reply
-        ("evil", (2, 5, 0, bytes(3), -1, bytes(20))),             # short sender id
-        ("evil", (2, 6, 0, bytes(20), -1, [(bytes(20), "x")] * 5)),  # more than ksize contacts
-        ("evil", (2, 7, 0, bytes(20), -1, 12345)),                   # wrong type
+        ("evil", (V, 5, 0, bytes(3), -1, bytes(20))),             # short sender id
+        ("evil", (V, 6, 0, bytes(20), -1, [(bytes(20), "x")] * 5)),  # more than ksize contacts
+        ("evil", (V, 7, 0, bytes(20), -1, 12345)),                   # wrong type
         ("evil", encode(Leave(0, A))),                               # another's LEAVE
+        ("evil", encode(Step(0, A, 3))),                             # another's STEP
     ])
     def test_table_untouched(self, sender: str, wire: tuple) -> None:
         node, _ = self._node()
@@ -241,17 +246,17 @@ ANY = st.recursive(SCALARS, lambda inner: st.one_of(
 VALID = [(encode(m), [bytes(f) for f in value_frames(m)]) for m in MESSAGES]
 HOSTILE = [
     b"\x01\x05", None, 7, 10 ** 5000, {"kind": 1}, 1.5, "PING", [], (), _nested(100_000),
-    (10 ** 5000, 1, 0, bytes(20), -1), (2, 10 ** 5000, 0, bytes(20), -1),
-    (2, 1, 10 ** 5000, bytes(20), -1), (2, 1, 0, bytes(20), 10 ** 5000),
-    (2, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], 10 ** 400, 0, bytes(20)),
-    (2, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], 1e300, 0, bytes(20)),
-    (2, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [10 ** 5000]], 5.0, 0, bytes(20)),
-    (2, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", _nested(100_000)], 5.0, 0, bytes(20)),
-    (_nested(100_000), 1, 0, bytes(20), -1), (2, _nested(100_000), 0, bytes(20), -1),
-    (2, 6, 0, bytes(20), -1, _nested(100_000)), (2, 6, 0, bytes(20), -1, [_nested(100_000)]),
-    (2, 6, 0, bytes(20), -1, [(bytes(20), _nested(100_000))]),
-    (2, 10, 0, bytes(20), -1, 1, bytes(20), _nested(100_000), None),
-    (2, 10, 0, bytes(20), -1, 1, bytes(20), [10 ** 5000], None),
+    (10 ** 5000, 1, 0, bytes(20), -1), (V, 10 ** 5000, 0, bytes(20), -1),
+    (V, 1, 10 ** 5000, bytes(20), -1), (V, 1, 0, bytes(20), 10 ** 5000),
+    (V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], 10 ** 400, 0, bytes(20)),
+    (V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], 1e300, 0, bytes(20)),
+    (V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [10 ** 5000]], 5.0, 0, bytes(20)),
+    (V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", _nested(100_000)], 5.0, 0, bytes(20)),
+    (_nested(100_000), 1, 0, bytes(20), -1), (V, _nested(100_000), 0, bytes(20), -1),
+    (V, 6, 0, bytes(20), -1, _nested(100_000)), (V, 6, 0, bytes(20), -1, [_nested(100_000)]),
+    (V, 6, 0, bytes(20), -1, [(bytes(20), _nested(100_000))]),
+    (V, 10, 0, bytes(20), -1, 1, bytes(20), _nested(100_000), None),
+    (V, 10, 0, bytes(20), -1, 1, bytes(20), [10 ** 5000], None),
 ]
 
 

@@ -11,7 +11,7 @@ from engines.peer.kademlia.ids import KadId, key_id
 from engines.peer.kademlia.messages import Call
 from engines.peer.kademlia.node import NO_HANDLER, KademliaNode
 from engines.peer.kademlia.routing import Contact
-from engines.peer.kademlia.rpc import Ping, encode
+from engines.peer.kademlia.rpc import Ping, decode, encode
 from engines.peer.kademlia.sim import SimNetwork
 
 from .conftest import FAST
@@ -154,3 +154,20 @@ class TestWatchers:
         node.receive("behind", encode(Ping(2, KadId(8), 2)), now=1.0)   # does not
         assert [c.address for c in node.take_watchers()] == ["ahead"]
         assert node.take_watchers() == []
+
+    def test_a_step_is_one_way_and_raises_the_known_step(self) -> None:
+        me = KademliaNode(KadId(1), "me", rng=random.Random(0))
+        ahead = KademliaNode(KadId(7), "ahead", rng=random.Random(1))
+        me.step, ahead.step = 4, 9
+        me.receive("ahead", ahead.ping(Contact(KadId(1), "me"), now=1.0)[1].sends[0].message,
+                   now=1.0)
+        [watcher] = me.take_watchers()
+        me.step = 5
+        told = me.tell_step(watcher)
+        assert told.address == "ahead" and decode(encode(told.message)) == told.message
+        advances = ahead.steps.advances
+        eff = ahead.receive("me", encode(told.message), now=2.0)
+        assert eff.sends == [] and eff.timers == []                  # no answer, no timer
+        heard = ahead.steps.get(KadId(1))
+        assert heard is not None and heard.step == 5 and heard.seen_at == 2.0
+        assert ahead.steps.advances > advances                       # a blocked check re-runs

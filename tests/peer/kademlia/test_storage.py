@@ -38,6 +38,19 @@ class TestStoreAndFind:
         expected = {c.address for c in net.true_closest(key, 5)} | {live[0]}  # origin keeps one
         assert holders(net, key) == expected
 
+    def test_skipped_holders_get_no_store_and_no_stand_in(self) -> None:
+        net = SimNetwork(KademliaConfig(replication=5, **QUIET), seed=4)
+        live = net.grow(60)
+        key = key_id("b")
+        closest = [c.address for c in net.true_closest(key, 5)]
+        writer = next(a for a in live if a not in closest)     # it keeps a copy of its own
+        skipped = {net.contact(a).node_id for a in closest[:2]}
+        done = net.run_op(writer, lambda node, now: node.set(key, b"x", now, skip=skipped))
+        # the two skipped holders are still counted as holders: no farther peer stands in
+        assert holders(net, key) == set(closest[2:]) | {writer}
+        assert done.asked == 3 and done.durable
+        assert {c.address for c in done.stored_on} == set(closest[2:])
+
 
 class TestFailuresAndRepublish:
     def test_keys_survive_25_percent_failures_and_a_republish_round(self) -> None:
