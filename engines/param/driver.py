@@ -115,6 +115,12 @@ class Run:
         from engines.param.conductor import Conductor
 
         o = self.options
+        # Names are unique in the cluster, so a second run would fail at its first shard, in
+        # the name service's words ("stop that service first"), which a CLI user cannot do.
+        if self.cluster.lookup_async(f"{self.job.name}/shard0").result(
+                self.cluster.config.start_timeout_s) is not None:
+            raise ConfigError(f"a job named {self.job.name!r} is already running on this "
+                              "cluster; wait for it to end, or give this one another name")
         live = self.cluster.workers()
         servers_on = o.server_nodes or ()
         if o.server_nodes is not None:

@@ -160,6 +160,22 @@ class TestBadInput:
         assert np.array_equal(run.model["w"], np.ones(pb.D))
         self._assert_clean(cluster, run)
 
+    def test_a_second_run_of_a_running_job_is_refused_in_plain_words(self, cluster):
+        # before: ServiceError "the service name 'lin/shard0' is taken ...; stop that service
+        # first, or choose another name" (a second `actorpy sgd --manager` on one cluster)
+        job = _job(ASP())
+        job.register_stop(pb.StepStop(10**9))
+        first = job.start(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+        try:
+            with pytest.raises(actorpy.ConfigError, match="a job named 'lin' is already "
+                                                          "running on this cluster"):
+                job.run(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+        finally:
+            first.cancel()
+            with pytest.raises(param.JobFailed):
+                first.result()
+        self._assert_clean(cluster, first)
+
     def test_a_stop_that_returns_none_is_a_clear_error(self, cluster):
         # before: None is false, so the job ran until timeout_s (600 s by default)
         job = _job(ASP())
