@@ -150,6 +150,11 @@ def run_barriers(args: argparse.Namespace,
     (``describe(result)``), or with ``--json`` the result (``{"runs": [...]}`` with
     ``--compare``); with ``--plot`` the curves of ``metric``. Returns the exit status."""
     barriers = barriers_from_args(args)  # bad specs fail before a cluster starts
+    if getattr(args, "balance", False):   # not after the runs before it trained
+        for name, barrier in barriers:
+            if not isinstance(barrier, SSP) or barrier.staleness != 0:
+                raise ConfigError(f"--balance is LB-BSP: it resizes batches at a BSP barrier, "
+                                  f"so every run needs bsp, not {name}")
     check_plot_path(args.plot)
     runs = []
     with apputil.connect_from_args(args) as cluster:
