@@ -235,5 +235,11 @@ class TestBadInput:
         for timeout in (float("nan"), float("inf")):   # before: nan waited "nan s", then
             with pytest.raises(actorpy.ConfigError, match="finite timeout_s"):  # failed;
                 job.run(cluster, init={"w": np.zeros(2)}, timeout_s=timeout)  # inf: traceback
+        # before: "need a finite timeout_s > 0 (got 600.0), batch >= 1 and checkpoint_every
+        # >= 0", the one value shown not the one at fault
+        for bad in ({"batch": 0}, {"checkpoint_every": -1}):
+            with pytest.raises(actorpy.ConfigError, match=f"{next(iter(bad))}="
+                                                          f"{next(iter(bad.values()))}"):
+                job.run(cluster, init={"w": np.zeros(2)}, **bad)
         with pytest.raises(actorpy.ConfigError, match="seed must be an int >= 0, got -1"):
             param.Job("x", seed=-1)   # before: numpy's ValueError on every worker
