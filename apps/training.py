@@ -98,6 +98,25 @@ def _plot_formats() -> set[str]:
     return set(FigureCanvasBase.get_supported_filetypes())
 
 
+def check_memory(need_bytes: int, what: str) -> None:
+    """Refuse a run whose arrays cannot fit in this machine's available memory (Linux's
+    ``MemAvailable``; elsewhere nothing is checked): allocations that the kernel overcommits
+    fail only as they are filled, as the OOM killer, minutes in.
+
+    Raises:
+        ConfigError: ``what`` needs more than is available.
+    """
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return
+    if need_bytes > available:
+        raise ConfigError(f"{what} need about {need_bytes / 2**30:.1f} GiB of memory, more than "
+                          f"the {available / 2**30:.1f} GiB available here")
+
+
 def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], metric: str,
                 label: str, log_scale: bool = True) -> None:
     """Two panels, ``metric`` against seconds and against updates, one line per run."""

@@ -83,6 +83,14 @@ class TestSGD:
                                                   "bsp, not (asp|ssp:4)"):
                 sgd.main([*flags, "--balance", "--workers", "0"])
 
+    def test_data_beyond_the_memory_available_is_refused_before_anything_runs(self):
+        # before: `--features 2000000 --rows 8` spent 100 s making the 2000 x 2e6 held-out
+        # rows (16 GB) on a 23 GB machine and was killed by the OOM killer (exit 137)
+        for main in (sgd.main, p2p_sgd.main):
+            with pytest.raises(ConfigError, match="--rows and --features need about .* GiB of "
+                                                  "memory, more than the .* GiB available"):
+                main(["--features", str(10**9), "--rows", "8", "--workers", "0"])
+
     def test_a_plot_path_that_cannot_be_a_plot_is_refused_before_training(self, tmp_path):
         # before: a directory was written as DIR.png; an unknown format failed with
         # matplotlib's traceback after the whole training run, and the results were lost
