@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ProtocolError:
             raise ConfigError(f"--bootstrap must be tcp://HOST:PORT of a live peer, not "
                               f"{args.bootstrap!r}") from None
+        if args.bootstrap == args.bind:   # it would answer its own hello, not a join
+            raise ConfigError("--bootstrap is this peer's own --bind: name another live peer, "
+                              "or leave it out for the first peer")
     if not args.timeout > 0:
         raise ConfigError("--timeout must be a positive number of seconds")
     security = security_for(args.bind, secret_file=args.secret_file)

@@ -27,8 +27,9 @@ import numpy as np
 from actorpy import apputil
 from actorpy.errors import ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
-from apps.sgd import Pull, generate, gradient, loss, true_weights
-from apps.training import barriers_from_args, check_plot_path, plot_curves, warn_if_diverged
+from apps.sgd import Pull, data_bytes, generate, gradient, loss, true_weights
+from apps.training import (barriers_from_args, check_memory, check_plot_path, plot_curves,
+                           warn_if_diverged)
 from engines import peer
 from engines.peer.overlay_run import OverlayClient, OverlayRun
 
@@ -189,6 +190,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.decay = 100.0
     if min(args.peers, args.steps, args.batch, args.rows, args.features) < 1:
         raise ConfigError("--peers, --steps, --batch, --rows and --features must be >= 1")
+    # the training rows are made on the workers: here only with an embedded cluster
+    check_memory(data_bytes(0 if args.manager or args.bootstrap else args.rows, args.features),
+                 "--rows and --features")
     if args.bootstrap and (args.manager or args.workers is not None):
         raise ConfigError("--bootstrap trains on standalone peers: it takes no --manager "
                           "or --workers")

@@ -19,10 +19,22 @@ import numpy as np
 
 from actorpy import apputil
 from actorpy.errors import ConfigError
-from apps.training import add_barrier_arguments, barriers_from_args, run_barriers
+from apps.training import (add_barrier_arguments, barriers_from_args, check_memory,
+                           run_barriers)
 from engines import param
 
 NOISE = 0.1
+
+
+#: held-out rows: the server's monitor (``Monitor``, shipped to it) and the final score
+HELD_OUT_ROWS = 2000 + 5000
+
+
+def data_bytes(rows: int, features: int) -> int:
+    """Memory a run's float32 arrays take on the driver's machine: ``rows`` training rows
+    (all of them with an embedded cluster), the held-out rows and the monitor's copy on its
+    way to the server (``p2p-sgd`` holds fewer: an upper bound)."""
+    return (rows + HELD_OUT_ROWS + 2000) * (features + 1) * 4
 
 
 def true_weights(seed: int, features: int, model: str) -> np.ndarray:
@@ -174,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.decay = 100.0
     if min(args.steps, args.batch, args.rows, args.features) < 1:
         raise ConfigError("--steps, --batch, --rows and --features must be >= 1")
+    # the training rows are made on the workers: here only with an embedded cluster
+    check_memory(data_bytes(0 if args.manager else args.rows, args.features),
+                 "--rows and --features")
     return run_barriers(args, train, lambda r: f"loss {r['loss']:.4g}  weight error "
                                                f"{r['weight_error']:.4f}", "loss", "held-out loss")
 

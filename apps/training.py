@@ -98,6 +98,25 @@ def _plot_formats() -> set[str]:
     return set(FigureCanvasBase.get_supported_filetypes())
 
 
+def check_memory(need_bytes: int, what: str) -> None:
+    """Refuse a run whose arrays cannot fit in this machine's available memory (Linux's
+    ``MemAvailable``; elsewhere nothing is checked): allocations that the kernel overcommits
+    fail only as they are filled, as the OOM killer, minutes in.
+
+    Raises:
+        ConfigError: ``what`` needs more than is available.
+    """
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return
+    if need_bytes > available:
+        raise ConfigError(f"{what} need about {need_bytes / 2**30:.1f} GiB of memory, more than "
+                          f"the {available / 2**30:.1f} GiB available here")
+
+
 def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], metric: str,
                 label: str, log_scale: bool = True) -> None:
     """Two panels, ``metric`` against seconds and against updates, one line per run."""
@@ -150,6 +169,11 @@ def run_barriers(args: argparse.Namespace,
     (``describe(result)``), or with ``--json`` the result (``{"runs": [...]}`` with
     ``--compare``); with ``--plot`` the curves of ``metric``. Returns the exit status."""
     barriers = barriers_from_args(args)  # bad specs fail before a cluster starts
+    if getattr(args, "balance", False):   # not after the runs before it trained
+        for name, barrier in barriers:
+            if not isinstance(barrier, SSP) or barrier.staleness != 0:
+                raise ConfigError(f"--balance is LB-BSP: it resizes batches at a BSP barrier, "
+                                  f"so every run needs bsp, not {name}")
     check_plot_path(args.plot)
     runs = []
     with apputil.connect_from_args(args) as cluster:

@@ -16,6 +16,7 @@ from typing import Any
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost
 from actorpy.ids import NodeId
+from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import NodeEvent, NodeEventKind
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
 from engines.param.driver import FAILED_GRACE_S, GRACE_S, Run, RunStats
@@ -159,6 +160,11 @@ class Conductor(Service):
     # ----------------------------------------------------------------- shards
     def _restart_shard(self, i: int) -> None:
         run = self.run
+        if self.ctx.node.is_dead(MANAGER_ID):   # this driver left the cluster: every node
+            self._fail(JobFailed(                # looks dead, no shard or checkpoint helps
+                f"job {self.name!r}: this driver lost its connection to the cluster's "
+                "manager, so the job cannot go on; is `actorpy manager` still running?"))
+            return
         if run.checkpoint_dir is None:
             self._fail(JobFailed(f"server shard {i} of job {self.name!r} was lost with its "
                                  f"node {run.hosts[i]} and there is no checkpoint to restart "

@@ -87,10 +87,11 @@ class Run:
             if not isinstance(key, str) or family(value) is None:
                 raise ConfigError(f"init[{key!r}]: keys are strings and values numpy arrays or "
                                   "torch tensors")
-        if not (0 < options.timeout_s < math.inf) or options.batch < 1 \
-                or options.checkpoint_every < 0:
-            raise ConfigError(f"need a finite timeout_s > 0 (got {options.timeout_s}), "
-                              "batch >= 1 and checkpoint_every >= 0")
+        if not 0 < options.timeout_s < math.inf:
+            raise ConfigError(f"need a finite timeout_s > 0, got {options.timeout_s}")
+        if options.batch < 1 or options.checkpoint_every < 0:
+            raise ConfigError(f"need batch >= 1 and checkpoint_every >= 0, got batch="
+                              f"{options.batch} and checkpoint_every={options.checkpoint_every}")
         if options.resume and options.checkpoint_dir is None:
             raise ConfigError("resume=True needs checkpoint_dir=")
         self.init = init
@@ -115,6 +116,12 @@ class Run:
         from engines.param.conductor import Conductor
 
         o = self.options
+        # Names are unique in the cluster, so a second run would fail at its first shard, in
+        # the name service's words ("stop that service first"), which a CLI user cannot do.
+        if self.cluster.lookup_async(f"{self.job.name}/shard0").result(
+                self.cluster.config.start_timeout_s) is not None:
+            raise ConfigError(f"a job named {self.job.name!r} is already running on this "
+                              "cluster; wait for it to end, or give this one another name")
         live = self.cluster.workers()
         servers_on = o.server_nodes or ()
         if o.server_nodes is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError
+from actorpy.runtime.membership import MANAGER_ID
 from actorpy.values import QUICK_MODEL_BYTES, nbytes
 
 from .context import JobSpec, check_run
@@ -250,6 +251,10 @@ class ClusterRun:
     def _finished(self) -> bool:
         live = self.status()
         if not live:
+            if self.cluster.node.is_dead(MANAGER_ID):   # every node looks dead to a driver
+                raise ActorpyError(                     # that left the cluster
+                    "every peer of the job is gone: this driver lost its connection to the "
+                    "cluster's manager; is `actorpy manager` still running?")
             raise ActorpyError("every peer of the job is gone")
         for s in live.values():
             if s["phase"] == Phase.FAILED:

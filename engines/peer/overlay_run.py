@@ -151,7 +151,7 @@ class OverlayRun(ClusterRun):
         for i, ref in enumerate(self.refs):
             if i not in self.lost:
                 try:
-                    self.cluster.call(ref, PeerKind.END, timeout_s=wait_s)
+                    self.cluster.call(ref, PeerKind.END, self.spec.run, timeout_s=wait_s)
                 except ActorpyError as exc:
                     log.debug("ending the job on peer %d: %s", i, exc)
 

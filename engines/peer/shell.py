@@ -21,6 +21,7 @@ drives one ``Peer`` (its Kademlia node and, in a job, its runner).
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 from enum import IntEnum
@@ -90,6 +91,12 @@ def ref_of(address: str) -> ServiceRef:
 ANSWER_KINDS = frozenset().union(*REPLY_KINDS.values())
 
 
+#: How long a job handed to a standalone peer (JOB) and not started yet is held for its
+#: driver, which seeds the model and starts every peer meanwhile; then another job may take
+#: the peer (the driver may have died between JOB and START).
+JOB_CLAIM_S = 60.0
+
+
 def _is_answer(wire: Any) -> bool:
     """Whether an overlay message (not validated yet) is an answer."""
     return type(wire) is tuple and len(wire) > 1 and wire[1] in ANSWER_KINDS
@@ -136,6 +143,7 @@ class PeerService(Service):
         self._waiting: dict[int, tuple[Reply, Callable[[Done], Any]]] = {}
         self._timers = TimerHeap(ctx, self.clock.now, self._due)
         self._thread = threading.get_ident()    # the service's own (it constructs us)
+        self._job_at = -math.inf                # when JOB installed the current runner
         self._set_quick(spec)
         self.perform(node.start(self.clock.now()))
 
@@ -341,8 +349,14 @@ class PeerService(Service):
         spec, config, index, data = payload
         node = self.peer.node
         runner = self.peer.runner
-        if runner is not None and runner.phase not in (Phase.DONE, Phase.FAILED, Phase.IDLE):
-            raise ActorpyError(f"peer {self.address} is running job {runner.spec.name!r}")
+        now = self.clock.now()
+        # Another run's job, running or handed here and not started yet, keeps the peer: a
+        # second driver would drop its model and take over its runner.
+        if runner is not None and runner.spec.run != spec.run and (
+                runner.phase not in (Phase.DONE, Phase.FAILED, Phase.IDLE)
+                or runner.phase == Phase.IDLE and now - self._job_at < JOB_CLAIM_S):
+            raise ActorpyError(f"peer {self.address} is running job {runner.spec.name!r} for "
+                               "another driver; submit this one once that one has ended")
         if config.ksize != node.config.ksize:
             raise ActorpyError(f"this overlay runs with ksize={node.config.ksize}, the job "
                                f"asks for {config.ksize}")
@@ -351,15 +365,19 @@ class PeerService(Service):
             node.storage.drop(key)
         self.peer.runner = PeerRunner(spec, node, index,
                                       data(index) if data is not None else None)
+        self._job_at = now
         self._set_quick(spec)
         return len(node.routing.contacts())
 
     @handles(PeerKind.END)
-    def end(self, _: Any, env: Envelope) -> bool:
-        """The job is over: keep serving the overlay, without its runner."""
-        ended, self.peer.runner = self.peer.runner is not None, None
+    def end(self, run: int, env: Envelope) -> bool:
+        """The job of run ``run`` is over: keep serving the overlay, without its runner (a
+        runner of another run stays: its driver ends it)."""
+        if self.peer.runner is None or self.peer.runner.spec.run != run:
+            return False
+        self.peer.runner = None
         self._set_quick(None)
-        return ended
+        return True
 
     def _dialer(self) -> Dialer:
         if self.dialer is None:

@@ -8,6 +8,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -121,7 +122,13 @@ def test_clear_one_line_errors(secret_file, tmp_path):
         nobody = run("--bind", "tcp://127.0.0.1:0", "--bootstrap", "tcp://127.0.0.1:9",
                      "--timeout", "0.5", env={"ACTORPY_SECRET": open(secret_file).read().strip()})
         assert nobody.returncode == 1 and "no peer answered at tcp://127.0.0.1:9" in nobody.stderr
-        for out in (no_secret, bad, taken, wrong, nobody):
+        # before: "the peer at ... answered hello but not the overlay join; try again" (exit 1)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            itself = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+        own = run("--bind", itself, "--bootstrap", itself, "--secret-file", secret_file)
+        assert own.returncode == 2 and "--bootstrap is this peer's own --bind" in own.stderr
+        for out in (no_secret, bad, taken, wrong, nobody, own):
             assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     finally:
         first.send_signal(signal.SIGTERM)

@@ -75,6 +75,22 @@ class TestSGD:
                                                   "directory /nonexistent"):
                 main(["--plot", "/nonexistent/x.png", "--workers", "0"])
 
+    def test_balance_with_a_barrier_other_than_bsp_is_refused_before_training(self):
+        # before: `--compare bsp asp --balance` trained the bsp run, then failed on asp with
+        # the API's words (balance=True ... barrier=BSP()), and the bsp result was lost
+        for flags in (["--compare", "bsp", "asp"], ["--barrier", "ssp"]):
+            with pytest.raises(ConfigError, match="--balance is LB-BSP: .* every run needs "
+                                                  "bsp, not (asp|ssp:4)"):
+                sgd.main([*flags, "--balance", "--workers", "0"])
+
+    def test_data_beyond_the_memory_available_is_refused_before_anything_runs(self):
+        # before: `--features 2000000 --rows 8` spent 100 s making the 2000 x 2e6 held-out
+        # rows (16 GB) on a 23 GB machine and was killed by the OOM killer (exit 137)
+        for main in (sgd.main, p2p_sgd.main):
+            with pytest.raises(ConfigError, match="--rows and --features need about .* GiB of "
+                                                  "memory, more than the .* GiB available"):
+                main(["--features", str(10**9), "--rows", "8", "--workers", "0"])
+
     def test_a_plot_path_that_cannot_be_a_plot_is_refused_before_training(self, tmp_path):
         # before: a directory was written as DIR.png; an unknown format failed with
         # matplotlib's traceback after the whole training run, and the results were lost

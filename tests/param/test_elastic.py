@@ -111,6 +111,22 @@ with actorpy.connect(workers=2) as c:
 """
 
 
+class TestManagerLost:
+    def test_a_driver_that_lost_the_manager_says_so(self):
+        # before: "server shard 0 ... was lost with its node w-... and there is no
+        # checkpoint; pass checkpoint_dir=": every node looks dead to a driver that left
+        job = _job("orphaned")
+        job.register_stop(pb.StepStop(10**9))
+        with actorpy.connect(workers=1, manager_timeout_s=1.0) as cluster:
+            workers = {r["pid"] for r in cluster.nodes()}
+            [manager] = [p for p in cluster.local.pids() if p not in workers]
+            run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=8, timeout_s=60)
+            os.kill(manager, signal.SIGKILL)
+            with pytest.raises(param.JobFailed, match="this driver lost its connection to the "
+                                                      "cluster's manager"):
+                run.result()
+
+
 class TestResume:
     def test_resume_after_the_driver_was_killed(self, tmp_path):
         log = open(tmp_path / "driver.log", "wb")   # the killed cluster's last words

@@ -160,6 +160,22 @@ class TestBadInput:
         assert np.array_equal(run.model["w"], np.ones(pb.D))
         self._assert_clean(cluster, run)
 
+    def test_a_second_run_of_a_running_job_is_refused_in_plain_words(self, cluster):
+        # before: ServiceError "the service name 'lin/shard0' is taken ...; stop that service
+        # first, or choose another name" (a second `actorpy sgd --manager` on one cluster)
+        job = _job(ASP())
+        job.register_stop(pb.StepStop(10**9))
+        first = job.start(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+        try:
+            with pytest.raises(actorpy.ConfigError, match="a job named 'lin' is already "
+                                                          "running on this cluster"):
+                job.run(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+        finally:
+            first.cancel()
+            with pytest.raises(param.JobFailed):
+                first.result()
+        self._assert_clean(cluster, first)
+
     def test_a_stop_that_returns_none_is_a_clear_error(self, cluster):
         # before: None is false, so the job ran until timeout_s (600 s by default)
         job = _job(ASP())
@@ -219,5 +235,11 @@ class TestBadInput:
         for timeout in (float("nan"), float("inf")):   # before: nan waited "nan s", then
             with pytest.raises(actorpy.ConfigError, match="finite timeout_s"):  # failed;
                 job.run(cluster, init={"w": np.zeros(2)}, timeout_s=timeout)  # inf: traceback
+        # before: "need a finite timeout_s > 0 (got 600.0), batch >= 1 and checkpoint_every
+        # >= 0", the one value shown not the one at fault
+        for bad in ({"batch": 0}, {"checkpoint_every": -1}):
+            with pytest.raises(actorpy.ConfigError, match=f"{next(iter(bad))}="
+                                                          f"{next(iter(bad.values()))}"):
+                job.run(cluster, init={"w": np.zeros(2)}, **bad)
         with pytest.raises(actorpy.ConfigError, match="seed must be an int >= 0, got -1"):
             param.Job("x", seed=-1)   # before: numpy's ValueError on every worker

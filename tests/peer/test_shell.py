@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import signal
 import threading
 import time
 
@@ -12,7 +14,7 @@ import pytest
 
 import actorpy
 from actorpy.barrier import ASP, PSP
-from actorpy.errors import ActorpyTimeout
+from actorpy.errors import ActorpyError, ActorpyTimeout
 from engines import peer
 from engines.peer.cluster_run import start_peers
 from engines.peer.kademlia import rpc
@@ -313,3 +315,23 @@ def test_user_steps_never_run_on_the_io_thread_and_a_big_models_pull_neither(clu
     assert result.updates == 2 * 60 and (result.model["w"] == 60).all()   # 2 keys a push
     io_pulls = int(result.model["io"][0])
     assert (io_pulls > 0) if quick else (io_pulls == 0), io_pulls
+
+
+def test_a_driver_that_lost_the_manager_says_so():
+    """Before: "every peer of the job is gone" alone (each peer's WARNING said "cluster gone"
+    only in passing): a driver whose manager link stays down marks every node dead."""
+    job = linreg(ASP(), steps=10**9)
+    killed: list[int] = []
+    with actorpy.connect(workers=1, manager_timeout_s=1.0) as cluster:
+        workers = {r["pid"] for r in cluster.nodes()}
+        [manager] = [p for p in cluster.local.pids() if p not in workers]
+
+        def kill_the_manager(run, seconds):
+            if not killed:
+                os.kill(manager, signal.SIGKILL)
+                killed.append(manager)
+        with pytest.raises(ActorpyError, match="this driver lost its connection to the "
+                                               "cluster's manager"):
+            job.run(cluster, peers=2, init=init(), data=shard, timeout_s=60,
+                    on_poll=kill_the_manager)
+    assert killed == [manager]

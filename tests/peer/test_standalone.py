@@ -10,10 +10,12 @@ import socket
 import pytest
 
 from actorpy.barrier import PSP
-from actorpy.errors import ActorpyTimeout, AuthError, ConfigError, ProtocolError
+from actorpy.errors import ActorpyTimeout, AuthError, ConfigError, ProtocolError, RemoteError
+from actorpy.runtime.context import ServiceRef
 from actorpy.wire.auth import Security, generate_secret
 from engines.peer.dialer import HELLO_SERVICE, PEER_SERVICE, check_endpoint
 from engines.peer.overlay_run import OverlayClient
+from engines.peer.runner import Phase
 from engines.peer.shell import PeerKind
 from engines.peer.standalone import StandalonePeer, advertised
 from tests.conftest import wait_until
@@ -83,6 +85,29 @@ class TestJob:
             overlay[0].endpoint, init(), secret=SECRET, data=shard, timeout_s=60)
         assert sorted(again.steps.values()) == [5] * 4
         assert all(4 * 5 <= c <= 4 * 5 + 2 for c in again.clocks.values())   # from 0 again
+
+
+    def test_a_second_driver_cannot_take_over_a_peer_with_a_job(self, overlay):
+        # before: a second `p2p-sgd --bootstrap` whose JOB came before the first one's START
+        # took the peers over (dropping its model), and its END removed any job's runner:
+        # the first driver waited for its timeout with steps [0, 0]
+        job = linreg(PSP(sample=1, staleness=1), steps=1)
+        first, second = (dataclasses.replace(job.spec(init()), run=run) for run in (1, 2))
+        ref = ServiceRef(overlay[3].node_id, PEER_SERVICE)
+        with OverlayClient(overlay[3].endpoint, secret=SECRET) as client:
+            client.members()   # the hello: the peer learns where to answer
+            try:
+                client.call(ref, PeerKind.JOB, (first, job.config, 0, None))
+                with pytest.raises(RemoteError, match="is running job 'linreg' for another "
+                                                      "driver"):
+                    client.call(ref, PeerKind.JOB, (second, job.config, 0, None))
+                assert client.call(ref, PeerKind.END, second.run) is False   # not its job
+                assert overlay[3].status()["phase"] == int(Phase.IDLE)
+                assert client.call(ref, PeerKind.END, first.run) is True
+                client.call(ref, PeerKind.JOB, (second, job.config, 0, None))  # free again
+            finally:
+                for run in (first.run, second.run):
+                    client.call(ref, PeerKind.END, run)
 
 
 class TestKill:
