@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 from actorpy import apputil
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.errors import ConfigError
+from engines import param
 
 BARRIERS = ("bsp", "ssp", "asp", "pbsp", "pssp", "dssp")
 
@@ -171,7 +172,7 @@ def run_barriers(args: argparse.Namespace,
     barriers = barriers_from_args(args)  # bad specs fail before a cluster starts
     if getattr(args, "balance", False):   # not after the runs before it trained
         for name, barrier in barriers:
-            if not isinstance(barrier, SSP) or barrier.staleness != 0:
+            if not param.balances(barrier):
                 raise ConfigError(f"--balance is LB-BSP: it resizes batches at a BSP barrier, "
                                   f"so every run needs bsp, not {name}")
     check_plot_path(args.plot)

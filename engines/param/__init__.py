@@ -22,9 +22,9 @@ from __future__ import annotations
 from engines.param.driver import Run, RunStats
 from engines.param.errors import (CallbackError, CheckpointError, JobFailed, KeyNotLocal,
                                   ParamError, UpdateError)
-from engines.param.job import Job
+from engines.param.job import Job, balances
 from engines.param.store import Store
 from engines.param.worker import DataContext, WorkerContext
 
-__all__ = ["Job", "Run", "RunStats", "Store", "WorkerContext", "DataContext", "ParamError",
+__all__ = ["Job", "balances", "Run", "RunStats", "Store", "WorkerContext", "DataContext", "ParamError",
            "UpdateError", "CheckpointError", "KeyNotLocal", "CallbackError", "JobFailed"]

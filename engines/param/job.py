@@ -52,6 +52,12 @@ class FunctionBarrier:
         return answer if isinstance(answer, Decision) else Decision(bool(answer))
 
 
+
+def balances(barrier: Any) -> bool:
+    """Whether ``balance=True`` (LB-BSP) may run under ``barrier``: only BSP, where every
+    worker's step ends at one barrier that the batch sizes are balanced at."""
+    return isinstance(barrier, SSP) and barrier.staleness == 0
+
 class Job:
     """A parameter-server job: callbacks plus the barrier, the seed and per-worker data.
 
@@ -142,7 +148,7 @@ class Job:
         if self.stop is None:
             raise ConfigError(f"job {self.name!r} needs a stop condition: "
                               "job.register_stop(lambda store: store.step >= 100)")
-        if balance and (not isinstance(self.barrier, SSP) or self.barrier.staleness != 0):
+        if balance and not balances(self.barrier):
             raise ConfigError("balance=True is LB-BSP: it resizes batches at a BSP barrier and "
                               f"needs barrier=BSP(), not {self.barrier!r}")
         options = RunOptions(servers=servers, timeout_s=timeout_s, checkpoint_dir=checkpoint_dir,

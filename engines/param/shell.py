@@ -91,8 +91,7 @@ class ShardService(Service):
             # A shard that cannot write it refuses to start: a run that asked for
             # checkpoints must not learn that it has none when a shard is lost.
             try:
-                checkpoint.save(self._path, self.core.snapshot(), job=c.job, shard=c.shard,
-                                shards=c.shards)
+                self._write(self.core.snapshot())
             except OSError as exc:
                 raise ConfigError(f"checkpoint_dir {spec.checkpoint_dir!r}: shard {c.shard} "
                                   f"cannot write {self._path} on the server's node "
@@ -265,11 +264,16 @@ class ShardService(Service):
                 reply.fail(exc)
         self._model_waiting = []
 
-    def _save(self, snapshot: checkpoint.Snapshot) -> None:
+    def _write(self, snapshot: checkpoint.Snapshot) -> None:
         c = self.spec.config
         assert self._path is not None
+        checkpoint.save(self._path, snapshot, job=c.job, shard=c.shard, shards=c.shards)
+
+    def _save(self, snapshot: checkpoint.Snapshot) -> None:
+        """Write a checkpoint; one that fails is logged and training goes on."""
+        c = self.spec.config
         try:
-            checkpoint.save(self._path, snapshot, job=c.job, shard=c.shard, shards=c.shards)
+            self._write(snapshot)
         except (OSError, ConfigError) as exc:
             log.error("shard %d of %s could not write its checkpoint %s: %s", c.shard, c.job,
                       self._path, exc)

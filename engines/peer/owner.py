@@ -5,12 +5,10 @@ clock and stores it on the key's ``replication`` closest peers, with at most one
 round in flight per key (writes made meanwhile go out with the next one). Another peer's
 push is acknowledged once a round holding its write was taken by every holder it chose
 (*durable*), so an update acknowledged to a peer survives the owner's death while one of
-those holders lives; the owner's own pushes go on at once (if it dies first, they die with
-the only peer that saw them acknowledged; below, *own updates*; a job with ``durable=False`` treats every push so:
-acknowledged once applied, its write on the holders within ``replicate_s``). When the pusher
-is the only other holder (and
-holds a copy), the answer itself is its copy: the pusher keeps the value it is answered
-with. The owner remembers the clock each holder has (from durable rounds and those answers)
+those holders lives; the owner's own pushes go on at once (*own updates*, below; a job with
+``durable=False`` treats every push so: acknowledged once applied, its write on the holders
+within ``replicate_s``). When the pusher is the only other holder (and holds a copy), the
+answer itself is its copy: the pusher keeps the value it is answered with. The owner remembers the clock each holder has (from durable rounds and those answers)
 and sends no round that would tell the holders nothing new; a write nobody waits on (its
 own push's) goes out with a round within ``replicate_s``, or with such an answer sooner. A
 round sends no STORE to a holder whose push it answers (it keeps the answer as its copy,
@@ -169,8 +167,7 @@ class KeyOwner:
         return closest[0] if closest else None
 
     def _is_owner(self, kid: KadId) -> bool:
-        closest = self._closest_known(kid)
-        return closest is None or self.node.node_id ^ kid < closest.node_id ^ kid
+        return not self._closer_known(kid, self.node.node_id)
 
     def _closer_known(self, kid: int, node_id: int) -> bool:
         """Whether we know a peer closer to ``kid`` than ``node_id``, ourselves included."""

@@ -135,8 +135,8 @@ class Done:
         reply: CALL's reply, or None if the peer never answered.
         durable: STORE: every other peer chosen to hold the value answered holding a copy at
             its clock (none timed out, none refused it or held a newer one).
-        refused: STORE: how many of them answered holding another clock.
-        refusals: STORE: each of those as (peer, clock it holds, writer of that copy).
+        refusals: STORE: each of them that answered holding another clock, as (peer, that
+            clock, the writer of that copy); ``refused`` counts them.
         asked: STORE: how many other peers were asked to hold the value.
         rounds: lookup rounds (hops); rpcs: requests sent; elapsed_s: time on the node's clock.
     """
@@ -150,12 +150,16 @@ class Done:
     stored_on: tuple[Contact, ...] = ()
     reply: Reply | None = None
     durable: bool = False
-    refused: int = 0
     refusals: tuple[tuple[Contact, int, KadId], ...] = ()
     asked: int = 0
     rounds: int = 0
     rpcs: int = 0
     elapsed_s: float = 0.0
+
+    @property
+    def refused(self) -> int:
+        """STORE: how many holders answered holding another clock."""
+        return len(self.refusals)
 
     @property
     def value(self) -> Any:

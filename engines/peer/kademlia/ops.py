@@ -54,8 +54,8 @@ class _Op:
     stored_on: list[Contact] = field(default_factory=list)
     holders: int = 0                    # STORE phase: other peers asked to store
     confirmed: int = 0                  # ... that answered holding the version written
-    refused: int = 0                    # ... that answered holding another version
-    refusals: list[tuple[Contact, int, KadId]] = field(default_factory=list)  # what each held
+    # ... that answered holding another version: (peer, clock, writer) of what each held
+    refusals: list[tuple[Contact, int, KadId]] = field(default_factory=list)
     reply: Reply | None = None
     in_flight: int = 0
     rpcs: int = 0
@@ -205,7 +205,6 @@ class NodeOps:
             taken = message.clock == op.clock   # (another writer at the same clock: the
             # same round's copy, e.g. a seed taken over; a fence answers with an older one)
             op.confirmed += taken
-            op.refused += not taken
             if not taken:
                 op.refusals.append((sender, message.clock, message.writer))
             if op.awaiting == 0:
@@ -339,7 +338,7 @@ class NodeOps:
             clock=found.clock if found is not None else op.clock,
             stored_on=tuple(op.stored_on) if op.kind in (OpKind.STORE, OpKind.LEAVE) else (),
             durable=op.kind == OpKind.STORE and op.confirmed == op.holders,
-            refused=op.refused, refusals=tuple(op.refusals), asked=op.holders,
+            refusals=tuple(op.refusals), asked=op.holders,
             reply=op.reply, rounds=lookup.rounds if lookup is not None else 0,
             rpcs=op.rpcs, elapsed_s=now - op.started_s))
 

@@ -204,9 +204,9 @@ class _Frames:
             raise ProtocolError(f"{len(self._frames) - self._used} value frames too many")
 
 
-_ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STEP: 0, Kind.STORED: 2, Kind.FIND_NODE: 1,
-          Kind.FIND_VALUE: 1, Kind.NODES: 1, Kind.VALUE: 4, Kind.STORE: 5, Kind.CALL: 4,
-          Kind.REPLY: 4}
+_ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STEP: 0, Kind.STORED: 2,
+          Kind.FIND_NODE: 1, Kind.FIND_VALUE: 1, Kind.NODES: 1, Kind.VALUE: 4, Kind.STORE: 5,
+          Kind.CALL: 4, Kind.REPLY: 4}
 
 
 def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = MAX_CONTACTS,
