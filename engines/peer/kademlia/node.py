@@ -84,6 +84,7 @@ class KademliaNode(NodeOps):
         self.node_id = node_id
         self.address = address
         self.routing = RoutingTable(node_id, self.config.ksize, now)
+        self._size, self._size_at = 1.0, -1     # size_estimate at routing.version _size_at
         self.storage: Storage = storage if storage is not None else MemoryStorage()
         self.stats = NodeStats()
         self.step = NO_STEP
@@ -273,7 +274,11 @@ class KademliaNode(NodeOps):
 
     def size_estimate(self) -> float:
         """Network size estimated from id density in our routing table (this node counted)."""
-        return table_size_estimate(self.routing)
+        # asked at every barrier check and sample: recomputed only when the contacts change
+        version = self.routing.version
+        if self._size_at != version:
+            self._size, self._size_at = table_size_estimate(self.routing), version
+        return self._size
 
     # ------------------------------------------------------------ shell calls
     def receive(self, sender_address: str, message: object, now: float,

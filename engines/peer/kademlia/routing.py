@@ -78,6 +78,8 @@ class RoutingTable:
         # One id per address: a single peer must not fill the table (and skew the size
         # estimate and peer samples) by claiming many ids.
         self._by_address: dict[str, int] = {}
+        #: bumped whenever the set of contacts changes (what depends on it may be cached)
+        self.version = 0
 
     # ----------------------------------------------------------------- queries
     def __len__(self) -> int:
@@ -166,6 +168,7 @@ class RoutingTable:
                 bucket.replacements.pop(node_id, None)
                 self._all[node_id] = contact
                 self._by_address[contact.address] = node_id
+                self.version += 1
                 return None
             if bucket.covers(self.own_id) and bucket.hi - bucket.lo > 1:
                 self._split(bucket, now)
@@ -188,6 +191,7 @@ class RoutingTable:
             return None
         gone = self._all.pop(node_id)
         self._by_address.pop(gone.address, None)
+        self.version += 1
         while bucket.replacements:
             new_id, new = bucket.replacements.popitem(last=True)
             if new.address in self._by_address:

@@ -27,6 +27,19 @@ class TestSizeEstimate:
         net = grown(8, seed=1)
         assert [net.nodes[a].size_estimate() for a in sorted(net.alive)] == [8.0] * 8
 
+    def test_follows_the_table_as_contacts_come_and_go(self) -> None:
+        # the estimate is cached per routing-table version: a change must show at once
+        net = grown(8, seed=1)
+        node = net.nodes[sorted(net.alive)[0]]
+        assert node.size_estimate() == 8.0
+        version = node.routing.version
+        gone = node.routing.contacts()[0]
+        node.routing.remove(gone.node_id)
+        assert node.routing.version > version
+        assert node.size_estimate() == 7.0
+        node.routing.observe(gone, now=0.0)
+        assert node.size_estimate() == 8.0
+
     def test_lookup_estimate_uses_the_kth_distance(self, net1000: SimNetwork) -> None:
         rng = random.Random(2)
         estimates = []
