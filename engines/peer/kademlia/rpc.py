@@ -204,6 +204,43 @@ class _Frames:
             raise ProtocolError(f"{len(self._frames) - self._used} value frames too many")
 
 
+def _blob(values: _Frames, descriptor: object) -> Blob:
+    found = values.value(descriptor)
+    assert found is not None
+    return found
+
+
+def _clock(value: object) -> int:
+    return _int(value, "clock", 0, MAX_STEP)
+
+
+#: kind -> message, from (rpc_id, sender, step, fields, value frames, max_contacts); built
+#: once here, not per message (decode runs for every message a peer receives)
+_Build = Callable[[int, KadId, int, Sequence[object], _Frames, int], Message]
+_BUILD: dict[Kind, _Build] = {
+    Kind.PING: lambda r, s, t, f, v, m: Ping(r, s, t),
+    Kind.PONG: lambda r, s, t, f, v, m: Pong(r, s, t),
+    Kind.LEAVE: lambda r, s, t, f, v, m: Leave(r, s, t),
+    Kind.STEP: lambda r, s, t, f, v, m: Step(r, s, t),
+    Kind.STORED: lambda r, s, t, f, v, m: Stored(r, s, _clock(f[0]), id_from_bytes(f[1]), t),
+    Kind.FIND_NODE: lambda r, s, t, f, v, m: FindNode(r, s, id_from_bytes(f[0]), t),
+    Kind.FIND_VALUE: lambda r, s, t, f, v, m: FindValue(r, s, id_from_bytes(f[0]), t),
+    Kind.NODES: lambda r, s, t, f, v, m: Nodes(r, s, _contacts(f[0], m), t),
+    Kind.VALUE: lambda r, s, t, f, v, m: Value(r, s, id_from_bytes(f[0]), _blob(v, f[1]),
+                                               _clock(f[2]), id_from_bytes(f[3]), t),
+    Kind.STORE: lambda r, s, t, f, v, m: Store(r, s, id_from_bytes(f[0]), _blob(v, f[1]),
+                                               _ttl(f[2]), _clock(f[3]), id_from_bytes(f[4]),
+                                               t),
+    Kind.CALL: lambda r, s, t, f, v, m: Call(r, s, _int(f[0], "method", 0, 1 << 16),
+                                             id_from_bytes(f[1]), _args(f[2]),
+                                             v.value(f[3], optional=True), t),
+    Kind.REPLY: lambda r, s, t, f, v, m: Reply(r, s, _int(f[0], "status", 0, 1 << 16),
+                                               _args(f[1]), v.value(f[2], optional=True), t,
+                                               _peer_steps(f[3])),
+}
+_KINDS = {int(kind): kind for kind in Kind}
+
+
 _ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STEP: 0, Kind.STORED: 2,
           Kind.FIND_NODE: 1, Kind.FIND_VALUE: 1, Kind.NODES: 1, Kind.VALUE: 4, Kind.STORE: 5,
           Kind.CALL: 4, Kind.REPLY: 4}
@@ -236,7 +273,7 @@ def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = M
         raise ProtocolError(f"unsupported protocol version {brief(wire[0])}")
     if type(wire[1]) is not int or wire[1] not in _ARITY:
         raise ProtocolError(f"unknown message kind {brief(wire[1])}")
-    kind = Kind(wire[1])
+    kind = _KINDS[wire[1]]
     if len(wire) != 5 + _ARITY[kind]:
         raise ProtocolError(f"{kind.name} takes {_ARITY[kind]} fields, got {len(wire) - 5}")
     if type(frames) not in (tuple, list):
@@ -246,33 +283,6 @@ def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = M
     step = _int(wire[4], "step", NO_STEP, MAX_STEP)
     f = wire[5:]
     values = _Frames(frames, max_value_bytes)
-
-    def blob(i: int) -> Blob:
-        found = values.value(f[i])
-        assert found is not None
-        return found
-
-    builders: dict[Kind, Callable[[], Message]] = {
-        Kind.PING: lambda: Ping(rpc_id, sender, step),
-        Kind.PONG: lambda: Pong(rpc_id, sender, step),
-        Kind.LEAVE: lambda: Leave(rpc_id, sender, step),
-        Kind.STEP: lambda: Step(rpc_id, sender, step),
-        Kind.STORED: lambda: Stored(rpc_id, sender, _int(f[0], "clock", 0, MAX_STEP),
-                                    id_from_bytes(f[1]), step),
-        Kind.FIND_NODE: lambda: FindNode(rpc_id, sender, id_from_bytes(f[0]), step),
-        Kind.FIND_VALUE: lambda: FindValue(rpc_id, sender, id_from_bytes(f[0]), step),
-        Kind.NODES: lambda: Nodes(rpc_id, sender, _contacts(f[0], max_contacts), step),
-        Kind.VALUE: lambda: Value(rpc_id, sender, id_from_bytes(f[0]), blob(1),
-                                  _int(f[2], "clock", 0, MAX_STEP), id_from_bytes(f[3]), step),
-        Kind.STORE: lambda: Store(rpc_id, sender, id_from_bytes(f[0]), blob(1), _ttl(f[2]),
-                                  _int(f[3], "clock", 0, MAX_STEP), id_from_bytes(f[4]), step),
-        Kind.CALL: lambda: Call(rpc_id, sender, _int(f[0], "method", 0, 1 << 16),
-                                id_from_bytes(f[1]), _args(f[2]),
-                                values.value(f[3], optional=True), step),
-        Kind.REPLY: lambda: Reply(rpc_id, sender, _int(f[0], "status", 0, 1 << 16),
-                                  _args(f[1]), values.value(f[2], optional=True), step,
-                                  _peer_steps(f[3])),
-    }
-    message = builders[kind]()
+    message = _BUILD[kind](rpc_id, sender, step, f, values, max_contacts)
     values.check_all_used()
     return message
