@@ -34,6 +34,8 @@ from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
 
 log = logging.getLogger(__name__)
+# pyzmq's flags as plain ints (its enum operators cost more than a send's own checks)
+_SNDMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)
 
 #: dead node ids remembered (oldest forgotten first; a forgotten one is looked up again)
 MAX_DEAD = 10_000
@@ -72,10 +74,10 @@ def write(sock: zmq.Socket, frames: list[Any]) -> bool:
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         big = not isinstance(frame, bytes) and memoryview(frame).nbytes >= wm.ZERO_COPY_MIN_BYTES
-        flags = zmq.SNDMORE if i < last else 0
+        flags = _SNDMORE if i < last else 0
         if i == 0:
             try:
-                sock.send(frame, flags | zmq.NOBLOCK, copy=not big)
+                sock.send(frame, flags | _NOBLOCK, copy=not big)
             except zmq.Again:
                 return False
         else:

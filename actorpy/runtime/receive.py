@@ -29,6 +29,9 @@ Handler = Callable[[wm.Message], None]
 
 #: messages taken from the ROUTER per wake-up (so timers still run under a flood)
 DRAIN_BATCH = 1000
+# pyzmq's flags as plain ints: its enum operators cost more than the check they serve, on
+# every message
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 _DECODE_CODE = frozenset(c for c in (
     getattr(getattr(wm.Message, "payload", None), "__code__", None),
     serde.decode.__code__, serde.loads.__code__) if c is not None)
@@ -73,10 +76,10 @@ class Receiver:
         for _ in range(DRAIN_BATCH):
             # Asking first costs no exception, and no release of the interpreter lock (a
             # receive releases it, and another thread of the process may then keep it).
-            if not router.get(zmq.EVENTS) & zmq.POLLIN:
+            if not router.get(_EVENTS) & _POLLIN:
                 return
             try:
-                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = router.recv_multipart(_NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
