@@ -176,7 +176,8 @@ class Job:
             servers: server shards; keys are spread over them by a stable hash.
             timeout_s: the whole job's time limit.
             checkpoint_dir: where shards save model and clocks (atomically); a lost shard
-                is restarted from it on another worker.
+                is restarted from it on another worker. A shard that cannot write there
+                refuses to start (``ConfigError``), resumed or not.
             checkpoint_every: pulls between checkpoints (0: only at start and end).
             resume: start from the checkpoint in ``checkpoint_dir`` (refused if missing,
                 corrupt or foreign).

@@ -4,6 +4,7 @@ input fails cleanly."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -220,6 +221,25 @@ class TestBadInput:
             job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path),
                     timeout_s=30)
         assert os.listdir(tmp_path) == ["lin.shard0of1.npz"]   # no temporary file left
+
+    def test_a_checkpoint_dir_it_cannot_write_is_refused_on_resume_too(self, cluster, tmp_path):
+        # Before, a resumed shard read its checkpoint, then logged an ERROR at every save and
+        # trained with none.
+        job = _job(BSP())
+        job.register_stop(pb.StepStop(2))
+        job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path), timeout_s=30)
+        path = checkpoint.path_for(str(tmp_path), "lin", 0, 1)
+        saved = open(path, "rb").read()
+        # root writes through any mode bits (tests may run as root): what stops a save here
+        # is a directory where each process would put its temporary file.
+        for pid in cluster.local.pids():
+            os.mkdir(f"{os.path.dirname(path)}/.{os.path.basename(path)}.{pid}.tmp")
+        job.register_stop(pb.StepStop(4))
+        words = re.escape(f"checkpoint_dir '{tmp_path}': shard 0 cannot write {path}")
+        with pytest.raises(actorpy.ConfigError, match=words):
+            job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path),
+                    resume=True, timeout_s=30)
+        assert open(path, "rb").read() == saved
 
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")
