@@ -34,7 +34,7 @@ from engines.param.worker import DataContext, WorkerContext
 F = TypeVar("F", bound=Callable[..., Any])
 
 Schedule = Callable[[Store, list[NodeId]], Mapping[NodeId, Sequence[str]]]
-PushFn = Callable[[WorkerContext, dict[str, Any]], "dict[str, Any] | None"]
+PushFn = Callable[[WorkerContext, dict[str, Any]], dict[str, Any]]
 PullFn = Callable[[Store, dict[str, Any]], None]
 StopFn = Callable[[Store], bool]
 BarrierFn = Callable[[int, Any], "bool | Decision"]
@@ -107,7 +107,8 @@ class Job:
 
     def register_push(self, fn: F) -> F:
         """Worker: ``fn(ctx: WorkerContext, values) -> {key: update}`` (same type, shape
-        and dtype as the values)."""
+        and dtype as the values); ``{}``: no update this step. None (a missing ``return``)
+        fails the job."""
         self.push = fn
         return fn
 
@@ -126,7 +127,7 @@ class Job:
 
     def register_stop(self, fn: F) -> F:
         """Server: ``fn(store) -> bool``, checked after each pull (and after a step whose
-        push returned no update, which runs no pull); True ends the job. With
+        push returned ``{}``, which runs no pull); True ends the job. With
         several shards each shard checks it, and a shard that does not hold a key the
         function reads does not vote."""
         self.stop = fn

@@ -240,7 +240,8 @@ class PeerRunner:
             return
         values = {k: self.values[k][0] for k in self._keys}
         try:
-            self._updates = _checked(self.spec.push(self._ctx(), values), values)
+            self._updates = _checked(self.spec.push(self._ctx(), values), values,
+                                     self.node.address)
         except Exception as exc:  # user code: report it, as a task failure would be
             self._fail(exc)
             return
@@ -445,15 +446,20 @@ class PeerRunner:
                        replied, eff)
 
 
-def _checked(updates: Any, values: dict[str, Any]) -> dict[str, Any]:
-    """``push``'s answer, checked before anything is sent: a dict with an update for some
-    of this step's keys, each of the type, shape and dtype of the value pushed from.
+def _checked(updates: Any, values: dict[str, Any], peer: str) -> dict[str, Any]:
+    """``push``'s answer on ``peer``, checked before anything is sent: a dict with an update
+    for some of this step's keys (``{}``: none this step), each of the type, shape and dtype
+    of the value pushed from.
 
     Raises:
-        TypeError: not a dict, or an update that does not fit its key.
+        TypeError: not a dict (None: a missing ``return``), or an update that does not fit
+            its key.
         KeyError: an update for a key this step did not schedule (its owner could not
             take it: it would be retried forever).
     """
+    if updates is None:
+        raise TypeError(f"push on peer {peer} returned None; return a dict of key -> update, "
+                        "or {} for no update this step")
     if not isinstance(updates, Mapping):
         raise TypeError(f"push returned {type(updates).__name__}; it must return a dict of "
                         "key -> update")

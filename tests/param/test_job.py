@@ -137,6 +137,29 @@ class TestBadInput:
         assert isinstance(err.__cause__, ZeroDivisionError)
         self._assert_clean(cluster, run)
 
+    def test_a_push_that_returns_none_is_a_clear_error(self, cluster):
+        # before: None was taken as no update, so a push missing its `return` trained
+        # nothing and the run ended as if it had worked
+        job = _job(BSP())
+        job.register_push(lambda ctx, values: None)
+        job.register_stop(pb.StepStop(3))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(RemoteError, match=r"TypeError: push on worker w-\w+ returned None; "
+                                              r"return a dict of key -> update, or \{\} for "
+                                              "no update this step") as info:
+            run.result()
+        assert info.value.node_id in cluster.workers()
+        assert info.value.node_id in info.value.remote_message
+        self._assert_clean(cluster, run)
+
+    def test_a_push_that_returns_an_empty_dict_is_a_step_without_update(self, cluster):
+        job = _job(BSP())
+        job.register_push(lambda ctx, values: {})
+        job.register_stop(pb.StepStop(3))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        assert np.array_equal(run.result()["w"], np.ones(pb.D))
+        assert run.stats.steps_per_worker == [3, 3] and run.stats.updates == 0
+
     def test_update_of_the_wrong_shape(self, cluster):
         job = _job(BSP())
         job.register_push(wrong_shape_push)

@@ -233,7 +233,8 @@ class TestFailures:
             run(job, peers=3)
 
     @pytest.mark.parametrize("bad, error", [
-        (lambda ctx, values: None, "push returned NoneType; it must return a dict"),
+        (lambda ctx, values: None, r"push on peer n\d+ returned None; return a dict of key "
+                                   r"-> update, or \{\} for no update this step"),
         (lambda ctx, values: {"nokey": np.ones(4)}, "update for 'nokey', which is not one"),
         (lambda ctx, values: {"w0": np.ones(7)}, "shape \\(7,\\), where the model holds a "
                                                  "float64 array of shape \\(4,\\)"),
@@ -248,6 +249,13 @@ class TestFailures:
         job.register_push(bad)
         with pytest.raises(RemoteError, match=error):
             run(job, peers=3, max_s=60)
+
+    def test_a_push_that_returns_an_empty_dict_is_a_step_without_update(self) -> None:
+        job = linreg(ASP(), steps=5)
+        job.register_push(lambda ctx, values: {})
+        _, result = run(job, peers=3, max_s=60)
+        assert set(result.steps.values()) == {5} and result.updates == 0
+        assert all(np.array_equal(result.model[n], v) for n, v in init().items())
 
     @pytest.mark.parametrize("bad, error", [
         (lambda ctx: ["nokey"], "schedule named 'nokey', which is not a key of the model"),
