@@ -17,7 +17,7 @@ from typing import Any
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, RemoteError
 from actorpy.ids import NodeId
-from actorpy.values import family
+from actorpy.values import check_model
 from engines.param.errors import CheckpointError
 from engines.param.kinds import ParamKind
 from engines.param.server import Callbacks, ShardConfig
@@ -83,10 +83,7 @@ class Run:
         self.job, self.cluster, self.options = job, cluster, options
         if not init:
             raise ConfigError("init must name at least one key")
-        for key, value in init.items():
-            if not isinstance(key, str) or family(value) is None:
-                raise ConfigError(f"init[{key!r}]: keys are strings and values numpy arrays or "
-                                  "torch tensors")
+        check_model(init)
         if not 0 < options.timeout_s < math.inf:
             raise ConfigError(f"need a finite timeout_s > 0, got {options.timeout_s}")
         if options.batch < 1 or options.checkpoint_every < 0:

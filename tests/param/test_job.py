@@ -275,6 +275,11 @@ class TestBadInput:
         job.register_stop(pb.StepStop(1))
         with pytest.raises(actorpy.ConfigError, match="numpy arrays or torch tensors"):
             job.run(cluster, init={"w": [0.0, 1.0]})
+        # before: taken, then every worker's first update did not fit "a object array"
+        for bad in (np.array([1, "a"], dtype=object), np.array([[1.0, 2.0], [3.0]], dtype=object)):
+            with pytest.raises(actorpy.ConfigError, match=r"init\['b'\] is an array of dtype "
+                                                          r"object \(Python objects\)"):
+                job.run(cluster, init={"w": np.zeros(2), "b": bad})
         for timeout in (float("nan"), float("inf")):   # before: nan waited "nan s", then
             with pytest.raises(actorpy.ConfigError, match="finite timeout_s"):  # failed;
                 job.run(cluster, init={"w": np.zeros(2)}, timeout_s=timeout)  # inf: traceback

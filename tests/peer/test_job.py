@@ -302,6 +302,10 @@ class TestFailures:
                 start(peers=2, init={})
             with pytest.raises(ConfigError, match="at least one peer, got 0"):
                 start(peers=0, init=init())
+            # before: TypeError "cannot store a numpy array of dtype object" from simulate,
+            # a RemoteError from a peer on a cluster
+            with pytest.raises(ConfigError, match=r"init\['w0'\] is an array of dtype object"):
+                start(peers=2, init={**init(), "w0": np.array([1, "a"], dtype=object)})
 
     def test_a_stop_that_returns_none_fails_the_job(self) -> None:
         # before: None is false, so every peer ran until the run's timeout
