@@ -129,10 +129,7 @@ class PeerRunner:
         """A node operation this runner started has finished."""
         eff = Effects()
         if self.barrier.owns(done.op_id):
-            decision, more = self.barrier.on_done(done, now)
-            eff.extend(more)
-            if decision is not None:
-                self._decided(decision, now, eff)
+            self._barrier(lambda: self.barrier.on_done(done, now), now, eff)
             return eff
         then = self._ops.pop(done.op_id, None)
         if then is not None:
@@ -270,10 +267,7 @@ class PeerRunner:
 
     def _check_early(self, now: float, eff: Effects) -> None:
         if self.phase == Phase.WORKING and not self.barrier.is_checking:
-            decision, more = self.barrier.check(self.step + 1, now)
-            eff.extend(more)
-            if decision is not None:
-                self._decided(decision, now, eff)
+            self._barrier(lambda: self.barrier.check(self.step + 1, now), now, eff)
 
     def _push(self, name: str, now: float, eff: Effects) -> None:
         def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
@@ -325,7 +319,16 @@ class PeerRunner:
         # else: the check started with the pushes is still waiting for PONGs
 
     def _check_barrier(self, now: float, eff: Effects) -> None:
-        decision, more = self.barrier.check(self.step, now)
+        self._barrier(lambda: self.barrier.check(self.step, now), now, eff)
+
+    def _barrier(self, check: Callable[[], tuple[Decision | None, Effects]], now: float,
+                 eff: Effects) -> None:
+        """Run a step of a barrier check; act on its decision, if it made one."""
+        try:
+            decision, more = check()
+        except Exception as exc:  # a custom policy's decide is user code: the peer fails with
+            self._fail(exc)       # it, as with any callback, rather than its handler dying and
+            return                # the run hanging until its timeout_s
         eff.extend(more)
         if decision is not None:
             self._decided(decision, now, eff)

@@ -115,6 +115,10 @@ def wrong_shape_push(ctx, values):
     return {"w": np.zeros(pb.D + 1)}
 
 
+def failing_barrier(me_step, view):
+    raise ZeroDivisionError("no view")
+
+
 def failing_pull(store, updates):
     raise KeyError("no such layer")
 
@@ -182,6 +186,20 @@ class TestBadInput:
         with pytest.raises(RemoteError, match="pull raised KeyError.*no such layer.*shard 0"):
             run.result()
         assert np.array_equal(run.model["w"], np.ones(pb.D))
+        self._assert_clean(cluster, run)
+
+    def test_a_barrier_that_raises(self, cluster):
+        # before: a bare "ZeroDivisionError: division by zero", naming neither the callback
+        # nor the worker
+        job = _job(BSP())
+        job.register_barrier(failing_barrier)
+        job.register_stop(pb.StepStop(10))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(RemoteError, match=r"barrier raised ZeroDivisionError: no view on "
+                                              r"server shard 0, deciding for worker w-") as info:
+            run.result()
+        assert info.value.remote_type == "engines.param.errors.CallbackError"
+        assert "failing_barrier" in info.value.remote_traceback
         self._assert_clean(cluster, run)
 
     def test_a_second_run_of_a_running_job_is_refused_in_plain_words(self, cluster):

@@ -8,6 +8,7 @@ import pytest
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.ids import NodeId
 from engines.param.errors import CallbackError, UpdateError
+from engines.param.job import FunctionBarrier
 from engines.param.kinds import Join, Push, Status
 from engines.param.server import CheckpointDue
 from tests.param.harness import Sim, go, make_core
@@ -141,6 +142,19 @@ class TestUpdates:
             core.push(A, Push(1, {"w": np.ones(2)}, 1, 0.1))
         assert isinstance(info.value.__cause__, ZeroDivisionError)
         assert np.array_equal(core.model()["w"], np.zeros(2)) and core.store.get("w")[1] == 0
+
+    def test_a_barrier_that_raises_is_reported_as_a_callback_error(self):
+        # before: the bare ZeroDivisionError, saying neither callback nor worker
+        def barrier(me_step, view):
+            if me_step >= 1:
+                raise ZeroDivisionError("boom")
+            return True
+        core = make_core(FunctionBarrier(barrier), [A, B])
+        _start(core, A, B)                 # the start barrier decides at step 0
+        with pytest.raises(CallbackError, match="barrier raised ZeroDivisionError: boom on "
+                                                "server shard 0, deciding for worker a") as info:
+            core.push(A, Push(1, {"w": np.ones(2)}, 1, 0.1))
+        assert isinstance(info.value.__cause__, ZeroDivisionError)
 
     def test_stored_arrays_are_read_only(self):
         core = make_core(ASP(), [A])

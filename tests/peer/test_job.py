@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actorpy.barrier import ASP, BSP, PSP, SSP, Policy
+from actorpy.barrier import ASP, BSP, PSP, SSP, Decision, Policy
 from actorpy.errors import RemoteError
 from engines.peer import Job, OwnerStore, PeerContext, SimRun
 from engines.peer.kademlia.ids import key_id
@@ -47,6 +47,13 @@ def linreg(barrier: Policy, steps: int, lr: float = 0.05, seed: int = 3) -> Job:
 
     job.register_stop(lambda ctx: ctx.step >= steps)
     return job
+
+
+class FailingPolicy:
+    """A custom barrier policy whose ``decide`` raises."""
+
+    def decide(self, me_step: int, view: object) -> Decision:
+        raise ZeroDivisionError("no view")
 
 
 def init() -> dict[str, np.ndarray]:
@@ -222,6 +229,14 @@ class TestMembership:
 
 
 class TestFailures:
+    def test_a_barrier_that_raises_surfaces_as_a_remote_error(self) -> None:
+        # before: the bare exception came out of the simulator (and on a cluster the
+        # peer's handler died with it: tests/peer/test_shell.py)
+        job = linreg(FailingPolicy(), steps=5)
+        with pytest.raises(RemoteError, match="ZeroDivisionError: no view") as info:
+            run(job, peers=3, max_s=60)
+        assert info.value.node_id.startswith("n") and "in decide" in info.value.remote_traceback
+
     def test_a_failing_pull_surfaces_as_a_remote_error(self) -> None:
         job = linreg(ASP(), steps=5)
 
