@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -89,6 +90,13 @@ class Run:
         if options.batch < 1 or options.checkpoint_every < 0:
             raise ConfigError(f"need batch >= 1 and checkpoint_every >= 0, got batch="
                               f"{options.batch} and checkpoint_every={options.checkpoint_every}")
+        factor = options.straggler_factor
+        if factor is not None and not (isinstance(factor, numbers.Real) and 1 < factor < math.inf):
+            # 0 used to turn the policy off without a word (it is false), NaN to fail on the
+            # shard: None is the way to say "off"
+            raise ConfigError(f"straggler_factor={factor!r}: it must be a finite number > 1 (a "
+                              "worker whose time per sample stays above this many times the "
+                              "others' median is released), or None for no straggler policy")
         if options.resume and options.checkpoint_dir is None:
             raise ConfigError("resume=True needs checkpoint_dir=")
         self.init = init

@@ -187,7 +187,8 @@ class Job:
             batch: each worker's batch size (``ctx.batch_size``); with ``balance``, the
                 mean batch.
             straggler_factor: release a worker whose time per sample stays above this
-                many times the others' median for ``straggler_patience`` steps in a row
+                many times the others' median (a finite number > 1; None, the default: no
+                release) for ``straggler_patience`` steps in a row
                 (default 100: on a loaded machine a handful of slow steps in a row happen
                 to a healthy worker, and a patience of 5 released one in bench runs).
             workers: the workers to use (default: all, and any that join later).

@@ -112,7 +112,7 @@ class ServerCore:
                          random.Random(config.seed * 1_000_003 + config.shard))
         self._balancer = Balancer(config.batch) if config.balance and coordinator else None
         self._stragglers = (StragglerWatch(config.straggler_factor, config.straggler_patience)
-                            if config.straggler_factor and coordinator else None)
+                            if config.straggler_factor is not None and coordinator else None)
         self._expected = set(config.expected)
         self.started = not self._expected
         self.held: dict[NodeId, int] = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from engines.param import checkpoint
 from tests.param import problems as pb
 
 SEED = 11
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -303,9 +306,21 @@ class TestBadInput:
                 job.run(cluster, init={"w": np.zeros(2)}, timeout_s=timeout)  # inf: traceback
         # before: "need a finite timeout_s > 0 (got 600.0), batch >= 1 and checkpoint_every
         # >= 0", the one value shown not the one at fault
-        for bad in ({"batch": 0}, {"checkpoint_every": -1}):
+        # straggler_factor=0 turned the policy off without a word; NaN failed on the shard
+        for bad in ({"batch": 0}, {"checkpoint_every": -1}, {"straggler_factor": 0},
+                    {"straggler_factor": -1.0}, {"straggler_factor": float("nan")},
+                    {"straggler_factor": float("inf")}):
             with pytest.raises(actorpy.ConfigError, match=f"{next(iter(bad))}="
                                                           f"{next(iter(bad.values()))}"):
                 job.run(cluster, init={"w": np.zeros(2)}, **bad)
         with pytest.raises(actorpy.ConfigError, match="seed must be an int >= 0, got -1"):
             param.Job("x", seed=-1)   # before: numpy's ValueError on every worker
+
+    def test_the_bench_release_factor_flag_refuses_what_the_engine_refuses(self):
+        # before: -1 and NaN were taken (the runs with the policy then failed one by one,
+        # after the ones without it); 0 still means "no runs with the policy"
+        for bad in ("-1", "nan", "0.5"):
+            out = subprocess.run([sys.executable, "bench/ps.py", "--release-factor", bad],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert out.returncode == 2, out.stderr
+            assert "--release-factor: must be a finite number > 1, or 0" in out.stderr

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
+from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
 from engines.param.errors import CallbackError, UpdateError
 from engines.param.job import FunctionBarrier
@@ -302,6 +303,10 @@ class TestTuning:
             assert np.allclose(core.store.get("w")[0], w - 0.1 * grad(w, np.arange(128)))
             assert sum(batches.values()) == 128 and sum(before.values()) == 128
         assert batches[A] == pytest.approx(100, abs=2)   # 96, and 4 for B's fixed 16 ms
+
+    def test_a_straggler_factor_of_zero_is_refused_not_taken_as_off(self):
+        with pytest.raises(ConfigError, match="factor > 1"):
+            make_core(SSP(staleness=2), [A, B], straggler_factor=0)
 
     def test_persistent_straggler_is_released_and_not_taken_back(self):
         core = make_core(SSP(staleness=2), [A, B, C], straggler_factor=3.0,
