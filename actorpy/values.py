@@ -9,6 +9,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from actorpy.errors import ConfigError
+
 _BYTES = (bytes, bytearray, memoryview)
 
 
@@ -41,6 +43,36 @@ def fits(value: Any, like: Any) -> bool:
     fam = family(value)
     return (fam is not None and fam == family(like) and tuple(value.shape) == tuple(like.shape)
             and value.dtype == like.dtype)
+
+
+def check_model(init: Mapping[str, Any], *, bytes_ok: bool = False) -> None:
+    """Refuse, before a job starts, a model the engines cannot keep: a key that is not a
+    str, a value that is not a numpy array or torch tensor (or bytes, with ``bytes_ok``),
+    or an array of Python objects (``np.array([1, "a"], dtype=object)``, a ragged list made
+    an array). An object array travels only pickled (never on the zero-copy path, and not
+    at all on the P2P overlay), a checkpoint cannot hold it, and it failed later, deep in a
+    worker, as an update that did not fit the model.
+
+    Raises:
+        ConfigError: naming the key and what its value is.
+
+    >>> check_model({"w": np.array([1, "a"], dtype=object)})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    actorpy.errors.ConfigError: init['w'] is an array of dtype object (Python objects): ...
+    """
+    for key, value in init.items():
+        fam = family(value)
+        if not isinstance(key, str) or (fam is None and not (bytes_ok
+                                                             and isinstance(value, _BYTES))):
+            raise ConfigError(f"init[{key!r}] is {describe(value)}: keys are strings and values "
+                              "numpy arrays or torch tensors" + (" or bytes" if bytes_ok else ""))
+        if fam == "numpy" and value.dtype.hasobject:
+            raise ConfigError(f"init[{key!r}] is an array of dtype {value.dtype} (Python "
+                              "objects): values must be numeric arrays, e.g. np.asarray(value, "
+                              "dtype=np.float64); pad a ragged list, or give each row its own "
+                              "key")
+
 
 #: A model at most this big may be served on its node's I/O thread while its service is idle
 #: (``Service.quick_kinds``: one thread hand-off less per update): the PS engine's shard and

@@ -371,6 +371,21 @@ def _row(name: str, result: tuple, extra: str = "") -> None:
           f" {err:>8.4f}  {extra}", flush=True)
 
 
+def _release_factor(text: str) -> float | None:
+    """``--release-factor``: a finite number > 1 (the engine's straggler_factor), or 0 (None:
+    no runs with the straggler policy); checked here, not at the first run that uses it."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value == 0:
+        return None
+    if not 1 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 1, or 0 for no runs with "
+                                         f"the straggler policy; got {text}")
+    return value
+
+
 def _key(name: str) -> str:
     """A row's name for ``--only``: "pSSP" for "pSSP(1,4)" and "pSSP(1,4), release at 2x"."""
     return name.split("(")[0].split(",")[0]
@@ -397,9 +412,9 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="ROW,...", help="run only these Job A rows (of BSP, ASP, "
                         "pSSP, DSSP, LB-BSP; BSP and ASP bring their plain PS), with and "
                         "without the straggler, and nothing else")
-    parser.add_argument("--release-factor", type=float, default=2.0,
+    parser.add_argument("--release-factor", type=_release_factor, default=2.0,
                         help="also run pSSP, DSSP and LB-BSP with the engine's straggler "
-                        "policy (straggler_factor=; 0: not)")
+                        "policy (straggler_factor=, a number > 1; 0: not)")
     parser.add_argument("--release-patience", type=int, default=100,
                         help="the straggler policy's straggler_patience (pushes in a row)")
     parser.add_argument("--server-node", action="store_true",
@@ -426,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     # released without the straggler).
     runs: list[tuple[str, Any, float | None]] = [
         (name, barrier, None) for name, barrier in barriers + [("LB-BSP", BSP())]]
-    if args.release_factor:
+    if args.release_factor is not None:
         tag = f", release at {args.release_factor:g}x"
         runs += [(name + tag, barrier, args.release_factor) for name, barrier, _ in runs
                  if _key(name) in ("pSSP", "DSSP", "LB-BSP")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, RemoteError
 from actorpy.ids import NodeId
-from actorpy.values import family
+from actorpy.values import check_model
 from engines.param.errors import CheckpointError
 from engines.param.kinds import ParamKind
 from engines.param.server import Callbacks, ShardConfig
@@ -83,15 +84,19 @@ class Run:
         self.job, self.cluster, self.options = job, cluster, options
         if not init:
             raise ConfigError("init must name at least one key")
-        for key, value in init.items():
-            if not isinstance(key, str) or family(value) is None:
-                raise ConfigError(f"init[{key!r}]: keys are strings and values numpy arrays or "
-                                  "torch tensors")
+        check_model(init)
         if not 0 < options.timeout_s < math.inf:
             raise ConfigError(f"need a finite timeout_s > 0, got {options.timeout_s}")
         if options.batch < 1 or options.checkpoint_every < 0:
             raise ConfigError(f"need batch >= 1 and checkpoint_every >= 0, got batch="
                               f"{options.batch} and checkpoint_every={options.checkpoint_every}")
+        factor = options.straggler_factor
+        if factor is not None and not (isinstance(factor, numbers.Real) and 1 < factor < math.inf):
+            # 0 used to turn the policy off without a word (it is false), NaN to fail on the
+            # shard: None is the way to say "off"
+            raise ConfigError(f"straggler_factor={factor!r}: it must be a finite number > 1 (a "
+                              "worker whose time per sample stays above this many times the "
+                              "others' median is released), or None for no straggler policy")
         if options.resume and options.checkpoint_dir is None:
             raise ConfigError("resume=True needs checkpoint_dir=")
         self.init = init

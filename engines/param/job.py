@@ -34,7 +34,7 @@ from engines.param.worker import DataContext, WorkerContext
 F = TypeVar("F", bound=Callable[..., Any])
 
 Schedule = Callable[[Store, list[NodeId]], Mapping[NodeId, Sequence[str]]]
-PushFn = Callable[[WorkerContext, dict[str, Any]], "dict[str, Any] | None"]
+PushFn = Callable[[WorkerContext, dict[str, Any]], dict[str, Any]]
 PullFn = Callable[[Store, dict[str, Any]], None]
 StopFn = Callable[[Store], bool]
 BarrierFn = Callable[[int, Any], "bool | Decision"]
@@ -107,7 +107,8 @@ class Job:
 
     def register_push(self, fn: F) -> F:
         """Worker: ``fn(ctx: WorkerContext, values) -> {key: update}`` (same type, shape
-        and dtype as the values)."""
+        and dtype as the values); ``{}``: no update this step. None (a missing ``return``)
+        fails the job."""
         self.push = fn
         return fn
 
@@ -126,7 +127,7 @@ class Job:
 
     def register_stop(self, fn: F) -> F:
         """Server: ``fn(store) -> bool``, checked after each pull (and after a step whose
-        push returned no update, which runs no pull); True ends the job. With
+        push returned ``{}``, which runs no pull); True ends the job. With
         several shards each shard checks it, and a shard that does not hold a key the
         function reads does not vote."""
         self.stop = fn
@@ -176,7 +177,8 @@ class Job:
             servers: server shards; keys are spread over them by a stable hash.
             timeout_s: the whole job's time limit.
             checkpoint_dir: where shards save model and clocks (atomically); a lost shard
-                is restarted from it on another worker.
+                is restarted from it on another worker. A shard that cannot write there
+                refuses to start (``ConfigError``), resumed or not.
             checkpoint_every: pulls between checkpoints (0: only at start and end).
             resume: start from the checkpoint in ``checkpoint_dir`` (refused if missing,
                 corrupt or foreign).
@@ -185,7 +187,8 @@ class Job:
             batch: each worker's batch size (``ctx.batch_size``); with ``balance``, the
                 mean batch.
             straggler_factor: release a worker whose time per sample stays above this
-                many times the others' median for ``straggler_patience`` steps in a row
+                many times the others' median (a finite number > 1; None, the default: no
+                release) for ``straggler_patience`` steps in a row
                 (default 100: on a loaded machine a handful of slow steps in a row happen
                 to a healthy worker, and a patience of 5 released one in bench runs).
             workers: the workers to use (default: all, and any that join later).

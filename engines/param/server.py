@@ -112,7 +112,7 @@ class ServerCore:
                          random.Random(config.seed * 1_000_003 + config.shard))
         self._balancer = Balancer(config.batch) if config.balance and coordinator else None
         self._stragglers = (StragglerWatch(config.straggler_factor, config.straggler_patience)
-                            if config.straggler_factor and coordinator else None)
+                            if config.straggler_factor is not None and coordinator else None)
         self._expected = set(config.expected)
         self.started = not self._expected
         self.held: dict[NodeId, int] = {}
@@ -188,7 +188,10 @@ class ServerCore:
                 self._remove(w)
                 self._recheck(flush=True)
                 return self._flush_out()
-        advance = self.gate.on_push(w, push.step, self._clock.now(), self.progress.steps)
+        try:
+            advance = self.gate.on_push(w, push.step, self._clock.now(), self.progress.steps)
+        except Exception as exc:
+            raise self._barrier_failed(exc, w) from exc
         self._recheck(flush=True, first=w if advance else None)
         self._halt_if_reached()
         return self._flush_out()
@@ -281,8 +284,13 @@ class ServerCore:
             return
         steps = self.progress.steps
         ready = [first] if first is not None else []
-        ready += [w for w in sorted(self.held)
-                  if w != first and self.gate.recheck(w, self.held[w], steps)]
+        w = first
+        try:
+            for w in sorted(self.held):
+                if w != first and self.gate.recheck(w, self.held[w], steps):
+                    ready.append(w)
+        except Exception as exc:
+            raise self._barrier_failed(exc, w) from exc
         if ready:
             self._release(ready, flush)
 
@@ -388,6 +396,12 @@ class ServerCore:
             raise CallbackError(f"stop returned None on server shard {self.config.shard}; it "
                                 "must return True (stop) or False (go on)")
         return bool(answer)
+
+    def _barrier_failed(self, exc: Exception, worker: NodeId | None) -> CallbackError:
+        """A custom barrier (``register_barrier``, or a policy of the user's) raised while
+        deciding for ``worker``: reported as the other server callbacks' failures are."""
+        return CallbackError(f"barrier raised {type(exc).__name__}: {exc} on server shard "
+                             f"{self.config.shard}, deciding for worker {worker}")
 
     def _call(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:

@@ -87,9 +87,10 @@ class ShardService(Service):
                                               shards=c.shards, like=values))
             log.info("shard %d of %s resumed from %s at step %d", c.shard, c.job, self._path,
                      self.core.progress.base_step)
-        elif self._path is not None:   # the file on disk always belongs to this run
-            # A shard that cannot write it refuses to start: a run that asked for
-            # checkpoints must not learn that it has none when a shard is lost.
+        if self._path is not None:   # the file on disk always belongs to this run
+            # A shard that cannot write it refuses to start, resumed or not: a run that asked
+            # for checkpoints must not learn that it has none when a shard is lost. (Resumed,
+            # it writes back the model and clocks it just read.)
             try:
                 self._write(self.core.snapshot())
             except OSError as exc:

@@ -83,7 +83,7 @@ class WorkerResult:
 class WorkerTask:
     """The task the driver sends to each worker (``run(ctx)`` is called there)."""
 
-    push: Callable[[WorkerContext, dict[str, Any]], dict[str, Any] | None]
+    push: Callable[[WorkerContext, dict[str, Any]], dict[str, Any]]
     data: Callable[[DataContext], Any] | None
     shards: tuple[Any, ...]          # ServiceRef per shard
     key_map: dict[str, int]
@@ -144,7 +144,10 @@ class _Loop:
             if batch is not None:   # LB-BSP: the coordinator's new batch for this worker
                 wctx.batch_size = batch
             started = clock()
-            updates = push(wctx, values) or {}
+            updates = push(wctx, values)
+            if updates is None:   # a missing `return`: a step with no update would hide it
+                raise TypeError(f"push on worker {me} returned None; return a dict of key -> "
+                                "update, or {} for no update this step")
             compute_s = clock() - started
             wctx.step += 1
             if shards == 1:   # every key (an unknown one too, which the shard refuses)

@@ -16,7 +16,7 @@ import numpy as np
 
 from actorpy.barrier import ASP, Policy
 from actorpy.errors import ConfigError
-from actorpy.values import describe, fits
+from actorpy.values import check_model, describe, fits
 
 
 class Timer(IntEnum):
@@ -125,15 +125,17 @@ Stop = Callable[[PeerContext], bool]
 
 def check_run(peers: int, init: Mapping[str, Any]) -> None:
     """What every run of a job needs: a peer, and a model with a key (with none, a
-    ``schedule`` naming a key waited for it until the run's timeout).
+    ``schedule`` naming a key waited for it until the run's timeout) that the overlay can
+    store (``actorpy.values.check_model``, as the PS engine checks its ``init``).
 
     Raises:
-        ConfigError: no peer, or an empty ``init``.
+        ConfigError: no peer, an empty ``init``, or a value of it the overlay cannot store.
     """
     if peers < 1:
         raise ConfigError(f"a P2P job needs at least one peer, got {peers}")
     if not init:
         raise ConfigError("init must name at least one key")
+    check_model(init, bytes_ok=True)
 
 
 def _no_pull(store: OwnerStore, updates: dict[str, Any]) -> None:

@@ -111,7 +111,8 @@ class Job:
         return fn
 
     def register_push(self, fn: F) -> F:
-        """``push(ctx, values) -> {key: update}``: runs on every peer each step."""
+        """``push(ctx, values) -> {key: update}``: runs on every peer each step; ``{}``:
+        no update this step. None (a missing ``return``) fails the job."""
         self._push = fn
         return fn
 

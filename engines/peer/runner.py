@@ -129,10 +129,7 @@ class PeerRunner:
         """A node operation this runner started has finished."""
         eff = Effects()
         if self.barrier.owns(done.op_id):
-            decision, more = self.barrier.on_done(done, now)
-            eff.extend(more)
-            if decision is not None:
-                self._decided(decision, now, eff)
+            self._barrier(lambda: self.barrier.on_done(done, now), now, eff)
             return eff
         then = self._ops.pop(done.op_id, None)
         if then is not None:
@@ -240,7 +237,8 @@ class PeerRunner:
             return
         values = {k: self.values[k][0] for k in self._keys}
         try:
-            self._updates = _checked(self.spec.push(self._ctx(), values), values)
+            self._updates = _checked(self.spec.push(self._ctx(), values), values,
+                                     self.node.address)
         except Exception as exc:  # user code: report it, as a task failure would be
             self._fail(exc)
             return
@@ -269,10 +267,7 @@ class PeerRunner:
 
     def _check_early(self, now: float, eff: Effects) -> None:
         if self.phase == Phase.WORKING and not self.barrier.is_checking:
-            decision, more = self.barrier.check(self.step + 1, now)
-            eff.extend(more)
-            if decision is not None:
-                self._decided(decision, now, eff)
+            self._barrier(lambda: self.barrier.check(self.step + 1, now), now, eff)
 
     def _push(self, name: str, now: float, eff: Effects) -> None:
         def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
@@ -324,7 +319,16 @@ class PeerRunner:
         # else: the check started with the pushes is still waiting for PONGs
 
     def _check_barrier(self, now: float, eff: Effects) -> None:
-        decision, more = self.barrier.check(self.step, now)
+        self._barrier(lambda: self.barrier.check(self.step, now), now, eff)
+
+    def _barrier(self, check: Callable[[], tuple[Decision | None, Effects]], now: float,
+                 eff: Effects) -> None:
+        """Run a step of a barrier check; act on its decision, if it made one."""
+        try:
+            decision, more = check()
+        except Exception as exc:  # a custom policy's decide is user code: the peer fails with
+            self._fail(exc)       # it, as with any callback, rather than its handler dying and
+            return                # the run hanging until its timeout_s
         eff.extend(more)
         if decision is not None:
             self._decided(decision, now, eff)
@@ -445,15 +449,20 @@ class PeerRunner:
                        replied, eff)
 
 
-def _checked(updates: Any, values: dict[str, Any]) -> dict[str, Any]:
-    """``push``'s answer, checked before anything is sent: a dict with an update for some
-    of this step's keys, each of the type, shape and dtype of the value pushed from.
+def _checked(updates: Any, values: dict[str, Any], peer: str) -> dict[str, Any]:
+    """``push``'s answer on ``peer``, checked before anything is sent: a dict with an update
+    for some of this step's keys (``{}``: none this step), each of the type, shape and dtype
+    of the value pushed from.
 
     Raises:
-        TypeError: not a dict, or an update that does not fit its key.
+        TypeError: not a dict (None: a missing ``return``), or an update that does not fit
+            its key.
         KeyError: an update for a key this step did not schedule (its owner could not
             take it: it would be retried forever).
     """
+    if updates is None:
+        raise TypeError(f"push on peer {peer} returned None; return a dict of key -> update, "
+                        "or {} for no update this step")
     if not isinstance(updates, Mapping):
         raise TypeError(f"push returned {type(updates).__name__}; it must return a dict of "
                         "key -> update")

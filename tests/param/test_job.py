@@ -4,6 +4,9 @@ input fails cleanly."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from engines.param import checkpoint
 from tests.param import problems as pb
 
 SEED = 11
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +118,10 @@ def wrong_shape_push(ctx, values):
     return {"w": np.zeros(pb.D + 1)}
 
 
+def failing_barrier(me_step, view):
+    raise ZeroDivisionError("no view")
+
+
 def failing_pull(store, updates):
     raise KeyError("no such layer")
 
@@ -135,6 +143,29 @@ class TestBadInput:
         assert "failing_push" in err.remote_traceback and "bad batch" in str(err)
         assert isinstance(err.__cause__, ZeroDivisionError)
         self._assert_clean(cluster, run)
+
+    def test_a_push_that_returns_none_is_a_clear_error(self, cluster):
+        # before: None was taken as no update, so a push missing its `return` trained
+        # nothing and the run ended as if it had worked
+        job = _job(BSP())
+        job.register_push(lambda ctx, values: None)
+        job.register_stop(pb.StepStop(3))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(RemoteError, match=r"TypeError: push on worker w-\w+ returned None; "
+                                              r"return a dict of key -> update, or \{\} for "
+                                              "no update this step") as info:
+            run.result()
+        assert info.value.node_id in cluster.workers()
+        assert info.value.node_id in info.value.remote_message
+        self._assert_clean(cluster, run)
+
+    def test_a_push_that_returns_an_empty_dict_is_a_step_without_update(self, cluster):
+        job = _job(BSP())
+        job.register_push(lambda ctx, values: {})
+        job.register_stop(pb.StepStop(3))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        assert np.array_equal(run.result()["w"], np.ones(pb.D))
+        assert run.stats.steps_per_worker == [3, 3] and run.stats.updates == 0
 
     def test_update_of_the_wrong_shape(self, cluster):
         job = _job(BSP())
@@ -158,6 +189,20 @@ class TestBadInput:
         with pytest.raises(RemoteError, match="pull raised KeyError.*no such layer.*shard 0"):
             run.result()
         assert np.array_equal(run.model["w"], np.ones(pb.D))
+        self._assert_clean(cluster, run)
+
+    def test_a_barrier_that_raises(self, cluster):
+        # before: a bare "ZeroDivisionError: division by zero", naming neither the callback
+        # nor the worker
+        job = _job(BSP())
+        job.register_barrier(failing_barrier)
+        job.register_stop(pb.StepStop(10))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(RemoteError, match=r"barrier raised ZeroDivisionError: no view on "
+                                              r"server shard 0, deciding for worker w-") as info:
+            run.result()
+        assert info.value.remote_type == "engines.param.errors.CallbackError"
+        assert "failing_barrier" in info.value.remote_traceback
         self._assert_clean(cluster, run)
 
     def test_a_second_run_of_a_running_job_is_refused_in_plain_words(self, cluster):
@@ -221,6 +266,25 @@ class TestBadInput:
                     timeout_s=30)
         assert os.listdir(tmp_path) == ["lin.shard0of1.npz"]   # no temporary file left
 
+    def test_a_checkpoint_dir_it_cannot_write_is_refused_on_resume_too(self, cluster, tmp_path):
+        # Before, a resumed shard read its checkpoint, then logged an ERROR at every save and
+        # trained with none.
+        job = _job(BSP())
+        job.register_stop(pb.StepStop(2))
+        job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path), timeout_s=30)
+        path = checkpoint.path_for(str(tmp_path), "lin", 0, 1)
+        saved = open(path, "rb").read()
+        # root writes through any mode bits (tests may run as root): what stops a save here
+        # is a directory where each process would put its temporary file.
+        for pid in cluster.local.pids():
+            os.mkdir(f"{os.path.dirname(path)}/.{os.path.basename(path)}.{pid}.tmp")
+        job.register_stop(pb.StepStop(4))
+        words = re.escape(f"checkpoint_dir '{tmp_path}': shard 0 cannot write {path}")
+        with pytest.raises(actorpy.ConfigError, match=words):
+            job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path),
+                    resume=True, timeout_s=30)
+        assert open(path, "rb").read() == saved
+
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")
         with pytest.raises(actorpy.ConfigError, match="register_push and register_pull"):
@@ -232,14 +296,31 @@ class TestBadInput:
         job.register_stop(pb.StepStop(1))
         with pytest.raises(actorpy.ConfigError, match="numpy arrays or torch tensors"):
             job.run(cluster, init={"w": [0.0, 1.0]})
+        # before: taken, then every worker's first update did not fit "a object array"
+        for bad in (np.array([1, "a"], dtype=object), np.array([[1.0, 2.0], [3.0]], dtype=object)):
+            with pytest.raises(actorpy.ConfigError, match=r"init\['b'\] is an array of dtype "
+                                                          r"object \(Python objects\)"):
+                job.run(cluster, init={"w": np.zeros(2), "b": bad})
         for timeout in (float("nan"), float("inf")):   # before: nan waited "nan s", then
             with pytest.raises(actorpy.ConfigError, match="finite timeout_s"):  # failed;
                 job.run(cluster, init={"w": np.zeros(2)}, timeout_s=timeout)  # inf: traceback
         # before: "need a finite timeout_s > 0 (got 600.0), batch >= 1 and checkpoint_every
         # >= 0", the one value shown not the one at fault
-        for bad in ({"batch": 0}, {"checkpoint_every": -1}):
+        # straggler_factor=0 turned the policy off without a word; NaN failed on the shard
+        for bad in ({"batch": 0}, {"checkpoint_every": -1}, {"straggler_factor": 0},
+                    {"straggler_factor": -1.0}, {"straggler_factor": float("nan")},
+                    {"straggler_factor": float("inf")}):
             with pytest.raises(actorpy.ConfigError, match=f"{next(iter(bad))}="
                                                           f"{next(iter(bad.values()))}"):
                 job.run(cluster, init={"w": np.zeros(2)}, **bad)
         with pytest.raises(actorpy.ConfigError, match="seed must be an int >= 0, got -1"):
             param.Job("x", seed=-1)   # before: numpy's ValueError on every worker
+
+    def test_the_bench_release_factor_flag_refuses_what_the_engine_refuses(self):
+        # before: -1 and NaN were taken (the runs with the policy then failed one by one,
+        # after the ones without it); 0 still means "no runs with the policy"
+        for bad in ("-1", "nan", "0.5"):
+            out = subprocess.run([sys.executable, "bench/ps.py", "--release-factor", bad],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert out.returncode == 2, out.stderr
+            assert "--release-factor: must be a finite number > 1, or 0" in out.stderr

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
+from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
 from engines.param.errors import CallbackError, UpdateError
+from engines.param.job import FunctionBarrier
 from engines.param.kinds import Join, Push, Status
 from engines.param.server import CheckpointDue
 from tests.param.harness import Sim, go, make_core
@@ -141,6 +143,19 @@ class TestUpdates:
             core.push(A, Push(1, {"w": np.ones(2)}, 1, 0.1))
         assert isinstance(info.value.__cause__, ZeroDivisionError)
         assert np.array_equal(core.model()["w"], np.zeros(2)) and core.store.get("w")[1] == 0
+
+    def test_a_barrier_that_raises_is_reported_as_a_callback_error(self):
+        # before: the bare ZeroDivisionError, saying neither callback nor worker
+        def barrier(me_step, view):
+            if me_step >= 1:
+                raise ZeroDivisionError("boom")
+            return True
+        core = make_core(FunctionBarrier(barrier), [A, B])
+        _start(core, A, B)                 # the start barrier decides at step 0
+        with pytest.raises(CallbackError, match="barrier raised ZeroDivisionError: boom on "
+                                                "server shard 0, deciding for worker a") as info:
+            core.push(A, Push(1, {"w": np.ones(2)}, 1, 0.1))
+        assert isinstance(info.value.__cause__, ZeroDivisionError)
 
     def test_stored_arrays_are_read_only(self):
         core = make_core(ASP(), [A])
@@ -288,6 +303,10 @@ class TestTuning:
             assert np.allclose(core.store.get("w")[0], w - 0.1 * grad(w, np.arange(128)))
             assert sum(batches.values()) == 128 and sum(before.values()) == 128
         assert batches[A] == pytest.approx(100, abs=2)   # 96, and 4 for B's fixed 16 ms
+
+    def test_a_straggler_factor_of_zero_is_refused_not_taken_as_off(self):
+        with pytest.raises(ConfigError, match="factor > 1"):
+            make_core(SSP(staleness=2), [A, B], straggler_factor=0)
 
     def test_persistent_straggler_is_released_and_not_taken_back(self):
         core = make_core(SSP(staleness=2), [A, B, C], straggler_factor=3.0,

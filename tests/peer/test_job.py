@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actorpy.barrier import ASP, BSP, PSP, SSP, Policy
+from actorpy.barrier import ASP, BSP, PSP, SSP, Decision, Policy
 from actorpy.errors import RemoteError
 from engines.peer import Job, OwnerStore, PeerContext, SimRun
 from engines.peer.kademlia.ids import key_id
@@ -47,6 +47,13 @@ def linreg(barrier: Policy, steps: int, lr: float = 0.05, seed: int = 3) -> Job:
 
     job.register_stop(lambda ctx: ctx.step >= steps)
     return job
+
+
+class FailingPolicy:
+    """A custom barrier policy whose ``decide`` raises."""
+
+    def decide(self, me_step: int, view: object) -> Decision:
+        raise ZeroDivisionError("no view")
 
 
 def init() -> dict[str, np.ndarray]:
@@ -222,6 +229,14 @@ class TestMembership:
 
 
 class TestFailures:
+    def test_a_barrier_that_raises_surfaces_as_a_remote_error(self) -> None:
+        # before: the bare exception came out of the simulator (and on a cluster the
+        # peer's handler died with it: tests/peer/test_shell.py)
+        job = linreg(FailingPolicy(), steps=5)
+        with pytest.raises(RemoteError, match="ZeroDivisionError: no view") as info:
+            run(job, peers=3, max_s=60)
+        assert info.value.node_id.startswith("n") and "in decide" in info.value.remote_traceback
+
     def test_a_failing_pull_surfaces_as_a_remote_error(self) -> None:
         job = linreg(ASP(), steps=5)
 
@@ -233,7 +248,8 @@ class TestFailures:
             run(job, peers=3)
 
     @pytest.mark.parametrize("bad, error", [
-        (lambda ctx, values: None, "push returned NoneType; it must return a dict"),
+        (lambda ctx, values: None, r"push on peer n\d+ returned None; return a dict of key "
+                                   r"-> update, or \{\} for no update this step"),
         (lambda ctx, values: {"nokey": np.ones(4)}, "update for 'nokey', which is not one"),
         (lambda ctx, values: {"w0": np.ones(7)}, "shape \\(7,\\), where the model holds a "
                                                  "float64 array of shape \\(4,\\)"),
@@ -248,6 +264,13 @@ class TestFailures:
         job.register_push(bad)
         with pytest.raises(RemoteError, match=error):
             run(job, peers=3, max_s=60)
+
+    def test_a_push_that_returns_an_empty_dict_is_a_step_without_update(self) -> None:
+        job = linreg(ASP(), steps=5)
+        job.register_push(lambda ctx, values: {})
+        _, result = run(job, peers=3, max_s=60)
+        assert set(result.steps.values()) == {5} and result.updates == 0
+        assert all(np.array_equal(result.model[n], v) for n, v in init().items())
 
     @pytest.mark.parametrize("bad, error", [
         (lambda ctx: ["nokey"], "schedule named 'nokey', which is not a key of the model"),
@@ -294,6 +317,10 @@ class TestFailures:
                 start(peers=2, init={})
             with pytest.raises(ConfigError, match="at least one peer, got 0"):
                 start(peers=0, init=init())
+            # before: TypeError "cannot store a numpy array of dtype object" from simulate,
+            # a RemoteError from a peer on a cluster
+            with pytest.raises(ConfigError, match=r"init\['w0'\] is an array of dtype object"):
+                start(peers=2, init={**init(), "w0": np.array([1, "a"], dtype=object)})
 
     def test_a_stop_that_returns_none_fails_the_job(self) -> None:
         # before: None is false, so every peer ran until the run's timeout

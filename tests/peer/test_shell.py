@@ -14,7 +14,7 @@ import pytest
 
 import actorpy
 from actorpy.barrier import ASP, PSP
-from actorpy.errors import ActorpyError, ActorpyTimeout
+from actorpy.errors import ActorpyError, ActorpyTimeout, RemoteError
 from engines import peer
 from engines.peer.cluster_run import start_peers
 from engines.peer.kademlia import rpc
@@ -24,7 +24,7 @@ from engines.peer.kademlia.messages import Ping
 from actorpy.runtime.service import handles
 from engines.peer.shell import PeerKind, PeerService, address_of, ref_of, wire_payload
 from tests.conftest import wait_until
-from tests.peer.test_job import NAMES, init, linreg, shard, weight_error
+from tests.peer.test_job import NAMES, FailingPolicy, init, linreg, shard, weight_error
 
 CONFIG = KademliaConfig(rpc_timeout_s=0.5, replica_check_s=0.3, replication=3,
                         refresh_on_join=False)
@@ -246,6 +246,17 @@ def test_a_push_that_hangs_ends_the_job_at_its_timeout(cluster):
     with pytest.raises(ActorpyTimeout, match="did not answer within the job's timeout_s=1.5"):
         job.run(cluster, peers=1, init={"w": np.zeros(2)}, timeout_s=1.5)
     assert time.monotonic() - started < 8.0   # the peer's leave waits for the push
+
+
+def test_a_barrier_that_raises_fails_the_job_at_once(cluster):
+    # before: the peer's overlay handler died with the exception, the peer stayed at its
+    # barrier and the job ended at its timeout_s (ActorpyTimeout, 30 s here)
+    job = linreg(FailingPolicy(), steps=5)
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match="ZeroDivisionError: no view") as info:
+        job.run(cluster, peers=2, init=init(), data=shard, timeout_s=30)
+    assert "in decide" in info.value.remote_traceback
+    assert time.monotonic() - started < 20
 
 
 def test_a_pull_that_hangs_ends_the_job_soon_after_its_timeout():
