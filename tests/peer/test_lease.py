@@ -244,3 +244,11 @@ def test_a_killed_drivers_job_ends_on_the_peers_and_the_next_job_runs(secret_fil
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_bad_driver_lease_is_a_one_line_error(secret_file):
+    out = subprocess.run([sys.executable, "-m", "actorpy", "peer", "--bind", "tcp://127.0.0.1:0",
+                          "--secret-file", secret_file, "--driver-lease", "0"],
+                         capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert out.returncode == 2 and "--driver-lease must be" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
