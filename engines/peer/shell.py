@@ -374,11 +374,13 @@ class PeerService(Service):
                 and runner.phase not in (Phase.DONE, Phase.FAILED):
             gone = self._driver_gone(asker=env.sender)
             if gone is None:
+                down = dialer.node.link_down_for(self._driver) or 0.0
+                state = f"its connection down for {down:.1f} s, the job ends " \
+                        f"{self.lease_s - down:.1f} s from now" if down else "connected"
                 raise ActorpyError(
                     f"peer {self.address} is running job {runner.spec.name!r} for another "
-                    f"driver ({self._driver}); submit this one once that one has ended (a "
-                    f"job whose driver is gone ends {self.lease_s:g} s after its connection "
-                    "dropped)")
+                    f"driver ({self._driver}: {state}); submit this one once that one has "
+                    f"ended (a driver gone for {self.lease_s:g} s loses its job)")
             self._end_leased(runner, gone)
         if config.ksize != node.config.ksize:
             raise ActorpyError(f"this overlay runs with ksize={node.config.ksize}, the job "

@@ -124,7 +124,7 @@ class TestLeaseInProcess:
             try:
                 _submit(first, _refs(first), run=21)
                 refs = _refs(second)
-                with pytest.raises(RemoteError, match="for another driver"):
+                with pytest.raises(RemoteError, match=r"for another driver \(d-\w+: connected"):
                     _submit(second, refs, run=22)      # the first one holds its lease
                 driver = first.node.node_id
                 with caplog.at_level(logging.WARNING, logger="engines.peer.shell"):
