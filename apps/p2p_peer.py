@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from actorpy.errors import ActorpyError, ConfigError, ProtocolError
 from actorpy.runtime.address import security_for
 from engines.peer.dialer import check_endpoint
+from engines.peer.shell import DRIVER_LEASE_S
 from engines.peer.standalone import StandalonePeer, zmq_bind
 
 
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="the host other peers dial, if not the bound one")
     parser.add_argument("--timeout", type=float, default=10.0,
                         help="seconds the bootstrap peer may take to answer (default 10)")
+    parser.add_argument("--driver-lease", type=float, default=DRIVER_LEASE_S, metavar="S",
+                        help="end a job once its driver has been unreachable this many "
+                             f"seconds (killed, stopped, cut off; default {DRIVER_LEASE_S:g})")
     return parser
 
 
@@ -57,8 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "or leave it out for the first peer")
     if not args.timeout > 0:
         raise ConfigError("--timeout must be a positive number of seconds")
+    if not 0 < args.driver_lease < float("inf"):
+        raise ConfigError("--driver-lease must be a positive number of seconds")
     security = security_for(args.bind, secret_file=args.secret_file)
-    peer = StandalonePeer(args.bind, security, host=args.host, bootstrap=args.bootstrap)
+    peer = StandalonePeer(args.bind, security, host=args.host, bootstrap=args.bootstrap,
+                          lease_s=args.driver_lease)
     stopped = threading.Event()
     try:
         contacts = peer.join(args.bootstrap, args.timeout) if args.bootstrap else 0

@@ -6,7 +6,9 @@ their routing tables until no new peer turns up, and then runs the job as ``Job.
 does on a cluster (``ClusterRun``), except that the peers are already there: each gets the
 job (cloudpickled, sent only to authenticated members) with its index, and at the end is
 told the job is over instead of being stopped. No manager anywhere: a peer that does not
-answer within a few seconds is taken as gone.
+answer within a few seconds is taken as gone, and the peers hold the job for this client's
+node only while their links to it are up (``shell.DRIVER_LEASE_S``): a driver killed
+mid-run loses its job within the lease, and a busy one keeps it.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from .shell import PeerKind
 
 log = logging.getLogger(__name__)
 
-#: a peer's link down this long, or a call unanswered this long: the peer is gone
+#: a peer's link down this long, or a call unanswered this long: the peer is gone (the
+#: peers' lease on this driver, ``shell.DRIVER_LEASE_S``, is longer)
 GONE_S = 1.5
 ANSWER_S = 5.0
 

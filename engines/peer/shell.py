@@ -17,11 +17,15 @@ drives one ``Peer`` (its Kademlia node and, in a job, its runner).
   it was. An unsolicited answer (mostly one after its RPC timeout) is only counted.
 - The driver's control kinds (``INFO``, ``JOIN``, ``SET``, ``GET``, ``START``, ``STATUS``,
   ``LEAVE``) are requests answered when the node's operation is ``Done`` (deferred replies).
+- A standalone peer's job is leased to its driver (``DRIVER_LEASE_S``). The renewal is the
+  peer's link to the driver staying up: libzmq's heartbeats on it, which no Python thread
+  of either side has to run, so a driver busy for seconds keeps its job and the training
+  loop sends nothing more. A driver gone for the lease (SIGKILL, Ctrl-C between JOB and
+  START) loses its job: the peer drops the runner, logs one WARNING and takes the next JOB.
 """
 from __future__ import annotations
 
 import logging
-import math
 import random
 import threading
 from enum import IntEnum
@@ -91,10 +95,15 @@ def ref_of(address: str) -> ServiceRef:
 ANSWER_KINDS = frozenset().union(*REPLY_KINDS.values())
 
 
-#: How long a job handed to a standalone peer (JOB) and not started yet is held for its
-#: driver, which seeds the model and starts every peer meanwhile; then another job may take
-#: the peer (the driver may have died between JOB and START).
-JOB_CLAIM_S = 60.0
+#: A standalone peer's job is leased to its driver (the sender of its JOB), from JOB to END:
+#: the lease holds while the peer's link to the driver is up, and lapses once that link has
+#: been down this long (a killed driver's at once, a stopped or cut off one's after the ZMTP
+#: ping timeout); the peer then ends the job on its own. Twice the driver's own patience
+#: with a peer (``overlay_run.GONE_S``): a peer drops its job only after its driver has
+#: given up on it.
+DRIVER_LEASE_S = 3.0
+#: how many times per lease a peer looks at its driver's link (the bound is lease * 7/6)
+LEASE_CHECKS = 6
 
 
 def _is_answer(wire: Any) -> bool:
@@ -120,12 +129,14 @@ class PeerService(Service):
         data: ``data(index)`` -> what the runner finds in ``ctx.data``.
         dialer: a standalone peer's endpoint book (no manager): overlay casts then carry
             endpoint hints, and go only to nodes whose endpoint is known.
+        lease_s: a standalone peer ends its job once its link to the job's driver has been
+            down this long (see ``DRIVER_LEASE_S``).
     """
 
     def __init__(self, ctx: ServiceContext, config: KademliaConfig, seed: int = 0,
                  index: int = 0, spec: JobSpec | None = None,
                  data: Callable[[int], Any] | None = None, *,
-                 dialer: Dialer | None = None) -> None:
+                 dialer: Dialer | None = None, lease_s: float = DRIVER_LEASE_S) -> None:
         super().__init__(ctx)
         self.clock = ctx.clock
         self.address = address_of(ctx.ref)
@@ -140,10 +151,11 @@ class PeerService(Service):
         self.late = 0           # unsolicited answers (mostly after their rpc timeout)
         self.dialer = dialer
         self.unreachable = 0    # overlay sends dropped: no endpoint known (standalone)
+        self.lease_s = lease_s
+        self._driver = NodeId("")               # who sent the JOB of the current runner
         self._waiting: dict[int, tuple[Reply, Callable[[Done], Any]]] = {}
         self._timers = TimerHeap(ctx, self.clock.now, self._due)
         self._thread = threading.get_ident()    # the service's own (it constructs us)
-        self._job_at = -math.inf                # when JOB installed the current runner
         self._set_quick(spec)
         self.perform(node.start(self.clock.now()))
 
@@ -344,29 +356,43 @@ class PeerService(Service):
 
     @handles(PeerKind.JOB)
     def job(self, payload: tuple[JobSpec, KademliaConfig, int, Any], env: Envelope) -> int:
-        """Run this job next: the overlay's store starts empty for it (its keys get clock 0
-        again), the node takes the job's overlay settings (same ``ksize``)."""
+        """Run this job next, leased to its sender: the overlay's store starts empty for it
+        (its keys get clock 0 again), the node takes the job's overlay settings (same
+        ``ksize``)."""
         spec, config, index, data = payload
+        dialer = self._dialer()
         node = self.peer.node
         runner = self.peer.runner
-        now = self.clock.now()
-        # Another run's job, running or handed here and not started yet, keeps the peer: a
-        # second driver would drop its model and take over its runner.
-        if runner is not None and runner.spec.run != spec.run and (
-                runner.phase not in (Phase.DONE, Phase.FAILED, Phase.IDLE)
-                or runner.phase == Phase.IDLE and now - self._job_at < JOB_CLAIM_S):
-            raise ActorpyError(f"peer {self.address} is running job {runner.spec.name!r} for "
-                               "another driver; submit this one once that one has ended")
+        if dialer.node.link_down_for(env.sender) is None:
+            raise ActorpyError(f"peer {self.address} does not know where driver {env.sender} "
+                               "listens, so it could not tell when it is gone: a driver says "
+                               "hello first (OverlayClient.members)")
+        # Another run's job, running or handed here and not started yet, keeps the peer
+        # while its driver holds the lease: a second driver would drop its model and take
+        # over its runner.
+        if runner is not None and runner.spec.run != spec.run \
+                and runner.phase not in (Phase.DONE, Phase.FAILED):
+            gone = self._driver_gone(asker=env.sender)
+            if gone is None:
+                down = dialer.node.link_down_for(self._driver) or 0.0
+                state = f"its connection down for {down:.1f} s, the job ends " \
+                        f"{self.lease_s - down:.1f} s from now" if down else "connected"
+                raise ActorpyError(
+                    f"peer {self.address} is running job {runner.spec.name!r} for another "
+                    f"driver ({self._driver}: {state}); submit this one once that one has "
+                    f"ended (a driver gone for {self.lease_s:g} s loses its job)")
+            self._end_leased(runner, gone)
         if config.ksize != node.config.ksize:
             raise ActorpyError(f"this overlay runs with ksize={node.config.ksize}, the job "
                                f"asks for {config.ksize}")
         node.config = config
         for key in node.storage.keys():
             node.storage.drop(key)
-        self.peer.runner = PeerRunner(spec, node, index,
-                                      data(index) if data is not None else None)
-        self._job_at = now
+        runner = self.peer.runner = PeerRunner(spec, node, index,
+                                               data(index) if data is not None else None)
+        self._driver = env.sender
         self._set_quick(spec)
+        self.ctx.schedule(self.lease_s / LEASE_CHECKS, self._check_lease, runner)
         return len(node.routing.contacts())
 
     @handles(PeerKind.END)
@@ -378,6 +404,46 @@ class PeerService(Service):
         self.peer.runner = None
         self._set_quick(None)
         return True
+
+    def _driver_gone(self, asker: NodeId | None = None) -> str | None:
+        """Why the current job's driver has lost its lease, or None while it holds it.
+
+        ``asker``: a driver asking for the peer. One now listening at the holder's endpoint
+        took over its port, so the holder is dead (the link, redialled, is up to the new one).
+        """
+        dialer = self._dialer()
+        down = dialer.node.link_down_for(self._driver)
+        if down is None:
+            return "its connection is not watched any more"   # forgotten: down for long
+        if down > self.lease_s:
+            return f"its connection has been down for {down:.1f} s"
+        endpoint = dialer.endpoint_of(self._driver)
+        if asker is not None and asker != self._driver and endpoint is not None \
+                and dialer.endpoint_of(asker) == endpoint:
+            return f"driver {asker} now listens at its endpoint {endpoint}"
+        return None
+
+    def _check_lease(self, runner: PeerRunner) -> None:
+        """A timer, every ``lease_s / LEASE_CHECKS`` while ``runner`` is the peer's job."""
+        if runner is not self.peer.runner:
+            return   # ended (END, or another job took the peer)
+        gone = self._driver_gone()
+        if gone is None:
+            self.ctx.schedule(self.lease_s / LEASE_CHECKS, self._check_lease, runner)
+        else:
+            self._end_leased(runner, gone)
+
+    def _end_leased(self, runner: PeerRunner, why: str) -> None:
+        """End the job of a driver that lost its lease (``why``): the peer is free again."""
+        if runner.phase in (Phase.DONE, Phase.FAILED):
+            log.info("peer %s dropped the ended job %r of driver %s: %s", self.address,
+                     runner.spec.name, self._driver, why)
+        else:
+            log.warning("peer %s ended job %r (run %x) on its own: its driver %s is gone "
+                        "(%s; lease %g s)", self.address, runner.spec.name, runner.spec.run,
+                        self._driver, why, self.lease_s)
+        self.peer.runner = None
+        self._set_quick(None)
 
     def _dialer(self) -> Dialer:
         if self.dialer is None:

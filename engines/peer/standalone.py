@@ -9,10 +9,12 @@ Its node authenticates with CURVE like every node of a multi-host cluster (every
 derives the same key from the cluster secret), but no manager tells it who is where:
 members are learned by endpoint (``dialer.Dialer``), and a dead peer is noticed by the
 overlay itself (its PINGs and rpc timeouts), as in the simulator. ``actorpy peer`` (the
-``apps.p2p_peer`` app) runs one; ``Job.run_overlay`` submits a job to such peers.
+``apps.p2p_peer`` app) runs one; ``Job.run_overlay`` submits a job to such peers. A job is
+leased to its driver: gone for ``lease_s`` (``shell.DRIVER_LEASE_S``), it loses the job.
 """
 from __future__ import annotations
 
+import math
 import os
 import random
 from typing import Any
@@ -28,7 +30,7 @@ from actorpy.wire.auth import Security
 from .dialer import FORGET_AFTER_S, HELLO_SERVICE, PEER_SERVICE, Dialer, check_endpoint
 from .job import TRAINING_OVERLAY
 from .kademlia.events import KademliaConfig
-from .shell import PeerKind, PeerService
+from .shell import DRIVER_LEASE_S, PeerKind, PeerService
 
 #: the overlay settings a standalone peer starts with (a job brings its own, same ksize)
 STANDALONE_OVERLAY = KademliaConfig(**{**TRAINING_OVERLAY, "rpc_timeout_s": 0.5,
@@ -85,13 +87,18 @@ class StandalonePeer:
         overlay: the overlay's settings until a job brings its own.
         config: the node's wire settings (default: from the environment).
         forget_after_s: forget a peer whose connection has been down this long.
+        lease_s: end a job once the connection to its driver has been down this long.
     """
 
     def __init__(self, bind: str, security: Security, *, host: str | None = None,
                  bootstrap: str | None = None,
                  overlay: KademliaConfig = STANDALONE_OVERLAY,
                  config: Config | None = None,
-                 forget_after_s: float = FORGET_AFTER_S) -> None:
+                 forget_after_s: float = FORGET_AFTER_S,
+                 lease_s: float = DRIVER_LEASE_S) -> None:
+        if not 0 < lease_s < math.inf:
+            raise ConfigError(f"the driver lease must be a finite number of seconds > 0, "
+                              f"not {lease_s}")
         config = config or Config.from_env()
         rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self.node_id: NodeId = new_node_id(rng, "p")
@@ -108,7 +115,7 @@ class StandalonePeer:
         self.host = ServiceHost(self.node, config, None, max_services=HELLO_SERVICE - 1,
                                 names=False)
         spec = (PeerService, (overlay, rng.getrandbits(32), 0, None, None),
-                {"dialer": self.dialer}, "")
+                {"dialer": self.dialer, "lease_s": lease_s}, "")
         self.ref = self.host.start_local(spec, self.node_id).result(CALL_S)
         if self.ref.service != PEER_SERVICE:
             raise ActorpyError(f"the peer service got id {self.ref.service}, not "
