@@ -200,16 +200,24 @@ class Dialer:
         pending: dict[str, tuple[NodeId, int, threading.Event, list[Any]]] = {}
         out: dict[str, Welcome | BaseException] = {}
         aliases: list[NodeId] = []
+        with self._lock:
+            linked = {e: n for n, e in self._endpoints.items() if n != self.node.node_id}
         try:
             for address in addresses:
                 token = next(self._tokens)
-                alias = NodeId(f"?{token & 0xFFFFFFFFFFFF:x}"[:NODE_ID_BYTES])
                 event, box = threading.Event(), [address]
                 self._waiting[token] = (event, box)
-                pending[address] = (alias, token, event, box)
-                aliases.append(alias)
-                self.node.add_peer(alias, address, "hello", watch=True)
-                self.node.send(alias, PEER_SERVICE, int(PeerKind.HELLO), (token, self.endpoint),
+                # An address we already have a link to is asked over that link: a second
+                # connection from this node would take the peer's route to us over (ZeroMQ
+                # hands an identity to its newest connection), and closing it afterwards
+                # left the peer no route back: every later answer to us was lost.
+                via = linked.get(address)
+                if via is None:
+                    via = NodeId(f"?{token & 0xFFFFFFFFFFFF:x}"[:NODE_ID_BYTES])
+                    aliases.append(via)
+                    self.node.add_peer(via, address, "hello", watch=True)
+                pending[address] = (via, token, event, box)
+                self.node.send(via, PEER_SERVICE, int(PeerKind.HELLO), (token, self.endpoint),
                                from_service=HELLO_SERVICE)
             deadline = time.monotonic() + timeout_s
             while pending:

@@ -66,6 +66,14 @@ class TestJoining:
         assert found[0].endpoint == overlay[2].endpoint
         assert {m.node_id for m in found} == {p.node_id for p in overlay}
 
+    def test_a_client_asks_again_and_finds_every_peer_again(self, overlay):
+        # a second hello used to open a second connection to the same peer, which took the
+        # peer's route to the client over and then closed: every later answer was lost
+        with OverlayClient(overlay[0].endpoint, secret=SECRET, answer_s=2.0) as client:
+            for _ in range(3):
+                found = client.members()
+                assert {m.node_id for m in found} == {p.node_id for p in overlay}
+
 
 class TestJob:
     def test_a_job_submitted_to_the_overlay_trains_to_the_target(self, overlay):
