@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from apps import kmeans
 
@@ -30,3 +31,12 @@ def test_more_partitions_than_points(capsys):
                             "--workers", "1", "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         assert len(report["centres"]) == 5 and np.isfinite(report["inertia"])
+
+
+def test_more_centres_than_fit_is_refused_not_a_hang(capsys):
+    # 60 centres 8 apart do not fit in [-20, 20]^2: the generator used to draw for ever
+    with pytest.raises(SystemExit) as exit_:
+        kmeans.main(["--k", "60", "--points", "2000", "--dim", "2", "--workers", "1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "room for only" in err and "--dim" in err and "Traceback" not in err
