@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             or args.points < args.k:
         parser.error("--k, --points, --dim, --partitions, --iterations must be >= 1 "
                      "and --points >= --k")
+    if args.seed < 0:  # numpy seeds only with a non-negative int
+        parser.error(f"--seed must be an int >= 0, got {args.seed}")
     try:
         points, true = make_points(args.k, args.points, args.dim, args.seed)
     except ValueError as exc:

@@ -40,3 +40,10 @@ def test_more_centres_than_fit_is_refused_not_a_hang(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "room for only" in err and "--dim" in err and "Traceback" not in err
+
+
+def test_negative_seed_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        kmeans.main(["--seed", "-1", "--workers", "1"])
+    assert exit_.value.code == 2
+    assert "--seed must be an int >= 0, got -1" in capsys.readouterr().err
