@@ -116,8 +116,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     node = Node(node_id, node_bind(args.manager, node_id), security, linger_ms=0).start()
     try:
         node.add_peer(MANAGER_ID, args.manager, "manager", watch=True)
+        # a lock's wait takes at most TIMEOUT_MAX (~292 years), past it an OverflowError
         rows = node.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": node.address},
-                         timeout_s=args.timeout_s, what="status")
+                         timeout_s=min(args.timeout_s, threading.TIMEOUT_MAX), what="status")
     except AuthError as exc:
         print(f"actorpy status: {exc}", file=sys.stderr)
         return 1

@@ -145,6 +145,10 @@ def test_status_and_tcp_cluster_with_secret(tcp_manager):
     assert "2 alive, 0 gone" in out.stdout
     for w in workers:
         assert str(w.pid) in out.stdout
+    # a timeout past what a lock can wait for is "no limit", not an OverflowError
+    out = _cli("status", "--manager", address, "--secret-file", str(secret_file),
+               "--timeout-s", "1e10")
+    assert out.returncode == 0 and "2 alive" in out.stdout, out.stderr
 
     with actorpy.connect(address, secret_file=str(secret_file)) as cluster:
         assert len(cluster.workers()) == 2
