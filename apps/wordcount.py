@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         apputil.print_json(counts)
         return 0
+    if hasattr(sys.stdout, "reconfigure"):  # a word an ASCII or latin-1 stdout cannot
+        sys.stdout.reconfigure(errors="backslashreplace")  # encode is printed escaped
     for line in format_top(counts, args.top):
         print(line)
     print(f"{sum(counts.values()):,} words, {len(counts):,} distinct, in {seconds:.2f} s")

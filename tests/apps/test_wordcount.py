@@ -50,6 +50,20 @@ def test_table_and_missing_input(tmp_path):
         assert wrong.returncode == 2 and "must be a finite number > 0" in wrong.stderr
 
 
+def test_table_on_a_stdout_that_cannot_encode_the_words(tmp_path):
+    (tmp_path / "t.txt").write_text("日本 日本 naïve\n", encoding="utf-8")
+    for flags in ([], ["--json"]):
+        out = subprocess.run([sys.executable, "-m", "actorpy", "wordcount", "--workers", "1",
+                              *flags, str(tmp_path)], capture_output=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": ROOT, "PYTHONIOENCODING": "ascii"})
+        assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr
+        text = out.stdout.decode("ascii")
+        if flags:
+            assert json.loads(text) == {"日本": 2, "naïve": 1}
+        else:
+            assert "\\u65e5\\u672c" in text and "na\\xefve" in text
+
+
 def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
     (tmp_path / "bad.txt").write_bytes("Café bar\nfo".encode() + b"\xff" + "o cafÉ\n".encode())
     strict = _run("--workers", "1", str(tmp_path / "bad.txt"))
