@@ -102,6 +102,21 @@ def test_cli_refuses_a_secret_file_other_users_can_read(tmp_path):
         assert f"chmod 600 {secret_file}" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_manager_refuses_an_ipc_path_another_manager_serves(tmp_path):
+    address = f"ipc://{tmp_path}/m.sock"
+    first = subprocess.Popen([PY, "-m", "actorpy", "manager", "--bind", address],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip().endswith(address)
+        out = _cli("manager", "--bind", address)
+        assert out.returncode == 2 and "another process listens there" in out.stderr, out.stderr
+        assert _cli("status", "--manager", address).returncode == 0  # still the first's
+    finally:
+        first.terminate()
+        first.wait(10)
+        first.stdout.close()
+
+
 def test_manager_refuses_tcp_without_secret():
     env = {k: v for k, v in os.environ.items() if k != "ACTORPY_SECRET"}
     out = subprocess.run([PY, "-m", "actorpy", "manager", "--bind", "tcp://127.0.0.1:0"],
