@@ -118,7 +118,7 @@ class TestCLI:
         (["--compare", "ssp:x"], "integers"), (["--barrier", "pbsp", "--staleness", "3"], "pssp"),
         (["--sweep-sample", "1", "2"], "--barrier pbsp"), (["--bounds", "--lag-cdf", "2"], "F(r)"),
         (["--dist", "exp", "--mean", "-1"], "--mean"), (["--seconds", "inf"], "finite"),
-        (["--mean", "inf"], "finite"),
+        (["--mean", "inf"], "finite"), (["--seed", "-1"], "--seed must be an int >= 0"),
         (["--workers", "5", "--seconds", "5", "--plot", "/nonexistent-dir/x.png"], "no directory"),
         (["--workers", "5", "--seconds", "5", "--plot", "steps.txt"], "no .txt files")])
     def test_bad_arguments_exit_2_with_a_message(self, capsys, argv, message):
