@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import time
+import unicodedata
 from collections import Counter
 from itertools import chain
 from typing import Any, Iterable, Iterator, Sequence
@@ -85,12 +86,21 @@ def word_counts(cluster: Any, paths: Sequence[str], *, timeout_s: float = 3600.0
             .reduce_by_key_locally(operator.add, timeout_s=timeout_s, progress=progress))
 
 
+def columns(word: str) -> int:
+    """Terminal columns ``word`` takes: none for a combining mark, two for a wide (CJK,
+    emoji) character, one for any other."""
+    return sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in word)
+
+
 def format_top(counts: dict[str, int], k: int) -> list[str]:
-    """The ``k`` most frequent words as table lines (ties broken alphabetically)."""
+    """The ``k`` most frequent words as table lines (ties broken alphabetically), the
+    counts aligned in a terminal whatever columns the words take."""
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
-    width = max([len(w) for w, _ in top] + [4])
+    width = max([columns(w) for w, _ in top] + [4])
     lines = [f"{'rank':>4}  {'word':<{width}}  {'count':>10}"]
-    lines += [f"{i:>4}  {w:<{width}}  {n:>10,}" for i, (w, n) in enumerate(top, 1)]
+    lines += [f"{i:>4}  {w}{' ' * (width - columns(w))}  {n:>10,}"
+              for i, (w, n) in enumerate(top, 1)]
     return lines
 
 

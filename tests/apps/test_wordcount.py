@@ -76,6 +76,13 @@ def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
     assert json.loads(replaced.stdout) == {"café": 2, "bar": 1, "fo\ufffdo": 1}
 
 
+def test_table_columns_line_up_for_wide_and_combining_characters():
+    lines = wordcount.format_top({"日本": 3, "cafe\u0301": 2, "😀": 2, "naïve": 1}, 10)
+    ends = {wordcount.columns(line) for line in lines}
+    assert len(ends) == 1, lines  # every count ends in the same terminal column
+    assert wordcount.columns("e\u0301日😀") == 5
+
+
 def test_partition_counter_matches_split_then_lower():
     lines = ["İstanbul ǅemal ŉ ΣΑΣ", "a\u2028b", "x\u00a0y"]
     got = dict(wordcount.count_partition(iter(lines)))
