@@ -91,6 +91,11 @@ def test_cli_refuses_bad_input_without_a_traceback(args, message):
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
+def test_an_unknown_log_level_is_said_not_ignored():
+    out = _cli("--log-level", "DEBG", "secret")
+    assert out.returncode == 0 and "unknown log level 'DEBG'" in out.stderr, out.stderr
+
+
 def test_cli_refuses_a_secret_file_other_users_can_read(tmp_path):
     secret_file = tmp_path / "cluster.secret"
     secret_file.write_text("a-secret-long-enough-0123\n")
