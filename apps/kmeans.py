@@ -18,6 +18,7 @@ import numpy as np
 
 from actorpy import apputil
 from actorpy.errors import ActorpyError
+from apps.training import check_memory
 from engines import mapre
 
 
@@ -137,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                      "and --points >= --k")
     if args.seed < 0:  # numpy seeds only with a non-negative int
         parser.error(f"--seed must be an int >= 0, got {args.seed}")
+    # the driver makes the points (three arrays of them at the peak, and the labels); an
+    # embedded cluster's workers hold a copy too
+    check_memory(args.points * (8 + 8 * args.dim * (3 if args.manager else 4)),
+                 "--points and --dim")
     try:
         points, true = make_points(args.k, args.points, args.dim, args.seed)
     except ValueError as exc:

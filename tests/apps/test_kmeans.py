@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from actorpy.errors import ConfigError
 from apps import kmeans
 
 
@@ -47,3 +48,10 @@ def test_negative_seed_is_a_usage_error(capsys):
         kmeans.main(["--seed", "-1", "--workers", "1"])
     assert exit_.value.code == 2
     assert "--seed must be an int >= 0, got -1" in capsys.readouterr().err
+
+
+def test_points_beyond_the_memory_available_are_refused_before_making_them(capsys):
+    # numpy refuses this size itself; sizes just over what is free are allocated, then
+    # filled until the OOM killer ends some process
+    with pytest.raises(ConfigError, match="--points and --dim need about"):
+        kmeans.main(["--points", str(10**12), "--dim", "2", "--workers", "1"])
