@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from actorpy import apputil
-from actorpy.errors import ActorpyError
+from actorpy.errors import ActorpyError, ConfigError
 from apps.training import check_memory
 from engines import mapre
 
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         with apputil.connect_from_args(args) as cluster:
             result = kmeans(cluster, points, args.k, partitions=args.partitions,
                             iterations=args.iterations, seed=args.seed)
+    except ConfigError:  # bad flags: the command line says so with status 2, as for sgd
+        raise
     except ActorpyError as exc:
         print(f"actorpy kmeans: {apputil.error_line(exc)}", file=sys.stderr)
         return 1

@@ -22,7 +22,7 @@ from itertools import chain
 from typing import Any, Iterable, Iterator, Sequence
 
 from actorpy import apputil
-from actorpy.errors import ActorpyError
+from actorpy.errors import ActorpyError, ConfigError
 from engines import mapre
 
 #: Splits no smaller than this (the default of ``mapre.load``) ...
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         with apputil.connect_from_args(args) as cluster:
             counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s,
                                  errors=args.errors)
+    except ConfigError:  # bad flags: the command line says so with status 2, as for sgd
+        raise
     except ActorpyError as exc:
         bad = exc.__cause__ if isinstance(exc.__cause__, mapre.InputDecodeError) else None
         line = (f"{bad.path}: byte offset {bad.offset} is not valid UTF-8; fix the file, or "

@@ -43,7 +43,7 @@ def test_table_and_missing_input(tmp_path):
     missing = _run("--workers", "1", str(tmp_path / "nope*.txt"))
     assert missing.returncode == 1 and "nope*.txt" in missing.stderr
     many = _run("--workers", "1000", str(tmp_path))  # took a minute, then failed
-    assert many.returncode == 1 and "at most 256 workers, not 1000" in many.stderr
+    assert many.returncode == 2 and "at most 256 workers, not 1000" in many.stderr
     assert len(many.stderr.splitlines()) == 1
     for bad in ("nan", "-5"):  # NaN never timed out
         wrong = _run("--timeout-s", bad, str(tmp_path))
@@ -62,6 +62,16 @@ def test_table_on_a_stdout_that_cannot_encode_the_words(tmp_path):
             assert json.loads(text) == {"日本": 2, "naïve": 1}
         else:
             assert "\\u65e5\\u672c" in text and "na\\xefve" in text
+
+
+def test_bad_cluster_flags_are_a_usage_error(tmp_path):
+    (tmp_path / "t.txt").write_text("x\n", encoding="utf-8")
+    for app in ("wordcount", "kmeans"):
+        out = subprocess.run([sys.executable, "-m", "actorpy", app, "--secret-file", "s",
+                              *([str(tmp_path)] if app == "wordcount" else [])],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": ROOT})
+        assert out.returncode == 2 and "--secret-file goes with --manager" in out.stderr, out
 
 
 def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
