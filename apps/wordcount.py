@@ -93,10 +93,20 @@ def columns(word: str) -> int:
                2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in word)
 
 
+def shown(word: str) -> str:
+    """``word`` with its control characters escaped (ESC as ``\\x1b``): a file's words
+    must not drive the terminal that prints them (set its title, clear it, move the
+    cursor over other lines)."""
+    if word.isprintable():
+        return word
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(c) == "Cc" else c for c in word)
+
+
 def format_top(counts: dict[str, int], k: int) -> list[str]:
     """The ``k`` most frequent words as table lines (ties broken alphabetically), the
     counts aligned in a terminal whatever columns the words take."""
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+    top = [(shown(w), n) for w, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
     width = max([columns(w) for w, _ in top] + [4])
     lines = [f"{'rank':>4}  {'word':<{width}}  {'count':>10}"]
     lines += [f"{i:>4}  {w}{' ' * (width - columns(w))}  {n:>10,}"

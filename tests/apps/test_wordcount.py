@@ -93,6 +93,12 @@ def test_table_columns_line_up_for_wide_and_combining_characters():
     assert wordcount.columns("e\u0301日😀") == 5
 
 
+def test_table_escapes_control_characters():
+    lines = wordcount.format_top({"\x1b]0;owned\x07": 2, "a\u200db": 1}, 10)
+    assert "\\x1b]0;owned\\x07" in lines[1] and "\x1b" not in "".join(lines)
+    assert "a\u200db" in lines[2]  # a zero-width joiner (emoji sequences) is not a control
+
+
 def test_partition_counter_matches_split_then_lower():
     lines = ["İstanbul ǅemal ŉ ΣΑΣ", "a\u2028b", "x\u00a0y"]
     got = dict(wordcount.count_partition(iter(lines)))
