@@ -84,8 +84,14 @@ def print_json(value: Any, out: TextIO | None = None) -> None:
     try:
         text = _dumps(value)
     except ValueError:
-        text = _dumps(_finite(value))
-    out.write(text)
+        value = _finite(value)
+        text = _dumps(value)
+    try:
+        out.write(text)
+    except UnicodeEncodeError:
+        # a stream that cannot encode every character (stdout in an ASCII or cp1252
+        # locale): the same JSON with \u escapes, which any encoding writes
+        out.write(json.dumps(value, allow_nan=False))
     out.write("\n")
     out.flush()
 

@@ -116,8 +116,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     node = Node(node_id, node_bind(args.manager, node_id), security, linger_ms=0).start()
     try:
         node.add_peer(MANAGER_ID, args.manager, "manager", watch=True)
+        # a lock's wait takes at most TIMEOUT_MAX (~292 years), past it an OverflowError
         rows = node.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, {"address": node.address},
-                         timeout_s=args.timeout_s, what="status")
+                         timeout_s=min(args.timeout_s, threading.TIMEOUT_MAX), what="status")
     except AuthError as exc:
         print(f"actorpy status: {exc}", file=sys.stderr)
         return 1
@@ -140,7 +141,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_secret(args: argparse.Namespace) -> int:
-    if args.out:
+    if args.out is not None:  # `--out "$UNSET"` must not print the secret for all to see
         auth.write_secret_file(args.out, auth.generate_secret())
         print(f"wrote a fresh cluster secret to {args.out} (mode 600); copy it to every "
               "machine keeping that mode (e.g. `scp -p`)", file=sys.stderr)

@@ -13,6 +13,10 @@ from typing import Any, Mapping
 from actorpy.errors import ConfigError
 
 
+#: Task slots a worker may offer; the manager ignores a registration with more.
+MAX_TASK_THREADS = 4096
+
+
 @dataclass(frozen=True)
 class Config:
     """Runtime settings. Every field can be set as ``ACTORPY_<FIELD>`` (upper case).
@@ -97,6 +101,9 @@ class Config:
         chunk = min(64 << 20, self.max_frame_bytes) if self.chunk_bytes is None else self.chunk_bytes
         if self.task_threads < 1 or chunk < 1 or self.max_frame_bytes < chunk:
             raise ConfigError("need task_threads >= 1 and 1 <= chunk_bytes <= max_frame_bytes")
+        if self.task_threads > MAX_TASK_THREADS:  # the manager would ignore its registration
+            raise ConfigError(f"task_threads (--threads) must be at most {MAX_TASK_THREADS}, "
+                              f"got {self.task_threads}")
         if min(self.service_inbox_items, self.service_inbox_bytes, self.stream_window_items,
                self.stream_window_bytes) < 1:
             raise ConfigError("service_inbox_* and stream_window_* must be >= 1")

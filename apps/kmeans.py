@@ -17,20 +17,36 @@ from typing import Any
 import numpy as np
 
 from actorpy import apputil
-from actorpy.errors import ActorpyError
+from actorpy.errors import ActorpyError, ConfigError
+from apps.training import check_memory
 from engines import mapre
+
+
+#: Draws in a row that may miss a place for the next centre before ``make_points`` gives up:
+#: 20 centres in 2-D, the most that fit in practice, needed up to 8.5k; 25 never fit (~1 s).
+MAX_MISSES = 100_000
 
 
 def make_points(k: int, points: int, dim: int, seed: int,
                 spread: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """``points`` rows around ``k`` centres at least 8 apart (in shuffled order), and the
-    centres."""
+    centres.
+
+    Raises:
+        ValueError: ``k`` centres 8 apart do not fit in ``[-20, 20] ** dim``.
+    """
     rng = np.random.default_rng(seed)
     centres: list[np.ndarray] = []
+    misses = 0
     while len(centres) < k:
         c = rng.uniform(-20, 20, dim)
-        if all(np.linalg.norm(c - o) >= 8 for o in centres):
+        if not centres or np.linalg.norm(np.array(centres) - c, axis=1).min() >= 8:
             centres.append(c)
+            misses = 0
+        elif (misses := misses + 1) >= MAX_MISSES:
+            raise ValueError(f"found room for only {len(centres)} centres 8 apart in "
+                             f"[-20, 20]^{dim}, not {k}: ask for fewer (--k) or more "
+                             "dimensions (--dim)")
     true = np.array(centres)
     labels = rng.integers(0, k, points)
     return true[labels] + rng.normal(0, spread, (points, dim)), true
@@ -120,11 +136,22 @@ def main(argv: list[str] | None = None) -> int:
             or args.points < args.k:
         parser.error("--k, --points, --dim, --partitions, --iterations must be >= 1 "
                      "and --points >= --k")
-    points, true = make_points(args.k, args.points, args.dim, args.seed)
+    if args.seed < 0:  # numpy seeds only with a non-negative int
+        parser.error(f"--seed must be an int >= 0, got {args.seed}")
+    # the driver makes the points (three arrays of them at the peak, and the labels); an
+    # embedded cluster's workers hold a copy too
+    check_memory(args.points * (8 + 8 * args.dim * (3 if args.manager else 4)),
+                 "--points and --dim")
+    try:
+        points, true = make_points(args.k, args.points, args.dim, args.seed)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         with apputil.connect_from_args(args) as cluster:
             result = kmeans(cluster, points, args.k, partitions=args.partitions,
                             iterations=args.iterations, seed=args.seed)
+    except ConfigError:  # bad flags: the command line says so with status 2, as for sgd
+        raise
     except ActorpyError as exc:
         print(f"actorpy kmeans: {apputil.error_line(exc)}", file=sys.stderr)
         return 1

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from typing import Any, Callable, Sequence
 
 from actorpy import apputil
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
+from actorpy.barrier.plot import check_plot_path
 from actorpy.errors import ConfigError
 from engines import param
 
@@ -69,34 +69,6 @@ def barriers_from_args(args: argparse.Namespace) -> list[tuple[str, Any]]:
     spec = {"bsp": "bsp", "asp": "asp", "ssp": f"ssp:{s}", "pbsp": f"pbsp:{b}",
             "pssp": f"pssp:{b}:{s}", "dssp": f"dssp:{s}:{high}"}[args.barrier]
     return [(spec, parse_barrier(spec))]
-
-
-def check_plot_path(path: str | None) -> None:
-    """Refuse a ``--plot FILE`` that cannot be written before training, not after: its
-    directory does not exist, it is a directory, or matplotlib writes no such format.
-
-    Raises:
-        ConfigError: which of those, and what to pass instead.
-    """
-    if path is not None:
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise ConfigError(f"--plot {path}: there is no directory {folder}")
-        if os.path.isdir(path):   # matplotlib would write PATH.png beside it
-            raise ConfigError(f"--plot {path} is a directory; name a file in it, such as "
-                              f"{os.path.join(path, 'curves.png')}")
-        suffix = os.path.splitext(path)[1][1:].lower()
-        if suffix and suffix not in _plot_formats():
-            raise ConfigError(f"--plot {path}: matplotlib writes no .{suffix} files; use "
-                              f"one of {', '.join(sorted(_plot_formats()))}")
-
-
-def _plot_formats() -> set[str]:
-    try:
-        from matplotlib.backend_bases import FigureCanvasBase
-    except ImportError:
-        raise ConfigError("--plot needs matplotlib (pip install 'actorpy[plot]')") from None
-    return set(FigureCanvasBase.get_supported_filetypes())
 
 
 def check_memory(need_bytes: int, what: str) -> None:

@@ -16,12 +16,13 @@ import os
 import sys
 import tempfile
 import time
+import unicodedata
 from collections import Counter
 from itertools import chain
 from typing import Any, Iterable, Iterator, Sequence
 
 from actorpy import apputil
-from actorpy.errors import ActorpyError
+from actorpy.errors import ActorpyError, ConfigError
 from engines import mapre
 
 #: Splits no smaller than this (the default of ``mapre.load``) ...
@@ -85,12 +86,31 @@ def word_counts(cluster: Any, paths: Sequence[str], *, timeout_s: float = 3600.0
             .reduce_by_key_locally(operator.add, timeout_s=timeout_s, progress=progress))
 
 
+def columns(word: str) -> int:
+    """Terminal columns ``word`` takes: none for a combining mark, two for a wide (CJK,
+    emoji) character, one for any other."""
+    return sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in word)
+
+
+def shown(word: str) -> str:
+    """``word`` with its control characters escaped (ESC as ``\\x1b``): a file's words
+    must not drive the terminal that prints them (set its title, clear it, move the
+    cursor over other lines)."""
+    if word.isprintable():
+        return word
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(c) == "Cc" else c for c in word)
+
+
 def format_top(counts: dict[str, int], k: int) -> list[str]:
-    """The ``k`` most frequent words as table lines (ties broken alphabetically)."""
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
-    width = max([len(w) for w, _ in top] + [4])
+    """The ``k`` most frequent words as table lines (ties broken alphabetically), the
+    counts aligned in a terminal whatever columns the words take."""
+    top = [(shown(w), n) for w, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
+    width = max([columns(w) for w, _ in top] + [4])
     lines = [f"{'rank':>4}  {'word':<{width}}  {'count':>10}"]
-    lines += [f"{i:>4}  {w:<{width}}  {n:>10,}" for i, (w, n) in enumerate(top, 1)]
+    lines += [f"{i:>4}  {w}{' ' * (width - columns(w))}  {n:>10,}"
+              for i, (w, n) in enumerate(top, 1)]
     return lines
 
 
@@ -116,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         with apputil.connect_from_args(args) as cluster:
             counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s,
                                  errors=args.errors)
+    except ConfigError:  # bad flags: the command line says so with status 2, as for sgd
+        raise
     except ActorpyError as exc:
         bad = exc.__cause__ if isinstance(exc.__cause__, mapre.InputDecodeError) else None
         line = (f"{bad.path}: byte offset {bad.offset} is not valid UTF-8; fix the file, or "
@@ -127,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         apputil.print_json(counts)
         return 0
+    if hasattr(sys.stdout, "reconfigure"):  # a word an ASCII or latin-1 stdout cannot
+        sys.stdout.reconfigure(errors="backslashreplace")  # encode is printed escaped
     for line in format_top(counts, args.top):
         print(line)
     print(f"{sum(counts.values()):,} words, {len(counts):,} distinct, in {seconds:.2f} s")

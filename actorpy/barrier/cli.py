@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.bounds:
             return _bounds(args)
+        if args.plot:
+            from actorpy.barrier.plot import check_plot_path
+            check_plot_path(args.plot)  # before the simulation, not after it
         workload = Workload(dist=args.dist, mean_s=args.mean, shape=args.shape,
                             straggler_frac=args.straggler_frac,
                             straggler_slowdown=args.straggler_slowdown,

@@ -4,6 +4,7 @@ matplotlib is imported only when a plot is drawn (``pip install actorpy[plot]``)
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -20,6 +21,34 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def check_plot_path(path: str | None) -> None:
+    """Refuse a ``--plot FILE`` that cannot be written before training, not after: its
+    directory does not exist, it is a directory, or matplotlib writes no such format.
+
+    Raises:
+        ConfigError: which of those, and what to pass instead.
+    """
+    if path is not None:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise ConfigError(f"--plot {path}: there is no directory {folder}")
+        if os.path.isdir(path):   # matplotlib would write PATH.png beside it
+            raise ConfigError(f"--plot {path} is a directory; name a file in it, such as "
+                              f"{os.path.join(path, 'curves.png')}")
+        suffix = os.path.splitext(path)[1][1:].lower()
+        if suffix and suffix not in _plot_formats():
+            raise ConfigError(f"--plot {path}: matplotlib writes no .{suffix} files; use "
+                              f"one of {', '.join(sorted(_plot_formats()))}")
+
+
+def _plot_formats() -> set[str]:
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib (pip install 'actorpy[plot]')") from None
+    return set(FigureCanvasBase.get_supported_filetypes())
 
 
 def step_cdf(per_worker: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

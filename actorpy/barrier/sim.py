@@ -56,6 +56,8 @@ class SimConfig:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if not (self.seconds > 0 and math.isfinite(self.seconds)):
             raise ConfigError(f"--seconds must be a finite number > 0, got {self.seconds}")
+        if self.seed < 0:  # numpy seeds only with a non-negative int
+            raise ConfigError(f"--seed must be an int >= 0, got {self.seed}")
 
     def node(self, index: int) -> NodeId:
         """The id of worker ``index`` (zero-padded, so ids sort like indices)."""

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from actorpy.config import Config
+from actorpy.config import MAX_TASK_THREADS, Config
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
 from actorpy.runtime.address import is_endpoint
@@ -130,7 +130,7 @@ class Manager:
             return
         node_id = NodeId(msg.sender)
         slots = info.get("slots", 1)
-        if not isinstance(slots, int) or not 1 <= slots <= 4096:
+        if not isinstance(slots, int) or not 1 <= slots <= MAX_TASK_THREADS:
             log.warning("ignored a registration from %s: bad slots %r", msg.sender, slots)
             return
         role = str(info.get("role", "worker"))

@@ -169,6 +169,7 @@ class TaskRunner:
         self._lock = threading.Lock()
         self._tasks: dict[tuple[str, int], _TaskState] = {}
         self._streams: dict[tuple[str, int], _TaskState] = {}
+        self._closed = False
         node.on(CORE_SERVICE, Kind.TASK, self._submit)
         node.on(CORE_SERVICE, Kind.CANCEL, self._cancel)
         node.on(CORE_SERVICE, Kind.STREAM_CREDIT, self._credit)
@@ -177,6 +178,11 @@ class TaskRunner:
     def _submit(self, msg: wm.Message) -> None:
         state = _TaskState(msg)
         with self._lock:
+            # A task that arrives while the worker stops (its node still reads) is dropped,
+            # as a queued one is at close: the submitter learns from the worker's going.
+            if self._closed:
+                log.debug("dropping task %s: this worker is stopping", state.key)
+                return
             self._tasks[state.key] = state
             state.future = self._executor.submit(self._run, state)
 
@@ -271,6 +277,7 @@ class TaskRunner:
         """Drop queued tasks and flag running ones (they cannot be interrupted)."""
         self._membership.cancel()
         with self._lock:
+            self._closed = True
             for state in list(self._tasks.values()):
                 self._cancel_locked(state, f"worker {self.node.node_id} is stopping")
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -56,8 +56,11 @@ def read_secret(secret_file: str | None = None, secret: str | bytes | None = Non
     """
     env = os.environ if env is None else env
     value: bytes | None
+    # Leading and trailing whitespace is not part of the secret, however it comes: a file's
+    # is dropped, so `secret=open(f).read()` or an ACTORPY_SECRET with the file's newline
+    # must give the same key, not a handshake refused as "the secret differs".
     if secret is not None:
-        value = secret.encode() if isinstance(secret, str) else bytes(secret)
+        value = (secret.encode() if isinstance(secret, str) else bytes(secret)).strip()
     elif secret_file:
         try:
             with open(secret_file, "rb") as f:
@@ -66,7 +69,7 @@ def read_secret(secret_file: str | None = None, secret: str | bytes | None = Non
         except OSError as exc:
             raise ConfigError(f"cannot read --secret-file {secret_file}: {exc}") from exc
     elif env.get("ACTORPY_SECRET"):
-        value = env["ACTORPY_SECRET"].encode()
+        value = env["ACTORPY_SECRET"].encode().strip()
     else:
         return None
     if len(value) < MIN_SECRET_BYTES:

@@ -44,6 +44,16 @@ def _data_files(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in names if os.path.isfile(os.path.join(directory, n))]
 
 
+def _once_each(paths: Iterable[str]) -> list[str]:
+    """``paths`` sorted, each file once: glob's "**" follows links to directories, and a
+    link to a parent (``a/up -> ..``) names each file below it again and again until the
+    path is too long (41 times each in a test); the shortest path to a file is kept."""
+    first: dict[str, str] = {}
+    for path in sorted(paths, key=lambda p: (p.count(os.sep), p)):
+        first.setdefault(os.path.realpath(path), path)
+    return sorted(first.values())
+
+
 def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
     """The files named by a path, a directory, a glob, or a list of those (sorted per entry),
     as absolute paths: the workers that read them may run in another directory.
@@ -72,7 +82,8 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
             found = [path]
         elif _GLOB_CHARS & set(path):
             # "**" spans directories, as in the shell's globstar and pathlib
-            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+            found = [p for p in glob.glob(path, recursive=True) if os.path.isfile(p)]
+            found = _once_each(found) if "**" in path else sorted(found)
             if not found:
                 raise InputNotFound(f"the pattern {path!r} matches no file")
         elif os.path.exists(path):

@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
+from actorpy.errors import ConfigError
 from apps import kmeans
 
 
@@ -30,3 +32,26 @@ def test_more_partitions_than_points(capsys):
                             "--workers", "1", "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         assert len(report["centres"]) == 5 and np.isfinite(report["inertia"])
+
+
+def test_more_centres_than_fit_is_refused_not_a_hang(capsys):
+    # 60 centres 8 apart do not fit in [-20, 20]^2: the generator used to draw for ever
+    with pytest.raises(SystemExit) as exit_:
+        kmeans.main(["--k", "60", "--points", "2000", "--dim", "2", "--workers", "1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "room for only" in err and "--dim" in err and "Traceback" not in err
+
+
+def test_negative_seed_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        kmeans.main(["--seed", "-1", "--workers", "1"])
+    assert exit_.value.code == 2
+    assert "--seed must be an int >= 0, got -1" in capsys.readouterr().err
+
+
+def test_points_beyond_the_memory_available_are_refused_before_making_them(capsys):
+    # numpy refuses this size itself; sizes just over what is free are allocated, then
+    # filled until the OOM killer ends some process
+    with pytest.raises(ConfigError, match="--points and --dim need about"):
+        kmeans.main(["--points", str(10**12), "--dim", "2", "--workers", "1"])

@@ -43,11 +43,35 @@ def test_table_and_missing_input(tmp_path):
     missing = _run("--workers", "1", str(tmp_path / "nope*.txt"))
     assert missing.returncode == 1 and "nope*.txt" in missing.stderr
     many = _run("--workers", "1000", str(tmp_path))  # took a minute, then failed
-    assert many.returncode == 1 and "at most 256 workers, not 1000" in many.stderr
+    assert many.returncode == 2 and "at most 256 workers, not 1000" in many.stderr
     assert len(many.stderr.splitlines()) == 1
     for bad in ("nan", "-5"):  # NaN never timed out
         wrong = _run("--timeout-s", bad, str(tmp_path))
         assert wrong.returncode == 2 and "must be a finite number > 0" in wrong.stderr
+
+
+def test_table_on_a_stdout_that_cannot_encode_the_words(tmp_path):
+    (tmp_path / "t.txt").write_text("日本 日本 naïve\n", encoding="utf-8")
+    for flags in ([], ["--json"]):
+        out = subprocess.run([sys.executable, "-m", "actorpy", "wordcount", "--workers", "1",
+                              *flags, str(tmp_path)], capture_output=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": ROOT, "PYTHONIOENCODING": "ascii"})
+        assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr
+        text = out.stdout.decode("ascii")
+        if flags:
+            assert json.loads(text) == {"日本": 2, "naïve": 1}
+        else:
+            assert "\\u65e5\\u672c" in text and "na\\xefve" in text
+
+
+def test_bad_cluster_flags_are_a_usage_error(tmp_path):
+    (tmp_path / "t.txt").write_text("x\n", encoding="utf-8")
+    for app in ("wordcount", "kmeans"):
+        out = subprocess.run([sys.executable, "-m", "actorpy", app, "--secret-file", "s",
+                              *([str(tmp_path)] if app == "wordcount" else [])],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": ROOT})
+        assert out.returncode == 2 and "--secret-file goes with --manager" in out.stderr, out
 
 
 def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
@@ -60,6 +84,19 @@ def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
     replaced = _run("--workers", "1", "--errors", "replace", "--json", str(tmp_path / "bad.txt"))
     assert replaced.returncode == 0, replaced.stderr
     assert json.loads(replaced.stdout) == {"café": 2, "bar": 1, "fo\ufffdo": 1}
+
+
+def test_table_columns_line_up_for_wide_and_combining_characters():
+    lines = wordcount.format_top({"日本": 3, "cafe\u0301": 2, "😀": 2, "naïve": 1}, 10)
+    ends = {wordcount.columns(line) for line in lines}
+    assert len(ends) == 1, lines  # every count ends in the same terminal column
+    assert wordcount.columns("e\u0301日😀") == 5
+
+
+def test_table_escapes_control_characters():
+    lines = wordcount.format_top({"\x1b]0;owned\x07": 2, "a\u200db": 1}, 10)
+    assert "\\x1b]0;owned\\x07" in lines[1] and "\x1b" not in "".join(lines)
+    assert "a\u200db" in lines[2]  # a zero-width joiner (emoji sequences) is not a control
 
 
 def test_partition_counter_matches_split_then_lower():

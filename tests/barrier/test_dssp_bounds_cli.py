@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -117,12 +118,19 @@ class TestCLI:
         (["--compare", "ssp:x"], "integers"), (["--barrier", "pbsp", "--staleness", "3"], "pssp"),
         (["--sweep-sample", "1", "2"], "--barrier pbsp"), (["--bounds", "--lag-cdf", "2"], "F(r)"),
         (["--dist", "exp", "--mean", "-1"], "--mean"), (["--seconds", "inf"], "finite"),
-        (["--mean", "inf"], "finite"),
-        (["--workers", "5", "--seconds", "5", "--plot", "/nonexistent-dir/x.png"], "cannot write")])
+        (["--mean", "inf"], "finite"), (["--seed", "-1"], "--seed must be an int >= 0"),
+        (["--workers", "5", "--seconds", "5", "--plot", "/nonexistent-dir/x.png"], "no directory"),
+        (["--workers", "5", "--seconds", "5", "--plot", "steps.txt"], "no .txt files")])
     def test_bad_arguments_exit_2_with_a_message(self, capsys, argv, message):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+    def test_plot_to_a_directory_is_refused(self, capsys, tmp_path):
+        # matplotlib would write DIR.png beside it, and the run said "plot written to DIR"
+        assert main(["--workers", "5", "--seconds", "5", "--plot", str(tmp_path)]) == 2
+        assert "is a directory" in capsys.readouterr().err
+        assert not os.path.exists(f"{tmp_path}.png")
 
     def test_compare_sweep_and_plot(self, capsys, tmp_path):
         png = tmp_path / "cmp.png"

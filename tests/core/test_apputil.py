@@ -50,6 +50,15 @@ def test_print_json_writes_text_as_it_is(value):
     assert json.loads(out.getvalue()) == value
 
 
+@pytest.mark.parametrize("encoding", ["ascii", "cp1252"])
+def test_print_json_escapes_what_the_stream_cannot_encode(encoding):
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding=encoding)
+    apputil.print_json({"wörd": 2, "😀": float("nan")}, out)
+    text = raw.getvalue().decode(encoding)
+    assert json.loads(text) == {"wörd": 2, "😀": None} and text.count("\n") == 1
+
+
 def test_print_json_writes_non_finite_floats_as_null():
     out = io.StringIO()
     apputil.print_json({"loss": float("nan"), "runs": [{"e": float("-inf")}, (1.5, 2)]}, out)

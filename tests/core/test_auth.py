@@ -181,6 +181,15 @@ class TestSecret:
         assert auth.read_secret(None, None, {}) is None
         assert auth.read_secret(None, None, {"ACTORPY_SECRET": ""}) is None
 
+    def test_every_source_drops_the_whitespace_a_file_drops(self, tmp_path):
+        f = tmp_path / "cluster.secret"
+        f.write_bytes(b"the-same-secret-0123\r\n")
+        f.chmod(0o600)
+        text = f.read_text()
+        assert {auth.read_secret(str(f)), auth.read_secret(secret=text),
+                auth.read_secret(secret=text.encode()),
+                auth.read_secret(env={"ACTORPY_SECRET": text})} == {b"the-same-secret-0123"}
+
     def test_process_environment_is_the_default(self, monkeypatch):
         monkeypatch.setenv("ACTORPY_SECRET", "process-env-secret-0123")
         assert auth.read_secret() == b"process-env-secret-0123"

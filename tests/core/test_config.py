@@ -30,6 +30,9 @@ class TestConfig:
             Config.from_env({}, nonsense=1)
         with pytest.raises(ConfigError, match="local_transport"):
             Config(local_transport="udp")
+        # more slots than a manager accepts: the worker waited for a welcome that never came
+        with pytest.raises(ConfigError, match="at most 4096, got 5000"):
+            Config.from_env({}, task_threads=5000)
 
     def test_connect_rejects_bad_addresses(self, monkeypatch):
         with pytest.raises(ConfigError, match="tcp://HOST:PORT"):

@@ -84,11 +84,17 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
     (["worker", "--manager", "ipc:///nonexistent-dir/x"], "ipc directory"),
     (["status", "--manager", "tcp://127.0.0.1:9", "--timeout-s", "nan"], "--timeout-s"),
     (["demo", "--workers", "0"], "--workers"),
+    (["secret", "--out", ""], "cannot create"),
 ])
 def test_cli_refuses_bad_input_without_a_traceback(args, message):
     out = _cli(*args, env={"ACTORPY_SECRET": "a-secret-long-enough-0123"}, timeout=30)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_unknown_log_level_is_said_not_ignored():
+    out = _cli("--log-level", "DEBG", "secret")
+    assert out.returncode == 0 and "unknown log level 'DEBG'" in out.stderr, out.stderr
 
 
 def test_cli_refuses_a_secret_file_other_users_can_read(tmp_path):
@@ -100,6 +106,21 @@ def test_cli_refuses_a_secret_file_other_users_can_read(tmp_path):
         out = _cli(*args, "--secret-file", str(secret_file), timeout=30)
         assert out.returncode == 2, out.stderr
         assert f"chmod 600 {secret_file}" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_manager_refuses_an_ipc_path_another_manager_serves(tmp_path):
+    address = f"ipc://{tmp_path}/m.sock"
+    first = subprocess.Popen([PY, "-m", "actorpy", "manager", "--bind", address],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip().endswith(address)
+        out = _cli("manager", "--bind", address)
+        assert out.returncode == 2 and "another process listens there" in out.stderr, out.stderr
+        assert _cli("status", "--manager", address).returncode == 0  # still the first's
+    finally:
+        first.terminate()
+        first.wait(10)
+        first.stdout.close()
 
 
 def test_manager_refuses_tcp_without_secret():
@@ -145,6 +166,10 @@ def test_status_and_tcp_cluster_with_secret(tcp_manager):
     assert "2 alive, 0 gone" in out.stdout
     for w in workers:
         assert str(w.pid) in out.stdout
+    # a timeout past what a lock can wait for is "no limit", not an OverflowError
+    out = _cli("status", "--manager", address, "--secret-file", str(secret_file),
+               "--timeout-s", "1e10")
+    assert out.returncode == 0 and "2 alive" in out.stdout, out.stderr
 
     with actorpy.connect(address, secret_file=str(secret_file)) as cluster:
         assert len(cluster.workers()) == 2

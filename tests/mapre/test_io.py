@@ -116,6 +116,12 @@ class TestInputs:
         assert io.list_inputs(str(tmp_path / "**" / "*.txt")) == \
             [str(tmp_path / n) for n in ("a/b/d.txt", "a/m.txt", "t.txt")]
 
+    def test_double_star_names_each_file_once_through_a_link_loop(self, tmp_path):
+        (tmp_path / "a").mkdir()
+        (tmp_path / "a" / "x.txt").write_text("x\n")
+        os.symlink("..", tmp_path / "a" / "up")  # glob's ** walks a/up/a/up/... until ELOOP
+        assert io.list_inputs(str(tmp_path / "**" / "*.txt")) == [str(tmp_path / "a" / "x.txt")]
+
     def test_paths_of_the_wrong_type_are_refused(self, tmp_path):
         (tmp_path / "a.txt").write_text("x\n")
         for bad in (str(tmp_path / "a.txt").encode(), None, 3, [str(tmp_path), None]):
