@@ -200,8 +200,9 @@ class PeerRunner:
         except Exception as exc:  # user code, or what it returned: the job fails with it
             self._fail(exc)
             return
-        self._outstanding = {k for k in self._keys if k not in self.values}
-        for name in list(self._outstanding):
+        missing = [k for k in dict.fromkeys(self._keys) if k not in self.values]
+        self._outstanding = set(missing)
+        for name in missing:    # in schedule's order: a set's would change with the hash seed
             self._fetch(name, now, eff)
         if not self._outstanding:
             self._compute(now, eff)
