@@ -249,8 +249,8 @@ class AfterLeave:
 
 
 class TestLeaving:
-    # leaving while its pushes travel: their answers made it step on (each of these), and
-    # at 0.0387 push after its LEAVE
+    # leaving while its pushes travel: at each of these times their answers made it step
+    # on, and at 0.0387 it pushed after its LEAVE
     @pytest.mark.parametrize("at_s", [0.0321, 0.0387, 0.0475])
     def test_a_peer_leaving_mid_step_sends_nothing_after_its_leave(self, at_s: float) -> None:
         """A receiver would take it back in its table (and as the owner of its keys), and
