@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 CALL_S = 30.0
 LEAVE_S = 10.0     # a peer's graceful leave at the end of a job (then it is stopped anyway)
 FAILED_LEAVE_S = 2.0   # the same when the job failed: a peer may hang in a callback
+STOP_MIN_S = 0.1   # the stop of a peer whose leave took all its time: sent, hardly awaited
+
+
+class _TimeUp(ActorpyTimeout):
+    """The job's deadline passed while the driver waited on a peer."""
 
 
 @dataclass
@@ -146,9 +151,8 @@ class ClusterRun:
             for name in self.init:      # the seed is on its holders before anyone reads it
                 self._wait(lambda n=name: self.read(n) is not None, deadline, f"seed {name}")
             started = self.started = time.monotonic()
-            for ref in self.refs:   # a peer owning its keys runs its first step in START
-                self.cluster.call(ref, PeerKind.START, False,
-                                  timeout_s=min(CALL_S, max(deadline - time.monotonic(), 0.1)))
+            for i in range(len(self.refs)):  # a peer owning its keys runs its first step in START
+                self._call_by_deadline(i, PeerKind.START, False)
             self._wait(self._finished, deadline, "every peer to stop")
             seconds = time.monotonic() - started
             # The round that saw every peer done asked the owners before the last pushers
@@ -234,19 +238,34 @@ class ClusterRun:
                 that hangs holds its peer's thread, which answers STATUS too)."""
         for i in self._live():
             try:
-                left = self.deadline - time.monotonic()
-                self.last[i] = self.cluster.call(self.refs[i], PeerKind.STATUS,
-                                                 timeout_s=min(CALL_S, max(left, 0.1)))
+                self.last[i] = self._call_by_deadline(i, PeerKind.STATUS)
+            except _TimeUp:
+                raise
             except (NodeLost, RemoteError, TimeoutError) as exc:
-                if isinstance(exc, TimeoutError) and time.monotonic() >= self.deadline:
-                    raise ActorpyTimeout(
-                        f"P2P job {self.spec.name!r}: peer {self.addresses[i]} did not "
-                        f"answer within the job's timeout_s={self.timeout_s} (is a callback "
-                        "still running there?)") from None
                 log.warning("peer %s is gone (%s); the job goes on without it",
                             self.addresses[i] if self.addresses else i, exc)
                 self.lost.add(i)
         return {i: self.last[i] for i in self._live() if i in self.last}
+
+    def _call_by_deadline(self, i: int, kind: PeerKind, *payload: Any) -> Any:
+        """Call peer ``i``, waiting no longer than the job's deadline.
+
+        Raises:
+            ActorpyTimeout: the peer did not answer by the deadline: the job's timeout, named
+                as such (a START to a peer that hung in its pull ended the job with the
+                call's own "got no reply within 3.7 s"; the driver's clock read after a
+                STATUS timed out could be short of the deadline: a hung peer taken as gone).
+        """
+        left = self.deadline - time.monotonic()
+        try:
+            return self.cluster.call(self.refs[i], kind, *payload,
+                                     timeout_s=min(CALL_S, max(left, 0.1)))
+        except TimeoutError:
+            if left >= CALL_S:
+                raise               # CALL_S ran out first: its worker may be gone
+            raise _TimeUp(f"P2P job {self.spec.name!r}: peer {self.addresses[i]} did not "
+                          f"answer within the job's timeout_s={self.timeout_s} (is a "
+                          "callback still running there?)") from None
 
     def _finished(self) -> bool:
         live = self.status()
@@ -277,15 +296,19 @@ class ClusterRun:
 
     def stop(self, wait_s: float = LEAVE_S) -> None:
         """Every peer still running leaves (hands its keys on, tells its contacts), one after
-        the other, and its service stops; ``wait_s`` bounds each of the two waits."""
+        the other, and its service stops; ``wait_s`` bounds both waits of a peer together
+        (a peer hung in a callback on its node's I/O thread holds both: a failed job's two
+        hung peers held the driver up to 8 s after its timeout, now 4)."""
         for i in reversed(self._live()):
             ref = self.refs[i]
+            until = time.monotonic() + wait_s
             try:
                 self.cluster.call(ref, PeerKind.LEAVE, timeout_s=wait_s)
             except Exception as exc:  # noqa: BLE001 - best effort at the end
                 log.debug("peer %d did not leave cleanly: %s", i, exc)
             try:
-                self.cluster.stop_service(ref, timeout_s=wait_s)
+                self.cluster.stop_service(ref, timeout_s=max(until - time.monotonic(),
+                                                             STOP_MIN_S))
             except Exception as exc:  # noqa: BLE001 - best effort at the end
                 log.debug("stopping peer %d: %s", i, exc)
             self.left.add(i)

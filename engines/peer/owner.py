@@ -29,8 +29,9 @@ Owner changes are serialised:
   with the version it holds, so the write's round is not durable.
 - **Stale owner.** A round refused by a holder means a closer peer has taken over: the pushes
   waiting on it are answered NOT_OWNER (their pushers look the owner up again; an update
-  applied here but not acknowledged may so be applied twice, never lost), the local copy is
-  dropped (a branch the holders did not take; with ``durable``), and the key is taken over
+  applied here but not acknowledged may so be applied twice, never lost), the local writes
+  since the take-over are dropped (a branch the holders did not take; with ``durable``: the
+  copy taken over stays, the last replica of acknowledged writes maybe), and the key is taken over
   again (fetched) before this peer serves it again, with no memory of the pushes applied or
   the copies given in the lost branch. A holder answering with a newer copy this owner gave
   it (the answer to its own push, overtaking the round's STORE) is no refusal.
@@ -105,6 +106,8 @@ class KeyOwner:
         self._replicating: dict[int, int] = {}      # key -> clock of the round in flight
         self._dirty: set[int] = set()
         self._adopting: set[int] = set()
+        # key -> the copy fetched when we took it over (a replica of the last owner's writes)
+        self._adopted: dict[int, Any] = {}
         self.owned: set[int] = set()                # keys taken over (newest copy fetched)
         self._queued: dict[int, list[tuple[Callable[[float, Effects], None], Later]]] = {}
         # key -> the acks waiting on a round: (clock of the write, pusher, answer)
@@ -326,6 +329,7 @@ class KeyOwner:
                 self._pushed.pop(kid, None)
                 self._copies.pop(kid, None)
                 self._answered.pop(kid, None)
+                self._adopted[kid] = held
                 self.owned.add(kid)
                 self._replicate(kid, when, e)
             for again, later in self._queued.pop(kid, []):
@@ -370,10 +374,19 @@ class KeyOwner:
                 for _, _, later in waiting:
                     later((Status.NOT_OWNER, (), None), when, e)
                 if self.spec.durable:
-                    # our copy is a branch the holders did not take: every write on it that
-                    # was acknowledged is on them (durable) or pushed again (below), so it
-                    # is dropped, and the take-over fetches theirs, never ours instead
+                    # our writes since the take-over are a branch the holders did not take:
+                    # every one acknowledged is on them (durable) or pushed again (below),
+                    # so they are dropped, and the take-over fetches theirs, never ours
+                    # instead. The copy taken over stays: it may be the last replica of
+                    # the last owner's acknowledged writes (a round that skipped us, its
+                    # other holders dead since), and a refusal from a holder that still
+                    # knows a dead peer closer than us would otherwise lose them
+                    adopted = self._adopted.pop(kid, None)
                     self.node.storage.drop(kid)
+                    if adopted is not None:
+                        self.node.storage.put(kid, adopted.value, when, self.node.config.ttl_s,
+                                              is_origin=True, clock=adopted.clock,
+                                              writer=adopted.writer)
                 self._unsettled(kid, when, e)
                 return
             if durable:

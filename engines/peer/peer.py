@@ -53,7 +53,7 @@ class Peer:
         and a step the check begins starts from a timer due at once, after the answer."""
         advances = self.node.steps.advances
         eff = self.node.receive(sender_address, message, now, frames)
-        if self.runner is None or self.node.steps.advances <= advances:
+        if self.runner is None or self.node.steps.advances <= advances or self.node.left:
             return self.route(eff, now)
         # some peer made progress: a blocked barrier checks again (and PSP draws a fresh
         # sample), as a PS worker re-checks each time some worker pushes (papers.md)
@@ -68,7 +68,20 @@ class Peer:
         if isinstance(kind, TimerKind):
             return self.route(self.node.on_timer(kind, token, now), now)
         assert isinstance(kind, Timer) and self.runner is not None
+        if self.node.left:
+            # silent after its LEAVE, as its node is: anything a runner's timer sent now (a
+            # retry, a replication round) would put this peer back in its receivers' tables
+            return Effects()
         return self.route(self.runner.on_timer(kind, token, now), now)
+
+    def leave(self, now: float) -> tuple[int, Effects]:
+        """Leave gracefully: the runner stops for good (``PeerRunner.stop``), then the node
+        hands its keys on and says LEAVE (``KademliaNode.leave``); nothing is sent after
+        that. Ends in the node's LEAVE ``Done``."""
+        if self.runner is not None:
+            self.runner.stop()
+        op_id, eff = self.node.leave(now)
+        return op_id, self.route(eff, now)
 
     def route(self, eff: Effects, now: float) -> Effects:
         """Hand the runner the ``Done``s of its operations (which may start more), until only

@@ -117,6 +117,18 @@ class PeerRunner:
         self._start_op(self.node.members(random.Random(self.index), now), found, eff)
         return eff
 
+    def stop(self) -> None:
+        """Stop for good (its peer leaves): no step begins, no computed update is pushed and
+        no push is retried from now on; the answers to pushes in flight are taken, nothing
+        follows them. (A failed runner stays FAILED.)"""
+        if self.phase != Phase.FAILED:
+            self.phase = Phase.DONE
+
+    @property
+    def stopped(self) -> bool:
+        """DONE or FAILED: nothing this runner does from now on may start a step or a push."""
+        return self.phase in (Phase.DONE, Phase.FAILED)
+
     def seed_model(self, init: dict[str, Any], now: float) -> Effects:
         """Store the initial model (clock 0) on the keys' closest peers."""
         eff = Effects()
@@ -143,8 +155,7 @@ class PeerRunner:
             self._push_all(now, eff)
         elif kind == Timer.RECHECK and token == self._epoch and self.phase == Phase.BARRIER:
             self._check_barrier(now, eff)
-        elif kind == Timer.BEGIN and token == self._epoch \
-                and self.phase not in (Phase.DONE, Phase.FAILED):
+        elif kind == Timer.BEGIN and token == self._epoch and not self.stopped:
             self._begin_step(now, eff)
         elif kind == Timer.COMPUTE and token == self._epoch and self.phase == Phase.WORKING:
             self._compute(now, eff)
@@ -154,7 +165,7 @@ class PeerRunner:
             eff.extend(self.owner.on_timer(token, now))
         elif kind == Timer.RETRY:
             retry = self._retries.pop(token, None)
-            if retry is not None and self.phase not in (Phase.DONE, Phase.FAILED):
+            if retry is not None and not self.stopped:
                 retry(now, eff)
         return eff
 
@@ -197,8 +208,9 @@ class PeerRunner:
         except Exception as exc:  # user code, or what it returned: the job fails with it
             self._fail(exc)
             return
-        self._outstanding = {k for k in self._keys if k not in self.values}
-        for name in list(self._outstanding):
+        missing = [k for k in dict.fromkeys(self._keys) if k not in self.values]
+        self._outstanding = set(missing)
+        for name in missing:    # in schedule's order: a set's would change with the hash seed
             self._fetch(name, now, eff)
         if not self._outstanding:
             self._compute(now, eff)
@@ -227,11 +239,13 @@ class PeerRunner:
                 self._outstanding.discard(name)
                 if not self._outstanding:
                     self._compute(when, e)
-            else:
+            elif not self.stopped:
                 self._retry(lambda t, ef: self._fetch(name, t, ef), status, when, e)
         self._ask(name, Method.GET, None, now, eff, got)
 
     def _compute(self, now: float, eff: Effects) -> None:
+        if self.stopped:        # the last fetch came back after the peer left (or failed)
+            return
         if self.on_io_thread:   # user code runs on the service's thread
             eff.timers.append(SetTimer(0.0, Timer.COMPUTE, self._epoch))
             return
@@ -278,7 +292,7 @@ class PeerRunner:
                 self._outstanding.discard(name)
                 if not self._outstanding:
                     self._step_done(when, e)
-            else:
+            elif not self.stopped:
                 self._retry(lambda t, ef: self._push(name, t, ef), status, when, e)
         self._ask(name, Method.PUSH, self._updates[name], now, eff, acked)
 
@@ -302,6 +316,12 @@ class PeerRunner:
                                   clock=clock, writer=owner.node_id)
 
     def _step_done(self, now: float, eff: Effects) -> None:
+        if self.stopped:
+            # its last pushes were answered after the peer began to leave (or after another
+            # failed): a step begun now would push, retry and PING after the peer's LEAVE,
+            # and a peer that hears from it again takes it back as the owner of its keys,
+            # whose requests then wait for the rpc timeout (a leaver is silent)
+            return
         self.step += 1
         self.node.step = self.step
         for watcher in self.node.take_watchers():

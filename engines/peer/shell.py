@@ -324,9 +324,7 @@ class PeerService(Service):
 
     @handles(PeerKind.LEAVE)
     def leave(self, _: Any, env: Envelope) -> None:
-        if self.peer.runner is not None:
-            self.peer.runner.phase = Phase.DONE
-        self._op(env, self.peer.node.leave(self.clock.now()), lambda done: len(done.stored_on))
+        self._op(env, self.peer.leave(self.clock.now()), lambda done: len(done.stored_on))
 
     # ------------------------------------------------------------------ standalone
     @handles(PeerKind.HELLO)

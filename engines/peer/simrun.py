@@ -139,12 +139,8 @@ class SimRun:
     def leave(self, index: int) -> str:
         """Peer ``index`` stops working and leaves gracefully (hands its keys on)."""
         address = self.order[index]
-        runner = self.peers[address].runner
-        assert runner is not None
-        runner.phase = Phase.DONE
-        node = self.net.nodes[address]
-        op_id, eff = node.leave(self.net.clock.now())
-        self.net.apply(address, self.peers[address].route(eff, self.net.clock.now()))
+        op_id, eff = self.peers[address].leave(self.net.clock.now())
+        self.net.apply(address, eff)
 
         def stop_when_handed_on() -> None:    # the process exits once its keys are handed on
             if self.net.results.pop((address, op_id), None) is not None:

@@ -71,9 +71,9 @@ def check(sim: SimRun, result: object) -> tuple[int, int]:
     return acked, twice
 
 
-def run(barrier: object, events: list) -> tuple[SimRun, object]:
+def run(barrier: object, events: list, seed: int | None = None) -> tuple[SimRun, object]:
     sim = SimRun(tally(barrier), 8, {n: np.zeros(MAX_PEERS * STEPS) for n in KEYS},
-                 events=events)
+                 events=events, seed=seed)
     return sim, sim.run()
 
 
@@ -98,6 +98,18 @@ class TestHandOver:
         acked, twice = check(sim, result)
         assert acked >= 5 * STEPS                 # the 5 survivors of the first 8, at least
         assert twice <= len(KEYS) * MAX_PEERS       # re-pushes after a failover, bounded
+
+    def test_a_refused_round_after_a_take_over_keeps_the_copy_taken_over(self):
+        """Network seed 36: k4's owner answered peer 4's step-6 push after a round that
+        STOREd to one holder and skipped the other (whose push it answered: the answer is
+        its copy); both owner and that holder die. The skipped holder takes k4 over, and its
+        first round is refused by a holder that still knows a dead peer closer to k4: it
+        dropped its whole copy, the last one holding that update, and fetched an older one."""
+        events = [(0.08, kill_owner_of("k0")), (0.10, lambda s: s.add_peer(key_id("k2") ^ 1)),
+                  (0.13, kill_owner_of("k3")), (0.16, lambda s: s.add_peer()),
+                  (0.19, kill_owner_of("k5")), (0.22, lambda s: s.add_peer())]
+        sim, result = run(ASP(), events, seed=36)
+        check(sim, result)
 
     def test_under_psp_too(self):
         events = [(0.08, kill_owner_of("k1")), (0.11, lambda s: s.add_peer()),

@@ -3,13 +3,18 @@ model's keys owned (pulled) by their closest peers, barriers keeping their bound
 killed or joining mid-run."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import pytest
 
 from actorpy.barrier import ASP, BSP, PSP, SSP, Decision, Policy
 from actorpy.errors import RemoteError
 from engines.peer import Job, OwnerStore, PeerContext, SimRun
+from engines.peer.kademlia.events import Effects
 from engines.peer.kademlia.ids import key_id
+from engines.peer.peer import Peer
+from engines.peer.runner import Phase
 
 D, KEYS, ROWS, BATCH = 16, 4, 400, 32
 W_STAR = np.random.default_rng(0).normal(size=D)
@@ -226,6 +231,51 @@ class TestMembership:
         assert owner not in sim.net.alive
         assert weight_error(result.model) < 0.05
         assert all(steps == 30 for a, steps in result.steps.items() if a != owner)
+
+
+class AfterLeave:
+    """Wraps a simulated peer: the kinds of the messages it sends once its node has left."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.sent: list[str] = []
+
+    def _note(self, left: bool, eff: Effects) -> Effects:
+        if left:
+            self.sent.extend(send.message.KIND.name for send in eff.sends)
+        return eff
+
+    def receive(self, sender: str, message: object, now: float,
+                frames: Sequence[object] = ()) -> Effects:
+        left = self.peer.node.left
+        return self._note(left, self.peer.receive(sender, message, now, frames))
+
+    def on_timer(self, kind: object, token: int, now: float) -> Effects:
+        left = self.peer.node.left
+        return self._note(left, self.peer.on_timer(kind, token, now))
+
+
+class TestLeaving:
+    # leaving while its pushes travel: at each of these times their answers made it step
+    # on, and at 0.0387 it pushed after its LEAVE
+    @pytest.mark.parametrize("at_s", [0.0321, 0.0387, 0.0475])
+    def test_a_peer_leaving_mid_step_sends_nothing_after_its_leave(self, at_s: float) -> None:
+        """A receiver would take it back in its table (and as the owner of its keys), and
+        its requests to it, never answered, would wait for the rpc timeout: on the cluster,
+        the 5-peer leave of test_shell.py stalled for its 60 s one under load."""
+        sim = SimRun(linreg(PSP(2, 2), steps=60), 5, init(), data=shard,
+                     compute_s=lambda index, step: 0.002)
+        ids = [sim.net.nodes[a].node_id for a in sim.order]
+        owners = [min(range(5), key=lambda i: ids[i] ^ key_id(n)) for n in NAMES]
+        index = max(set(owners), key=owners.count)      # the owner of the most keys
+        leaver = AfterLeave(sim.peers[sim.order[index]])
+        sim.net.attach(sim.order[index], leaver)
+        sim.events = [(at_s, lambda s: s.leave(index))]
+        result = sim.run()
+        assert leaver.peer.node.left and leaver.sent == []
+        runner = leaver.peer.runner
+        assert runner is not None and runner.phase == Phase.DONE     # it stopped stepping
+        assert all(steps == 60 for a, steps in result.steps.items() if a != sim.order[index])
 
 
 class TestFailures:
