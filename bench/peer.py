@@ -8,7 +8,9 @@ Run: ``python bench/peer.py``  (Job A at 20 000 x 1000; ``--full``: the issue's 
    and FIND_NODE of random ids (which must hear from, or time out on, all k closest). Then one
    worker process of the four is SIGKILLed (25 % of the peers die with it, mid-overlay, no
    goodbye), 1 s for the replica checks, the lookups again, and every key read back (lost:
-   no live copy).
+   no live copy; doomed: keys whose 3 closest peers, their holders, were all among the dead,
+   which no overlay could keep: with 16 of 64 dead, 1.3 % of keys, so about one run in four
+   dooms one of its 20 keys).
 2. Job A (``bench/ps.py``'s problem: linear regression on ROWS x FEATURES float32 with known
    w*, plain SGD, lr 0.002, minibatch 256 per worker or peer, stop at |w - w*| / |w*| < 0.05)
    on 2 workers: the PS engine's ASP and BSP (one server shard on one of the workers), and the
@@ -50,6 +52,7 @@ from actorpy.barrier import ASP, BSP, PSP, Policy  # noqa: E402
 from engines import peer  # noqa: E402
 from engines.peer.cluster_run import start_peers  # noqa: E402
 from engines.peer.kademlia.events import KademliaConfig  # noqa: E402
+from engines.peer.kademlia.ids import key_id  # noqa: E402
 from engines.peer.shell import PeerKind  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,9 +76,12 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     rows = []
     with actorpy.connect(workers=workers, task_threads=2) as cluster:
-        refs, _ = start_peers(cluster, peers, config, seed, name="bench")
+        refs, infos = start_peers(cluster, peers, config, seed, name="bench")
         live = list(range(peers))
         keys = [f"key-{i}" for i in range(20)]
+        # each key's holders: its `replication` closest peers by XOR (indexes into refs)
+        holders = {name: sorted(range(peers), key=lambda i, k=key_id(name): infos[i][0] ^ k)
+                   [:config.replication] for name in keys}
         for i, name in enumerate(keys):
             cluster.call(refs[i % peers], PeerKind.SET, (name, np.full(8, i, np.float32)),
                          timeout_s=CALL_S)
@@ -101,10 +107,13 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
                 node_times.append(seconds)
             lost = sum(cluster.call(refs[live[0]], PeerKind.GET, name, timeout_s=CALL_S)
                        is None for name in keys)
+            # keys whose holders all died at once: no copy was left to re-replicate from
+            doomed = sum(not set(holders[name]) & set(live) for name in keys)
             rows.append(f"{peers:>5} {100 - 100 * len(live) // peers:>4}% "
                         f"{statistics.median(times) * 1e3:>9.2f} "
                         f"{pct(times, 0.95) * 1e3:>9.2f} {statistics.mean(rounds):>6.2f} "
-                        f"{failed:>7} {lost:>5} {statistics.median(node_times) * 1e3:>9.2f} "
+                        f"{failed:>7} {lost:>5} {doomed:>6} "
+                        f"{statistics.median(node_times) * 1e3:>9.2f} "
                         f"{pct(node_times, 0.95) * 1e3:>9.2f} "
                         f"{time.monotonic() - started:>7.1f}")
     return rows
@@ -249,9 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n1. FIND_VALUE of stored keys among {args.peers} peers on "
               f"{args.lookup_workers} worker processes (timeout 250 ms, 2 misses evict), "
               "20 keys, replication 3; then one process SIGKILLed; node med/p95: FIND_NODE "
-              "of random ids (ms)")
+              "of random ids (ms); doomed: keys whose 3 holders all died at once (no "
+              "overlay keeps those: lost should equal it, and lookups of them fail)")
         print(f"{'N':>5} {'dead':>5} {'median ms':>9} {'p95 ms':>9} {'rounds':>6} "
-              f"{'failed':>7} {'lost':>5} {'node med':>9} {'node p95':>9} {'wall s':>7}")
+              f"{'failed':>7} {'lost':>5} {'doomed':>6} {'node med':>9} {'node p95':>9} "
+              f"{'wall s':>7}")
         for line in lookup_rows(args.peers, args.lookup_workers, args.lookups, args.seed):
             print(line, flush=True)
     for part, peers in enumerate(args.peers_a):
