@@ -76,4 +76,8 @@ def node_bind(manager_address: str, node_id: str, host: str | None = None) -> st
     of the address that routes to it (tcp)."""
     if manager_address.startswith("ipc://"):
         return f"ipc://{os.path.dirname(manager_address[len('ipc://'):])}/{node_id}"
+    if host is not None and ":" in host:
+        # our sockets are IPv4 only; ZeroMQ's own word for an IPv6 host is "No such device"
+        raise ConfigError(f"host {host!r} looks like an IPv6 address: nodes listen on IPv4 "
+                          "only; give an IPv4 address or a host name that resolves to one")
     return f"tcp://{host or advertise_host(manager_address)}:*"

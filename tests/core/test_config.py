@@ -8,6 +8,7 @@ import pytest
 import actorpy
 from actorpy.config import Config
 from actorpy.errors import ConfigError, SerializationError
+from actorpy.runtime.address import node_bind
 from actorpy.runtime.context import CallTask
 from actorpy.wire import serde
 
@@ -83,3 +84,11 @@ def test_chunk_size_follows_the_mechanism():
     assert Security.ipc().chunk_bytes == serde.DEFAULT_CHUNK_BYTES == 64 << 20
     assert Security.curve(b"s" * 16).chunk_bytes == serde.ENCRYPTED_CHUNK_BYTES == 8 << 20
     assert Config(chunk_bytes=1 << 20).chunk_bytes == 1 << 20
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]", "fe80::1"])
+def test_an_ipv6_worker_host_is_a_clear_config_error(host):
+    # nodes listen on IPv4 only: ZeroMQ said "No such device" for these
+    with pytest.raises(ConfigError, match="IPv6"):
+        node_bind("tcp://127.0.0.1:7400", "w-1", host)
+    assert node_bind("tcp://127.0.0.1:7400", "w-1", "10.0.0.4") == "tcp://10.0.0.4:*"
