@@ -319,6 +319,12 @@ class Cluster(Caller):
         return self.node.call(MANAGER_ID, CORE_SERVICE, Kind.LIST_NODES, None,
                               timeout_s=timeout_s, what="node list")
 
+    @property
+    def manager_lost(self) -> str | None:
+        """Why the manager is gone (its connection down past the death bound), or None while
+        it is there: every worker is then lost to this driver too."""
+        return self._lost_reason if self._lost.is_set() else None
+
     def _manager_lost(self, reason: str) -> None:
         self._lost_reason = reason
         self._lost.set()

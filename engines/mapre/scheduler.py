@@ -298,6 +298,11 @@ class Job:
                     broken = self._dispatch(stage, pending, inflight, load, build)
                 if not inflight:
                     if pending and not broken:
+                        manager = getattr(self.engine.cluster, "manager_lost", None)
+                        if manager:   # the workers went with it: say so first
+                            raise JobFailed(f"{self.action}: the cluster's manager is gone "
+                                            f"({manager}) while running stage "
+                                            f"'{stage.name}'; restart it and reconnect")
                         last = f" (the last {self._last_loss})" if self._last_loss else ""
                         raise JobFailed(f"{self.action}: no live workers left to run stage "
                                         f"'{stage.name}'{last}; start workers or reconnect")

@@ -248,3 +248,20 @@ def test_a_function_that_kills_its_worker_is_named():
             mapre.from_items(cluster, range(4), 4).map(fatal).collect(timeout_s=60)
     assert "no live workers left" in str(info.value)
     assert "ran partition 3 of stage 'collect'" in str(info.value)
+
+
+def test_a_lost_manager_is_named_first():
+    # the workers go with the manager; "no live workers left" alone sent users looking for
+    # dead workers
+    with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
+        workers = {n["pid"] for n in cluster.nodes() if n["role"] == "worker"}
+        [manager] = [p for p in cluster.local.pids() if p not in workers]
+
+        def kill_the_manager(x):
+            if x == 0:
+                os.kill(manager, signal.SIGKILL)
+            threading.Event().wait()    # until the worker, which lost its manager, exits
+            return x
+        with pytest.raises(mapre.JobFailed) as info:
+            mapre.from_items(cluster, range(40), 40).map(kill_the_manager).collect(timeout_s=60)
+    assert "the cluster's manager is gone" in str(info.value), str(info.value)
