@@ -81,3 +81,18 @@ def node_bind(manager_address: str, node_id: str, host: str | None = None) -> st
         raise ConfigError(f"host {host!r} looks like an IPv6 address: nodes listen on IPv4 "
                           "only; give an IPv4 address or a host name that resolves to one")
     return f"tcp://{host or advertise_host(manager_address)}:*"
+
+
+def refuse_served_ipc(bind: str) -> None:
+    """Refuse an ipc path another process listens on: ZeroMQ's bind would replace its
+    socket file without a word, and that process would no longer be reachable there."""
+    if not bind.startswith("ipc://"):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(bind[len("ipc://"):])
+    except OSError:  # no such file, a stale one, or a path too long: the bind decides
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"cannot bind {bind}: another process listens there")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
 import threading
 import time
 from collections import deque
@@ -31,6 +30,7 @@ from actorpy.config import Config
 from actorpy.errors import AuthError, ConfigError, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime import remote
+from actorpy.runtime.address import refuse_served_ipc
 from actorpy.runtime.direct import DirectReplies
 from actorpy.runtime.directory import RETRY_S, Directory, write
 from actorpy.runtime.events import NodeEvent, NodeEventKind, Peer, Subscription
@@ -58,21 +58,6 @@ RECV_HWM = 1000
 DEADLINE_GRID_S = 0.05
 
 
-def _refuse_served_ipc(bind: str) -> None:
-    """Refuse an ipc path another process listens on: ZeroMQ's bind would replace its
-    socket file without a word, and that process would no longer be reachable there."""
-    if not bind.startswith("ipc://"):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(bind[len("ipc://"):])
-    except OSError:  # no such file, a stale one, or a path too long: the bind decides
-        return
-    finally:
-        probe.close()
-    raise ConfigError(f"cannot bind {bind}: another process listens there")
-
-
 class Node:
     """A node on the cluster's wire (manager, worker and driver each have one).
 
@@ -93,7 +78,7 @@ class Node:
                  linger_ms: int = 500, liveness: LivenessTimes | None = None,
                  send_hwm: int = SEND_HWM, recv_hwm: int = RECV_HWM,
                  handover: bool = False) -> None:
-        _refuse_served_ipc(bind)
+        refuse_served_ipc(bind)
         self.node_id = node_id
         self._sender = hdr.sender_bytes(node_id)
         self.security = security
