@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "100 for logistic)")
     parser.add_argument("--batch", type=int, default=32, help="minibatch per worker (default 32)")
     parser.add_argument("--balance", action="store_true",
-                        help="LB-BSP: resize batches from measured step times")
+                        help="resize each worker's batch from its measured step times so that "
+                             "all keep pace (LB-BSP under bsp; also ssp, pbsp, pssp, dssp)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
     parser.add_argument("--features", type=int, default=100, help="default 100")

@@ -145,8 +145,10 @@ def run_barriers(args: argparse.Namespace,
     if getattr(args, "balance", False):   # not after the runs before it trained
         for name, barrier in barriers:
             if not param.balances(barrier):
-                raise ConfigError(f"--balance is LB-BSP: it resizes batches at a BSP barrier, "
-                                  f"so every run needs bsp, not {name}")
+                raise ConfigError(f"--balance resizes batches so that the workers' steps "
+                                  f"keep pace; every run needs a barrier that holds fast "
+                                  f"workers for slow ones (bsp, ssp, pbsp, pssp, dssp), not "
+                                  f"{name}")
     check_plot_path(args.plot)
     runs = []
     with apputil.connect_from_args(args) as cluster:

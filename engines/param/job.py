@@ -54,9 +54,11 @@ class FunctionBarrier:
 
 
 def balances(barrier: Any) -> bool:
-    """Whether ``balance=True`` (LB-BSP) may run under ``barrier``: only BSP, where every
-    worker's step ends at one barrier that the batch sizes are balanced at."""
-    return isinstance(barrier, SSP) and barrier.staleness == 0
+    """Whether ``balance=True`` may run under ``barrier``: a policy that holds a fast worker
+    for a slow one (BSP: LB-BSP; SSP, PSP, DSSP: the same batch sizes keep the workers' steps
+    in pace, so the bound rarely holds anyone). Not ASP, where nobody waits, nor a custom
+    policy."""
+    return isinstance(barrier, (SSP, PSP, DSSP))
 
 class Job:
     """A parameter-server job: callbacks plus the barrier, the seed and per-worker data.
@@ -150,8 +152,9 @@ class Job:
             raise ConfigError(f"job {self.name!r} needs a stop condition: "
                               "job.register_stop(lambda store: store.step >= 100)")
         if balance and not balances(self.barrier):
-            raise ConfigError("balance=True is LB-BSP: it resizes batches at a BSP barrier and "
-                              f"needs barrier=BSP(), not {self.barrier!r}")
+            raise ConfigError("balance=True resizes batches so that the workers' steps keep "
+                              "pace; it needs a barrier that holds fast workers for slow ones "
+                              f"(BSP, SSP, PSP or DSSP), not {self.barrier!r}")
         options = RunOptions(servers=servers, timeout_s=timeout_s, checkpoint_dir=checkpoint_dir,
                              checkpoint_every=checkpoint_every, resume=resume, balance=balance,
                              batch=batch, straggler_factor=straggler_factor,
@@ -182,8 +185,11 @@ class Job:
             checkpoint_every: pulls between checkpoints (0: only at start and end).
             resume: start from the checkpoint in ``checkpoint_dir`` (refused if missing,
                 corrupt or foreign).
-            balance: LB-BSP: resize each worker's batch at every barrier from measured
-                step times (``ctx.batch_size``); updates are weighted by it.
+            balance: resize each worker's batch (``ctx.batch_size``) from its measured
+                compute times so that all take as long per step, keeping ``batch`` x
+                workers samples in all. Under BSP (LB-BSP) at every barrier, a round's
+                updates weighted by batch; under SSP, PSP and DSSP once every worker has
+                pushed since the last resize, each update folded alone as without it.
             batch: each worker's batch size (``ctx.batch_size``); with ``balance``, the
                 mean batch.
             straggler_factor: release a worker whose time per sample stays above this

@@ -75,12 +75,12 @@ class TestSGD:
                                                   "directory /nonexistent"):
                 main(["--plot", "/nonexistent/x.png", "--workers", "0"])
 
-    def test_balance_with_a_barrier_other_than_bsp_is_refused_before_training(self):
+    def test_balance_with_asp_is_refused_before_training(self):
         # before: `--compare bsp asp --balance` trained the bsp run, then failed on asp with
-        # the API's words (balance=True ... barrier=BSP()), and the bsp result was lost
-        for flags in (["--compare", "bsp", "asp"], ["--barrier", "ssp"]):
-            with pytest.raises(ConfigError, match="--balance is LB-BSP: .* every run needs "
-                                                  "bsp, not (asp|ssp:4)"):
+        # the API's words, and the bsp result was lost
+        for flags in (["--compare", "bsp", "asp"], ["--barrier", "asp"]):
+            with pytest.raises(ConfigError, match="--balance resizes batches .* every run needs "
+                                                  "a barrier that holds .*, not asp"):
                 sgd.main([*flags, "--balance", "--workers", "0"])
 
     def test_data_beyond_the_memory_available_is_refused_before_anything_runs(self):

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -92,6 +93,35 @@ class TestTraining:
         fast, slow = run.stats.steps_per_worker
         assert model["lead"][0] == 2          # the bound was reached, never passed
         assert slow >= 30 and fast <= slow + 3
+
+    def test_balance_under_pssp_gives_the_slow_worker_a_smaller_batch(self, cluster):
+        """balance=True beyond BSP: slot 1 sleeps 50 us per sample, so its batch shrinks and
+        slot 0's grows (the last batch each used is kept in the model's key "batch")."""
+        job = param.Job("lb-pssp", barrier=PSP(sample=1, staleness=2), seed=SEED,
+                        data=pb.linear_data)
+        job.register_push(sleepy_slot_push)
+        job.register_pull(batch_pull)
+        job.register_stop(pb.StepStop(60))
+        run = job.start(cluster, init={"w": np.zeros(pb.D), "batch": np.zeros(2)}, batch=16,
+                        balance=True, timeout_s=60)
+        model = run.result()
+        fast, slow = model["batch"]
+        assert slow < 8 < 24 < fast, model["batch"]
+        assert pb.weight_error(model["w"], SEED) < 0.1
+
+
+def sleepy_slot_push(ctx, values):
+    update = pb.linear_push(ctx, values)
+    if ctx.slot == 1:
+        time.sleep(50e-6 * ctx.batch_size)
+    return {"w": update["w"], "batch": np.eye(2)[ctx.slot] * ctx.batch_size}
+
+
+def batch_pull(store, updates):
+    for key, update in updates.items():
+        value, _ = store.get(key)
+        store.set(key, value - 0.05 * update if key == "w" else np.where(update > 0, update,
+                                                                          value))
 
 
 def slow_slot_push(ctx, values):

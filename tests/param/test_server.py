@@ -268,6 +268,30 @@ def _lbbsp_round(core, step, batches, compute, updates=None):
     return {a.worker: a.reply.batch for a in out}
 
 
+def _async_run(policy, balance, pushes=120):
+    """Workers A and B (3x slower per sample) on the core, each pushing when its compute of
+    its batch is done and going on when answered GO. Returns the final batches, steps, the
+    time each waited at the barrier, and the time simulated."""
+    core = make_core(policy, [A, B], balance=balance, batch=64)
+    per_sample = {A: 0.001, B: 0.003}
+    batch, steps, waited, held_at, due = {A: 64, B: 64}, {A: 0, B: 0}, {A: 0.0, B: 0.0}, {}, {}
+    for w in go(_start(core, A, B)):
+        due[w] = per_sample[w] * batch[w]
+    now = 0.0
+    for _ in range(pushes):
+        now, w = min((t, v) for v, t in due.items())
+        del due[w]
+        steps[w] += 1
+        held_at[w] = now
+        for a in core.push(w, Push(steps[w], {"w": np.ones(2)}, batch[w],
+                                   per_sample[w] * batch[w])):
+            if a.reply.status == Status.GO:
+                waited[a.worker] += now - held_at.pop(a.worker)
+                batch[a.worker] = a.reply.batch or batch[a.worker]
+                due[a.worker] = now + per_sample[a.worker] * batch[a.worker]
+    return batch, steps, waited, now
+
+
 class TestTuning:
     def test_lbbsp_gives_the_slow_worker_a_smaller_batch(self):
         core = make_core(BSP(), [A, B], balance=True, batch=64)
@@ -303,6 +327,30 @@ class TestTuning:
             assert np.allclose(core.store.get("w")[0], w - 0.1 * grad(w, np.arange(128)))
             assert sum(batches.values()) == 128 and sum(before.values()) == 128
         assert batches[A] == pytest.approx(100, abs=2)   # 96, and 4 for B's fixed 16 ms
+
+    @pytest.mark.parametrize("policy", [SSP(staleness=2), PSP(sample=1, staleness=2),
+                                        DSSP(low=1, high=3)])
+    def test_balance_under_bounded_staleness_keeps_a_3x_slower_worker_in_pace(self, policy):
+        """Workers released one at a time (no rounds): each GO carries the worker's batch,
+        and once balanced both take as long per step, so the fast one stops waiting at the
+        bound for the slow one."""
+        batch, steps, waited, elapsed = _async_run(policy, balance=True)
+        assert sum(batch.values()) == 128
+        assert batch[A] == pytest.approx(96, abs=2) and batch[B] == pytest.approx(32, abs=2)
+        assert abs(steps[A] - steps[B]) <= 3
+        assert waited[A] < 0.05 * elapsed and waited[B] == 0
+        _, plain_steps, plain_waited, plain_elapsed = _async_run(policy, balance=False)
+        assert plain_waited[A] > 0.5 * plain_elapsed      # without: held 2/3 of the time
+        assert plain_steps[A] - plain_steps[B] >= 1
+
+    def test_balance_needs_a_barrier_that_holds_workers(self):
+        from engines.param import Job
+        job = Job("j", barrier=ASP())
+        job.register_push(lambda ctx, values: {})
+        job.register_pull(lambda store, updates: None)
+        job.register_stop(lambda store: True)
+        with pytest.raises(ConfigError, match="BSP, SSP, PSP or DSSP"):
+            job.start(None, init={"w": np.zeros(2)}, balance=True)
 
     def test_a_straggler_factor_of_zero_is_refused_not_taken_as_off(self):
         with pytest.raises(ConfigError, match="factor > 1"):
