@@ -69,8 +69,41 @@ def pct(values: list[float], q: float) -> float:
 
 
 # ------------------------------------------------------------------ 1. lookups
+REPAIR_S = 30.0     # a wave's keys must be back on `replication` live holders by then
+POLL_S = 0.05       # how often the driver asks the holders while it waits for that
+
+
+def closest_live(infos: list[tuple[int, str]], live: list[int], name: str,
+                 n: int) -> list[int]:
+    """The ``n`` live peers (indexes into ``infos``) closest to key ``name`` by XOR: the
+    holders the overlay must keep it on."""
+    kid = key_id(name)
+    return sorted(live, key=lambda i: infos[i][0] ^ kid)[:n]
+
+
+def wait_repaired(cluster: Any, refs: list[Any], infos: list[tuple[int, str]],
+                  live: list[int], names: list[str], copies: int,
+                  since: float) -> tuple[float, list[str]]:
+    """Poll (``STATUS``'s keys) until each of ``names`` is held by its ``copies`` closest
+    live peers, or ``REPAIR_S`` after ``since``; returns the seconds from ``since`` and the
+    names still short of holders then."""
+    want = {name: closest_live(infos, live, name, copies) for name in names}
+    asked = sorted({i for holders in want.values() for i in holders})
+    while True:
+        held = {i: set(cluster.call(refs[i], PeerKind.STATUS, timeout_s=CALL_S)["keys"])
+                for i in asked}
+        missing = [name for name in names
+                   if any(key_id(name) not in held[i] for i in want[name])]
+        seconds = time.monotonic() - since
+        if not missing or seconds > REPAIR_S:
+            return seconds, missing
+        time.sleep(POLL_S)
+
+
 def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
-    """Lookups among ``peers`` on ``workers`` processes, then with one process SIGKILLed."""
+    """Lookups among ``peers`` on ``workers`` processes, then again after a quarter of the
+    processes were SIGKILLed, one per wave, each wave's keys repaired before the next (the
+    last line: the repairs)."""
     config = KademliaConfig(rpc_timeout_s=0.25, replica_check_s=0.5, replication=3,
                             refresh_on_join=False)
     rng = random.Random(seed)
@@ -79,19 +112,34 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
         refs, infos = start_peers(cluster, peers, config, seed, name="bench")
         live = list(range(peers))
         keys = [f"key-{i}" for i in range(20)]
-        # each key's holders: its `replication` closest peers by XOR (indexes into refs)
-        holders = {name: sorted(range(peers), key=lambda i, k=key_id(name): infos[i][0] ^ k)
-                   [:config.replication] for name in keys}
         for i, name in enumerate(keys):
             cluster.call(refs[i % peers], PeerKind.SET, (name, np.full(8, i, np.float32)),
                          timeout_s=CALL_S)
+        _, missing = wait_repaired(cluster, refs, infos, live, keys, config.replication,
+                                   time.monotonic())
+        if missing:
+            raise RuntimeError(f"keys {missing} never reached their {config.replication} "
+                               "closest peers")
+        pids = {r["node_id"]: r["pid"] for r in cluster.nodes()}
+        # peer 0 (the bootstrap, and the peer every key is read back from) lives on [0]
+        waves = rng.sample(cluster.workers()[1:], max(1, workers // 4))
+        repairs: list[float] = []
+        doomed: list[str] = []          # every holder died in one wave: nothing to copy
+        unrepaired: list[str] = []      # short of live holders REPAIR_S after its wave
         for dead in (False, True):
-            if dead:
-                victim = cluster.workers()[-1]          # peer 0 (the bootstrap) lives on [0]
-                pid = {r["node_id"]: r["pid"] for r in cluster.nodes()}[victim]
-                os.kill(pid, signal.SIGKILL)
-                live = [i for i in live if refs[i].node != victim]
-                time.sleep(1.0)                 # replica checks notice the dead holders
+            for victim in waves if dead else ():
+                dying = {i for i in live if refs[i].node == victim}
+                kept = [n for n in keys if n not in doomed + unrepaired]
+                doomed += [n for n in kept if set(closest_live(infos, live, n,
+                                                               config.replication)) <= dying]
+                killed = time.monotonic()
+                os.kill(pids[victim], signal.SIGKILL)
+                live = [i for i in live if i not in dying]
+                seconds, missing = wait_repaired(cluster, refs, infos, live,
+                                                 [n for n in kept if n not in doomed],
+                                                 config.replication, killed)
+                repairs.append(seconds)
+                unrepaired += missing
             started = time.monotonic()
             times, rounds, failed, node_times = [], [], 0, []
             for _ in range(count):
@@ -107,15 +155,19 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
                 node_times.append(seconds)
             lost = sum(cluster.call(refs[live[0]], PeerKind.GET, name, timeout_s=CALL_S)
                        is None for name in keys)
-            # keys whose holders all died at once: no copy was left to re-replicate from
-            doomed = sum(not set(holders[name]) & set(live) for name in keys)
             rows.append(f"{peers:>5} {100 - 100 * len(live) // peers:>4}% "
                         f"{statistics.median(times) * 1e3:>9.2f} "
                         f"{pct(times, 0.95) * 1e3:>9.2f} {statistics.mean(rounds):>6.2f} "
-                        f"{failed:>7} {lost:>5} {doomed:>6} "
+                        f"{failed:>7} {lost:>5} {len(doomed):>6} "
                         f"{statistics.median(node_times) * 1e3:>9.2f} "
                         f"{pct(node_times, 0.95) * 1e3:>9.2f} "
                         f"{time.monotonic() - started:>7.1f}")
+        rows.append(f"repair: {len(waves)} waves of {peers // workers} peers, keys back on "
+                    f"{config.replication} live holders {statistics.median(repairs):.2f} s "
+                    f"after a kill (median; max {max(repairs):.2f} s; each wave: "
+                    f"{' '.join(f'{s:.2f}' for s in repairs)})"
+                    + (f"; never repaired within {REPAIR_S:g} s: {', '.join(unrepaired)}"
+                       if unrepaired else ""))
     return rows
 
 
@@ -228,8 +280,9 @@ def job_a_rows(args: argparse.Namespace, peers: int) -> dict[tuple[str, bool], f
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=64, help="lookup part (default 64)")
-    parser.add_argument("--lookup-workers", type=int, default=4,
-                        help="worker processes for the lookup part; one is killed (default 4)")
+    parser.add_argument("--lookup-workers", type=int, default=16,
+                        help="worker processes for the lookup part; a quarter of them are "
+                             "killed, one per wave (default 16; 4: 16 of 64 peers at once)")
     parser.add_argument("--lookups", type=int, default=200)
     parser.add_argument("--full", action="store_true",
                         help="Job A at the issue's size, 100 000 x 1000 (default 20 000 rows)")
@@ -248,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3,
                         help="Job A runs per row and side, alternating; medians (default 3)")
     parser.add_argument("--skip-lookups", action="store_true")
+    parser.add_argument("--only-lookups", action="store_true", help="the lookup part alone")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
@@ -265,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'wall s':>7}")
         for line in lookup_rows(args.peers, args.lookup_workers, args.lookups, args.seed):
             print(line, flush=True)
-    for part, peers in enumerate(args.peers_a):
+    for part, peers in enumerate([] if args.only_lookups else args.peers_a):
         print(f"\n2{'abcdefgh'[part]}. Job A: {args.rows} x {args.features} float32, lr "
               f"{args.lr}, batch {args.batch} per worker / peer, target |w-w*|/|w*| < "
               f"{args.target}; 2 workers; P2P: {peers} peers, no server; pBSP/pSSP sample "
