@@ -3,14 +3,17 @@
 Run: ``python bench/peer.py``  (Job A at 20 000 x 1000; ``--full``: the issue's 100 000 x 1000)
 
 1. Lookups: ``--peers`` peers (``PeerService``s, spread over ``--lookup-workers`` worker
-   processes) joined into one overlay, 20 keys stored (replication 3); FIND_VALUE of those
-   keys from random live peers, latency on the asking peer's clock (median, p95) and rounds,
-   and FIND_NODE of random ids (which must hear from, or time out on, all k closest). Then one
-   worker process of the four is SIGKILLed (25 % of the peers die with it, mid-overlay, no
-   goodbye), 1 s for the replica checks, the lookups again, and every key read back (lost:
-   no live copy; doomed: keys whose 3 closest peers, their holders, were all among the dead,
-   which no overlay could keep: with 16 of 64 dead, 1.3 % of keys, so about one run in four
-   dooms one of its 20 keys).
+   processes, 16 by default: 4 peers each) joined into one overlay, 20 keys stored
+   (replication 3, replica checks every 0.5 s); FIND_VALUE of those keys from random live
+   peers, latency on the asking peer's clock (median, p95) and rounds, and FIND_NODE of
+   random ids (which must hear from, or time out on, all k closest). Then churn: a quarter
+   of the processes are SIGKILLed one after the other (25 % of the peers, in waves of 4,
+   mid-overlay, no goodbye); after each kill the driver polls the holders until every key
+   is back on its 3 closest live peers (the repair time, printed under the table; at most
+   30 s), then kills the next. Then the lookups again, and every key read back (lost: no
+   live copy; doomed: keys whose 3 holders all died in one wave, which no overlay could
+   keep: in waves of 4 that dooms one key in about 90 runs of 20; the same 16 peers killed
+   at once, ``--lookup-workers 4``, would doom 1.3 % of keys, one in about four runs).
 2. Job A (``bench/ps.py``'s problem: linear regression on ROWS x FEATURES float32 with known
    w*, plain SGD, lr 0.002, minibatch 256 per worker or peer, stop at |w - w*| / |w*| < 0.05)
    on 2 workers: the PS engine's ASP and BSP (one server shard on one of the workers), and the
@@ -162,7 +165,7 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
                         f"{statistics.median(node_times) * 1e3:>9.2f} "
                         f"{pct(node_times, 0.95) * 1e3:>9.2f} "
                         f"{time.monotonic() - started:>7.1f}")
-        rows.append(f"repair: {len(waves)} waves of {peers // workers} peers, keys back on "
+        rows.append(f"repair: {len(waves)} wave(s) of {peers // workers} peers, keys back on "
                     f"{config.replication} live holders {statistics.median(repairs):.2f} s "
                     f"after a kill (median; max {max(repairs):.2f} s; each wave: "
                     f"{' '.join(f'{s:.2f}' for s in repairs)})"
@@ -311,9 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_lookups:
         print(f"\n1. FIND_VALUE of stored keys among {args.peers} peers on "
               f"{args.lookup_workers} worker processes (timeout 250 ms, 2 misses evict), "
-              "20 keys, replication 3; then one process SIGKILLed; node med/p95: FIND_NODE "
-              "of random ids (ms); doomed: keys whose 3 holders all died at once (no "
-              "overlay keeps those: lost should equal it, and lookups of them fail)")
+              f"20 keys, replication 3; then {max(1, args.lookup_workers // 4)} processes "
+              "SIGKILLed one at a time, each wave's keys repaired before the next; node "
+              "med/p95: FIND_NODE of random ids (ms); doomed: keys whose 3 holders all died "
+              "in one wave (no overlay keeps those: lost should equal it, and lookups of "
+              "them fail)")
         print(f"{'N':>5} {'dead':>5} {'median ms':>9} {'p95 ms':>9} {'rounds':>6} "
               f"{'failed':>7} {'lost':>5} {'doomed':>6} {'node med':>9} {'node p95':>9} "
               f"{'wall s':>7}")
