@@ -165,11 +165,11 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
                         f"{statistics.median(node_times) * 1e3:>9.2f} "
                         f"{pct(node_times, 0.95) * 1e3:>9.2f} "
                         f"{time.monotonic() - started:>7.1f}")
-        rows.append(f"repair: {len(waves)} wave(s) of {peers // workers} peers, keys back on "
-                    f"{config.replication} live holders {statistics.median(repairs):.2f} s "
-                    f"after a kill (median; max {max(repairs):.2f} s; each wave: "
-                    f"{' '.join(f'{s:.2f}' for s in repairs)})"
-                    + (f"; never repaired within {REPAIR_S:g} s: {', '.join(unrepaired)}"
+        plural = "s" * (len(waves) > 1)
+        rows.append(f"repair after each of {len(waves)} wave{plural} of {peers // workers} "
+                    f"peers: median {statistics.median(repairs):.2f} s, max "
+                    f"{max(repairs):.2f} s ({' '.join(f'{s:.2f}' for s in repairs)})"
+                    + (f"; not back within {REPAIR_S:g} s: {', '.join(unrepaired)}"
                        if unrepaired else ""))
     return rows
 
@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n1. FIND_VALUE of stored keys among {args.peers} peers on "
               f"{args.lookup_workers} worker processes (timeout 250 ms, 2 misses evict), "
               f"20 keys, replication 3; then {max(1, args.lookup_workers // 4)} processes "
-              "SIGKILLed one at a time, each wave's keys repaired before the next; node "
+              "SIGKILLed one at a time, each wave's keys repaired (back on their 3 closest "
+              "live peers) before the next; node "
               "med/p95: FIND_NODE of random ids (ms); doomed: keys whose 3 holders all died "
               "in one wave (no overlay keeps those: lost should equal it, and lookups of "
               "them fail)")
