@@ -11,9 +11,10 @@ Run: ``python bench/peer.py``  (Job A at 20 000 x 1000; ``--full``: the issue's 
    mid-overlay, no goodbye); after each kill the driver polls the holders until every key
    is back on its 3 closest live peers (the repair time, printed under the table; at most
    30 s), then kills the next. Then the lookups again, and every key read back (lost: no
-   live copy; doomed: keys whose 3 holders all died in one wave, which no overlay could
-   keep: in waves of 4 that dooms one key in about 90 runs of 20; the same 16 peers killed
-   at once, ``--lookup-workers 4``, would doom 1.3 % of keys, one in about four runs).
+   live copy; doomed: keys whose every copy, their 3 closest peers' and their writer's own,
+   died in one wave, which no overlay could keep: in waves of 4 about one run in 550 dooms
+   a key, where the same 16 peers killed at once, ``--lookup-workers 4``, doom 0.34 % of
+   keys, a key in one run of 16).
 2. Job A (``bench/ps.py``'s problem: linear regression on ROWS x FEATURES float32 with known
    w*, plain SGD, lr 0.002, minibatch 256 per worker or peer, stop at |w - w*| / |w*| < 0.05)
    on 2 workers: the PS engine's ASP and BSP (one server shard on one of the workers), and the
@@ -84,17 +85,22 @@ def closest_live(infos: list[tuple[int, str]], live: list[int], name: str,
     return sorted(live, key=lambda i: infos[i][0] ^ kid)[:n]
 
 
+def held_keys(cluster: Any, refs: list[Any], asked: list[int]) -> dict[int, set[int]]:
+    """Peer index -> the key ids it holds (its ``STATUS``), for each of ``asked``."""
+    return {i: set(cluster.call(refs[i], PeerKind.STATUS, timeout_s=CALL_S)["keys"])
+            for i in asked}
+
+
 def wait_repaired(cluster: Any, refs: list[Any], infos: list[tuple[int, str]],
                   live: list[int], names: list[str], copies: int,
                   since: float) -> tuple[float, list[str]]:
-    """Poll (``STATUS``'s keys) until each of ``names`` is held by its ``copies`` closest
-    live peers, or ``REPAIR_S`` after ``since``; returns the seconds from ``since`` and the
-    names still short of holders then."""
+    """Poll until each of ``names`` is held by its ``copies`` closest live peers, or
+    ``REPAIR_S`` after ``since``; returns the seconds from ``since`` and the names still
+    short of holders then."""
     want = {name: closest_live(infos, live, name, copies) for name in names}
     asked = sorted({i for holders in want.values() for i in holders})
     while True:
-        held = {i: set(cluster.call(refs[i], PeerKind.STATUS, timeout_s=CALL_S)["keys"])
-                for i in asked}
+        held = held_keys(cluster, refs, asked)
         missing = [name for name in names
                    if any(key_id(name) not in held[i] for i in want[name])]
         seconds = time.monotonic() - since
@@ -127,20 +133,22 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
         # peer 0 (the bootstrap, and the peer every key is read back from) lives on [0]
         waves = rng.sample(cluster.workers()[1:], max(1, workers // 4))
         repairs: list[float] = []
-        doomed: list[str] = []          # every holder died in one wave: nothing to copy
+        doomed: list[str] = []          # every copy died in one wave: none to repair from
         unrepaired: list[str] = []      # short of live holders REPAIR_S after its wave
         for dead in (False, True):
             for victim in waves if dead else ():
                 dying = {i for i in live if refs[i].node == victim}
-                kept = [n for n in keys if n not in doomed + unrepaired]
-                doomed += [n for n in kept if set(closest_live(infos, live, n,
-                                                               config.replication)) <= dying]
+                # every copy, the 3 closest peers' and any other (its writer keeps one)
+                held = held_keys(cluster, refs, live)
+                doomed += [n for n in keys if n not in doomed and
+                           {i for i in live if key_id(n) in held[i]} <= dying]
                 killed = time.monotonic()
                 os.kill(pids[victim], signal.SIGKILL)
                 live = [i for i in live if i not in dying]
-                seconds, missing = wait_repaired(cluster, refs, infos, live,
-                                                 [n for n in kept if n not in doomed],
-                                                 config.replication, killed)
+                seconds, missing = wait_repaired(
+                    cluster, refs, infos, live,
+                    [n for n in keys if n not in doomed + unrepaired],
+                    config.replication, killed)
                 repairs.append(seconds)
                 unrepaired += missing
             started = time.monotonic()
@@ -317,9 +325,9 @@ def main(argv: list[str] | None = None) -> int:
               f"20 keys, replication 3; then {max(1, args.lookup_workers // 4)} processes "
               "SIGKILLed one at a time, each wave's keys repaired (back on their 3 closest "
               "live peers) before the next; node "
-              "med/p95: FIND_NODE of random ids (ms); doomed: keys whose 3 holders all died "
-              "in one wave (no overlay keeps those: lost should equal it, and lookups of "
-              "them fail)")
+              "med/p95: FIND_NODE of random ids (ms); doomed: keys whose every copy died in "
+              "one wave (no overlay keeps those: lost should equal it, and lookups of them "
+              "fail)")
         print(f"{'N':>5} {'dead':>5} {'median ms':>9} {'p95 ms':>9} {'rounds':>6} "
               f"{'failed':>7} {'lost':>5} {'doomed':>6} {'node med':>9} {'node p95':>9} "
               f"{'wall s':>7}")
