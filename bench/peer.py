@@ -3,14 +3,18 @@
 Run: ``python bench/peer.py``  (Job A at 20 000 x 1000; ``--full``: the issue's 100 000 x 1000)
 
 1. Lookups: ``--peers`` peers (``PeerService``s, spread over ``--lookup-workers`` worker
-   processes) joined into one overlay, 20 keys stored (replication 3); FIND_VALUE of those
-   keys from random live peers, latency on the asking peer's clock (median, p95) and rounds,
-   and FIND_NODE of random ids (which must hear from, or time out on, all k closest). Then one
-   worker process of the four is SIGKILLed (25 % of the peers die with it, mid-overlay, no
-   goodbye), 1 s for the replica checks, the lookups again, and every key read back (lost:
-   no live copy; doomed: keys whose 3 closest peers, their holders, were all among the dead,
-   which no overlay could keep: with 16 of 64 dead, 1.3 % of keys, so about one run in four
-   dooms one of its 20 keys).
+   processes, 16 by default: 4 peers each) joined into one overlay, 20 keys stored
+   (replication 3, replica checks every 0.5 s); FIND_VALUE of those keys from random live
+   peers, latency on the asking peer's clock (median, p95) and rounds, and FIND_NODE of
+   random ids (which must hear from, or time out on, all k closest). Then churn: a quarter
+   of the processes are SIGKILLed one after the other (25 % of the peers, in waves of 4,
+   mid-overlay, no goodbye); after each kill the driver polls the holders until every key
+   is back on its 3 closest live peers (the repair time, printed under the table; at most
+   30 s), then kills the next. Then the lookups again, and every key read back (lost: no
+   live copy; doomed: keys whose every copy, their 3 closest peers' and their writer's own,
+   died in one wave, which no overlay could keep: in waves of 4 about one run in 550 dooms
+   a key, where the same 16 peers killed at once, ``--lookup-workers 4``, doom 0.34 % of
+   keys, a key in one run of 16).
 2. Job A (``bench/ps.py``'s problem: linear regression on ROWS x FEATURES float32 with known
    w*, plain SGD, lr 0.002, minibatch 256 per worker or peer, stop at |w - w*| / |w*| < 0.05)
    on 2 workers: the PS engine's ASP and BSP (one server shard on one of the workers), and the
@@ -69,8 +73,46 @@ def pct(values: list[float], q: float) -> float:
 
 
 # ------------------------------------------------------------------ 1. lookups
+REPAIR_S = 30.0     # a wave's keys must be back on `replication` live holders by then
+POLL_S = 0.05       # how often the driver asks the holders while it waits for that
+
+
+def closest_live(infos: list[tuple[int, str]], live: list[int], name: str,
+                 n: int) -> list[int]:
+    """The ``n`` live peers (indexes into ``infos``) closest to key ``name`` by XOR: the
+    holders the overlay must keep it on."""
+    kid = key_id(name)
+    return sorted(live, key=lambda i: infos[i][0] ^ kid)[:n]
+
+
+def held_keys(cluster: Any, refs: list[Any], asked: list[int]) -> dict[int, set[int]]:
+    """Peer index -> the key ids it holds (its ``STATUS``), for each of ``asked``."""
+    return {i: set(cluster.call(refs[i], PeerKind.STATUS, timeout_s=CALL_S)["keys"])
+            for i in asked}
+
+
+def wait_repaired(cluster: Any, refs: list[Any], infos: list[tuple[int, str]],
+                  live: list[int], names: list[str], copies: int,
+                  since: float) -> tuple[float, list[str]]:
+    """Poll until each of ``names`` is held by its ``copies`` closest live peers, or
+    ``REPAIR_S`` after ``since``; returns the seconds from ``since`` and the names still
+    short of holders then."""
+    want = {name: closest_live(infos, live, name, copies) for name in names}
+    asked = sorted({i for holders in want.values() for i in holders})
+    while True:
+        held = held_keys(cluster, refs, asked)
+        missing = [name for name in names
+                   if any(key_id(name) not in held[i] for i in want[name])]
+        seconds = time.monotonic() - since
+        if not missing or seconds > REPAIR_S:
+            return seconds, missing
+        time.sleep(POLL_S)
+
+
 def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
-    """Lookups among ``peers`` on ``workers`` processes, then with one process SIGKILLed."""
+    """Lookups among ``peers`` on ``workers`` processes, then again after a quarter of the
+    processes were SIGKILLed, one per wave, each wave's keys repaired before the next (the
+    last line: the repairs)."""
     config = KademliaConfig(rpc_timeout_s=0.25, replica_check_s=0.5, replication=3,
                             refresh_on_join=False)
     rng = random.Random(seed)
@@ -79,19 +121,36 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
         refs, infos = start_peers(cluster, peers, config, seed, name="bench")
         live = list(range(peers))
         keys = [f"key-{i}" for i in range(20)]
-        # each key's holders: its `replication` closest peers by XOR (indexes into refs)
-        holders = {name: sorted(range(peers), key=lambda i, k=key_id(name): infos[i][0] ^ k)
-                   [:config.replication] for name in keys}
         for i, name in enumerate(keys):
             cluster.call(refs[i % peers], PeerKind.SET, (name, np.full(8, i, np.float32)),
                          timeout_s=CALL_S)
+        _, missing = wait_repaired(cluster, refs, infos, live, keys, config.replication,
+                                   time.monotonic())
+        if missing:
+            raise RuntimeError(f"keys {missing} never reached their {config.replication} "
+                               "closest peers")
+        pids = {r["node_id"]: r["pid"] for r in cluster.nodes()}
+        # peer 0 (the bootstrap, and the peer every key is read back from) lives on [0]
+        waves = rng.sample(cluster.workers()[1:], max(1, workers // 4))
+        repairs: list[float] = []
+        doomed: list[str] = []          # every copy died in one wave: none to repair from
+        unrepaired: list[str] = []      # short of live holders REPAIR_S after its wave
         for dead in (False, True):
-            if dead:
-                victim = cluster.workers()[-1]          # peer 0 (the bootstrap) lives on [0]
-                pid = {r["node_id"]: r["pid"] for r in cluster.nodes()}[victim]
-                os.kill(pid, signal.SIGKILL)
-                live = [i for i in live if refs[i].node != victim]
-                time.sleep(1.0)                 # replica checks notice the dead holders
+            for victim in waves if dead else ():
+                dying = {i for i in live if refs[i].node == victim}
+                # every copy, the 3 closest peers' and any other (its writer keeps one)
+                held = held_keys(cluster, refs, live)
+                doomed += [n for n in keys if n not in doomed and
+                           {i for i in live if key_id(n) in held[i]} <= dying]
+                killed = time.monotonic()
+                os.kill(pids[victim], signal.SIGKILL)
+                live = [i for i in live if i not in dying]
+                seconds, missing = wait_repaired(
+                    cluster, refs, infos, live,
+                    [n for n in keys if n not in doomed + unrepaired],
+                    config.replication, killed)
+                repairs.append(seconds)
+                unrepaired += missing
             started = time.monotonic()
             times, rounds, failed, node_times = [], [], 0, []
             for _ in range(count):
@@ -107,15 +166,19 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
                 node_times.append(seconds)
             lost = sum(cluster.call(refs[live[0]], PeerKind.GET, name, timeout_s=CALL_S)
                        is None for name in keys)
-            # keys whose holders all died at once: no copy was left to re-replicate from
-            doomed = sum(not set(holders[name]) & set(live) for name in keys)
             rows.append(f"{peers:>5} {100 - 100 * len(live) // peers:>4}% "
                         f"{statistics.median(times) * 1e3:>9.2f} "
                         f"{pct(times, 0.95) * 1e3:>9.2f} {statistics.mean(rounds):>6.2f} "
-                        f"{failed:>7} {lost:>5} {doomed:>6} "
+                        f"{failed:>7} {lost:>5} {len(doomed):>6} "
                         f"{statistics.median(node_times) * 1e3:>9.2f} "
                         f"{pct(node_times, 0.95) * 1e3:>9.2f} "
                         f"{time.monotonic() - started:>7.1f}")
+        plural = "s" * (len(waves) > 1)
+        rows.append(f"repair after each of {len(waves)} wave{plural} of {peers // workers} "
+                    f"peers: median {statistics.median(repairs):.2f} s, max "
+                    f"{max(repairs):.2f} s ({' '.join(f'{s:.2f}' for s in repairs)})"
+                    + (f"; not back within {REPAIR_S:g} s: {', '.join(unrepaired)}"
+                       if unrepaired else ""))
     return rows
 
 
@@ -228,8 +291,9 @@ def job_a_rows(args: argparse.Namespace, peers: int) -> dict[tuple[str, bool], f
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=64, help="lookup part (default 64)")
-    parser.add_argument("--lookup-workers", type=int, default=4,
-                        help="worker processes for the lookup part; one is killed (default 4)")
+    parser.add_argument("--lookup-workers", type=int, default=16,
+                        help="worker processes for the lookup part; a quarter of them are "
+                             "killed, one per wave (default 16; 4: 16 of 64 peers at once)")
     parser.add_argument("--lookups", type=int, default=200)
     parser.add_argument("--full", action="store_true",
                         help="Job A at the issue's size, 100 000 x 1000 (default 20 000 rows)")
@@ -248,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3,
                         help="Job A runs per row and side, alternating; medians (default 3)")
     parser.add_argument("--skip-lookups", action="store_true")
+    parser.add_argument("--only-lookups", action="store_true", help="the lookup part alone")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
@@ -257,15 +322,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_lookups:
         print(f"\n1. FIND_VALUE of stored keys among {args.peers} peers on "
               f"{args.lookup_workers} worker processes (timeout 250 ms, 2 misses evict), "
-              "20 keys, replication 3; then one process SIGKILLed; node med/p95: FIND_NODE "
-              "of random ids (ms); doomed: keys whose 3 holders all died at once (no "
-              "overlay keeps those: lost should equal it, and lookups of them fail)")
+              f"20 keys, replication 3; then {max(1, args.lookup_workers // 4)} processes "
+              "SIGKILLed one at a time, each wave's keys repaired (back on their 3 closest "
+              "live peers) before the next; node "
+              "med/p95: FIND_NODE of random ids (ms); doomed: keys whose every copy died in "
+              "one wave (no overlay keeps those: lost should equal it, and lookups of them "
+              "fail)")
         print(f"{'N':>5} {'dead':>5} {'median ms':>9} {'p95 ms':>9} {'rounds':>6} "
               f"{'failed':>7} {'lost':>5} {'doomed':>6} {'node med':>9} {'node p95':>9} "
               f"{'wall s':>7}")
         for line in lookup_rows(args.peers, args.lookup_workers, args.lookups, args.seed):
             print(line, flush=True)
-    for part, peers in enumerate(args.peers_a):
+    for part, peers in enumerate([] if args.only_lookups else args.peers_a):
         print(f"\n2{'abcdefgh'[part]}. Job A: {args.rows} x {args.features} float32, lr "
               f"{args.lr}, batch {args.batch} per worker / peer, target |w-w*|/|w*| < "
               f"{args.target}; 2 workers; P2P: {peers} peers, no server; pBSP/pSSP sample "

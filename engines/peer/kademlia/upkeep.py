@@ -7,8 +7,10 @@ there as peers come and go:
   closest peers with the remaining TTL; the origin renews the TTL (the paper's rule).
 * **re-replication**: when a node evicts a dead peer (or hears its LEAVE) it checks, for each
   key it holds, whether the gone peer was one of the key's ``replication`` closest; if so, it
-  stores the key again on the current closest (a lookup, then STOREs). ``replica_check_s`` PINGs the other holders of our
-  keys periodically so a death is noticed even when nobody was talking to the dead peer.
+  stores the key again on the current closest (a lookup, then STOREs), and once more if one
+  of those STOREs goes unanswered (that peer died too). ``replica_check_s`` PINGs the other
+  holders of our keys periodically so a death is noticed even when nobody was talking to
+  the dead peer.
 * **hand-off**: a node that leaves stores each key it holds on the closest *other* peers
   before it tells its contacts (LEAVE) that it is gone.
 
@@ -58,8 +60,7 @@ class Upkeep:
         node = self._node
         copies = node.config.copies
         for key in node.storage.keys():
-            record = node.storage.get(key, now)
-            if record is None or key in self._replicating:
+            if node.storage.get(key, now) is None or key in self._replicating:
                 continue
             gone_distance = gone ^ key
             closest = node.routing.closest(key, copies)
@@ -72,12 +73,27 @@ class Upkeep:
             # back a key whose closest holders all died.
             log.debug("%s: re-replicating %s after %s went", short(node.node_id), short(key),
                       short(gone))
-            self._replicating.add(key)
-            node.stats.replicated += 1
-            ttl = node.config.ttl_s if record.is_origin else record.expires_at - now
-            node._begin(OpKind.REPLICATE, key, now, eff=eff, value=record.value, ttl_s=ttl,
-                        clock=record.clock, writer=record.writer,
-                        then=lambda op, when, e: self._replicating.discard(op.target))
+            self._replicate(KadId(key), now, eff)
+
+    def _replicate(self, key: KadId, now: float, eff: Effects) -> None:
+        node = self._node
+        record = node.storage.get(key, now)
+        if record is None:
+            return
+        self._replicating.add(key)
+        node.stats.replicated += 1
+        ttl = node.config.ttl_s if record.is_origin else record.expires_at - now
+        node._begin(OpKind.REPLICATE, key, now, eff=eff, value=record.value, ttl_s=ttl,
+                    clock=record.clock, writer=record.writer, then=self._replicated)
+
+    def _replicated(self, op: _Op, now: float, eff: Effects) -> None:
+        self._replicating.discard(op.target)
+        if op.confirmed + len(op.refusals) < op.holders:
+            # A peer it stored on died unanswered: the key is a copy short. Its eviction
+            # came while this ran, so peer_gone left the key to this REPLICATE, and the
+            # replica checks that follow ping only live peers: store again (the lookup
+            # skips the evicted peer now).
+            self._replicate(op.target, now, eff)
 
     def check_replicas(self, now: float, eff: Effects) -> None:
         """PING the closest peers of every key we hold (its other holders), once each."""

@@ -3,12 +3,13 @@ holders leave gracefully (LEAVE makes every contact drop the leaver at once)."""
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engines.peer.kademlia.events import KademliaConfig
+from engines.peer.kademlia.events import Effects, KademliaConfig
 from engines.peer.kademlia.ids import KadId, key_id
+from engines.peer.kademlia.messages import Store
 from engines.peer.kademlia.sim import SimNetwork
 
 CHECKED = KademliaConfig(replication=3, replica_check_s=5.0, refresh_on_join=False,
@@ -35,6 +36,24 @@ def until(net: SimNetwork, done: Callable[[], bool], max_s: float) -> float:
         assert net.clock.now() - start < max_s, "not done in time"
         net.run_for(0.5)
     return net.clock.now() - start
+
+
+class DiesOnStore:
+    """A simulated peer that dies the moment a STORE of ``key`` reaches it (unanswered)."""
+
+    def __init__(self, net: SimNetwork, address: str, key: KadId) -> None:
+        self.net, self.address, self.key = net, address, key
+        self.node = net.nodes[address]
+
+    def receive(self, sender_address: str, message: object, now: float,
+                frames: Sequence[object] = ()) -> Effects:
+        if isinstance(message, Store) and message.key == self.key:
+            self.net.kill(self.address)
+            return Effects()
+        return self.node.receive(sender_address, message, now, frames)
+
+    def on_timer(self, kind: Any, token: int, now: float) -> Effects:
+        return self.node.on_timer(kind, token, now)
 
 
 class TestReReplication:
@@ -64,6 +83,25 @@ class TestReReplication:
                 got = net.get(address, key)
                 assert got.clock == 1 and got.value.tolist() == (value + 1).tolist()
         assert sum(net.nodes[a].stats.replicated for a in net.alive) >= len(keys)
+
+    def test_new_holders_that_die_while_they_are_being_stored_on_are_replaced(self) -> None:
+        net = SimNetwork(CHECKED, seed=34)
+        live = net.grow(40)
+        key = key_id("k")
+        first, second, third = net.true_closest(key, 3)
+        net.set(first.address, key, b"v")          # the writer is a holder: no extra copy
+        net.kill(second.address)
+        net.kill(third.address)
+        # ``first`` alone stores the key again, on the next two: both die unanswered
+        chosen = net.true_closest(key, 3)[1:]
+        for contact in chosen:
+            net.attach(contact.address, DiesOnStore(net, contact.address, key))
+        until(net, lambda: not {c.address for c in chosen} & net.alive, 20.0)
+        assert set(holders(net, key)) == {first.address}
+        # their STOREs time out and they are evicted while that REPLICATE still runs: one
+        # more must follow, or the key stays on 1 live peer until the next republish
+        until(net, lambda: replicated(net, key, 0), 20.0)
+        assert net.nodes[first.address].stats.replicated == 2
 
     def test_a_failed_request_also_triggers_it_without_replica_checks(self) -> None:
         config = KademliaConfig(replication=3, refresh_on_join=False, refresh_interval_s=1e9,
