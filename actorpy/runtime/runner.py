@@ -159,6 +159,12 @@ class ServiceRunner:
         try:
             fn(*args)
         except Exception:
+            if self.host.node.closed:
+                # the node shut down under a timer or reply that was already due: its
+                # sends fail with NodeLost, which is the shutdown, not a failure
+                log.debug("service %s: callback %s ran as its node closed", self.label,
+                          getattr(fn, "__qualname__", fn), exc_info=True)
+                return
             log.exception("service %s: callback %s failed", self.label,
                           getattr(fn, "__qualname__", fn))
 
