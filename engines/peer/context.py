@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from actorpy.barrier import ASP, Policy
+from actorpy.barrier import ASP, PSP, SSP, Policy
 from actorpy.errors import ConfigError
 from actorpy.values import check_model, describe, fits
 
@@ -43,6 +43,8 @@ class PeerContext:
         rng: this peer's own seeded numpy generator.
         data: what the job's ``data(index)`` gave this peer (None without one).
         peers: the overlay's size, estimated from id density (this peer counted).
+        batch_size: the samples this step should use: the job's ``batch``, or with
+            ``balance`` this peer's share (smaller while it holds faster peers back).
     """
 
     address: str
@@ -51,6 +53,7 @@ class PeerContext:
     rng: np.random.Generator
     data: Any = None
     peers: int = 1
+    batch_size: int = 32
 
 
 class OwnerStore:
@@ -166,6 +169,10 @@ class JobSpec:
         quick: the model is small (``QUICK_MODEL_BYTES``), so a shell may handle overlay
             requests on its node's I/O thread while the peer is idle (``pull`` runs there
             then, ``schedule`` and ``push`` never).
+        batch: ``ctx.batch_size`` of every peer (with ``balance``: the most a peer uses).
+        balance: a peer that faster peers wait on shrinks its batch (down to a quarter;
+            ``PeerRunner._rebalance``), so the peers' steps keep pace; needs a staleness
+            of 1 or more (SSP, PSP).
     """
 
     name: str
@@ -182,9 +189,27 @@ class JobSpec:
     run: int = 0
     quick: bool = False
     durable: bool = True
+    batch: int = 32
+    balance: bool = False
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "retry_s", "replicate_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.batch, int) or isinstance(self.batch, bool) or self.batch < 1:
+            raise ConfigError(f"batch must be an int >= 1, got {self.batch!r}")
+        if self.balance and balance_bound(self.policy) is None:
+            raise ConfigError(
+                f"balance=True needs a barrier with a staleness of 1 or more (SSP(s), "
+                f"PSP(sample, s)), not {self.policy!r}: a peer tells that faster peers wait "
+                f"on it by how far ahead of it they are, up to that bound")
+
+
+def balance_bound(policy: Policy) -> int | None:
+    """The staleness a balancing peer keeps the others' lead under, or None if ``policy``
+    has none to go by (BSP, pBSP, ASP, a custom policy)."""
+    staleness = getattr(policy, "staleness", None)
+    if isinstance(policy, (SSP, PSP)) and isinstance(staleness, int) and staleness >= 1:
+        return staleness
+    return None

@@ -67,6 +67,13 @@ class Job:
             holders within ``replicate_s`` like the owner's own (a push acknowledged in that
             window dies with the owner; the key never does): about half the messages per
             push when pushers are not the key's only other holder (more than 2 peers).
+        batch: every peer's ``ctx.batch_size`` (default 32).
+        balance: with SSP(s) or PSP(β, s), s >= 1: a peer that most peers it knows are
+            more than ``s / 2`` steps ahead of takes fewer samples per step (down to a
+            quarter of ``batch``), and grows back to ``batch`` once they are not, so a
+            persistent straggler keeps pace instead of setting it (no coordinator, nothing
+            more on the wire). Each update is still pulled alone: its gradient is its own
+            batch's mean.
         **overlay: any other ``KademliaConfig`` field (e.g. ``rpc_timeout_s``).
 
     Raises:
@@ -75,7 +82,8 @@ class Job:
 
     def __init__(self, name: str, barrier: Policy | None = None, replication: int = 3,
                  seed: int = 0, *, ksize: int = 20, alpha: int = 3, poll_s: float = 0.01,
-                 replicate_s: float = 0.01, durable: bool = True, **overlay: Any) -> None:
+                 replicate_s: float = 0.01, durable: bool = True, batch: int = 32,
+                 balance: bool = False, **overlay: Any) -> None:
         if not isinstance(replication, int) or not 1 <= replication <= ksize:
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
@@ -93,6 +101,9 @@ class Job:
         if not isinstance(durable, bool):
             raise ConfigError(f"durable must be True or False, got {durable!r}")
         self.durable = durable
+        if not isinstance(balance, bool):
+            raise ConfigError(f"balance must be True or False, got {balance!r}")
+        self.batch, self.balance = batch, balance
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
                                         "alpha": alpha, "replication": replication})
         if not isinstance(alpha, int) or alpha < 1:   # 0: a lookup would ask nobody
@@ -153,7 +164,7 @@ class Job:
         return JobSpec(self.name, self._schedule, self._push, stop=self._stop,
                        policy=self.policy, seed=self.seed, poll_s=self.poll_s,
                        replicate_s=self.replicate_s, durable=self.durable,
-                       keys=frozenset(keys), **kwargs)
+                       batch=self.batch, balance=self.balance, keys=frozenset(keys), **kwargs)
 
     def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
         """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and

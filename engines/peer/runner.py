@@ -20,7 +20,7 @@ import numpy as np
 from actorpy.barrier import Decision
 
 from .barrier import OverlayBarrier, blocking_floor
-from .context import JobSpec, PeerContext, Timer, misfit
+from .context import JobSpec, PeerContext, Timer, balance_bound, misfit
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
@@ -73,6 +73,11 @@ class PeerRunner:
         self.finished_s: float | None = None           # when stop() said so
         self.error: tuple[str, str, str] | None = None  # (type, message, traceback)
         self.waiting_on: frozenset[str] = frozenset()
+        #: this step's batch (``ctx.batch_size``); with ``spec.balance`` it moves with the
+        #: lead of the peers ahead (``_rebalance``)
+        self.batch = float(spec.batch)
+        self._bound = balance_bound(spec.policy) if spec.balance else None
+        self._floor = max(1.0, spec.batch / 4)
         self._ops: dict[int, Then] = {}
         self._retries: dict[int, Callable[[float, Effects], None]] = {}
         self._epoch = 0
@@ -188,7 +193,26 @@ class PeerRunner:
     # ------------------------------------------------------------------ the step loop
     def _ctx(self) -> PeerContext:
         return PeerContext(self.node.address, self.index, self.step, self.rng, self.data,
-                           max(1, round(self.node.size_estimate())))
+                           max(1, round(self.node.size_estimate())), round(self.batch))
+
+    def _rebalance(self) -> None:
+        """Balanced batches without a coordinator: each step a peer moves its batch by 5 %
+        per step of lead over half the barrier's bound (at most -15 % / +10 % a step, within
+        a quarter of the job's batch .. the job's batch: with fewer samples its updates get
+        noisy enough to cost more updates than its speed gains), where the lead is how far the lower median of the peers it
+        knows is ahead of it. A straggler that the others press against (their lead near
+        the bound: they wait on it, or soon will) so takes fewer samples until they lead by
+        half the bound, short of waiting; a peer level with the others keeps or regains
+        the job's batch. (The median, not the fastest peer: a peer merely behind the fastest
+        one is no straggler, and shrinking it too would shrink all but the fastest.) The
+        steps come with the messages peers exchange anyway: nothing more on the wire."""
+        assert self._bound is not None
+        steps = sorted(seen.step for _, seen in self.node.steps.items())
+        if not steps:
+            return
+        lead = steps[(len(steps) - 1) // 2] - self.step      # the lower median's
+        factor = min(1.10, max(0.85, 1.0 - 0.05 * (lead - self._bound / 2)))
+        self.batch = min(float(self.spec.batch), max(self._floor, self.batch * factor))
 
     def _begin_step(self, now: float, eff: Effects) -> None:
         if self.on_io_thread or self._serving_here or self._answering:
@@ -203,6 +227,8 @@ class PeerRunner:
             return
         self._epoch += 1
         self.phase = Phase.WORKING
+        if self._bound is not None:
+            self._rebalance()
         try:
             self._keys = self._scheduled(self.spec.schedule(self._ctx()))
         except Exception as exc:  # user code, or what it returned: the job fails with it

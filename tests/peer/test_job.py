@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from actorpy.barrier import ASP, BSP, PSP, SSP, Decision, Policy
-from actorpy.errors import RemoteError
+from actorpy.errors import ConfigError, RemoteError
 from engines.peer import Job, OwnerStore, PeerContext, SimRun
 from engines.peer.kademlia.events import Effects
 from engines.peer.kademlia.ids import key_id
@@ -145,6 +145,47 @@ class TestTraining:
         # BSP paces everyone at the straggler's 3 ms a step; under pSSP the median fast peer
         # finishes its 40 steps far sooner (it meets the straggler in 3 of 11 draws)
         assert finish["pssp"] < 0.75 * finish["bsp"]
+
+    def test_balance_shrinks_a_straggler_batch_so_it_keeps_pace(self) -> None:
+        """Compute time per sample: peer index 0 takes 3x the others'. With balance=True its
+        batch falls (the others reach the bound ahead of it) until its steps take about as
+        long as theirs; theirs stays the job's. The run is then paced by the fast peers."""
+        finish, batches = {}, {}
+        for balance in (False, True):
+            used: dict[int, int] = {}
+            job = Job("lb", barrier=PSP(1, 4), seed=3, batch=BATCH, balance=balance)
+            job.register_schedule(lambda ctx: ["w"])
+
+            def push(ctx: PeerContext, values: dict[str, np.ndarray], used=used) -> dict:
+                used[ctx.index] = ctx.batch_size
+                return {"w": np.ones(1)}
+            job.register_push(push)
+            job.register_pull(lambda store, updates: store.set("w", store.get("w")[0] + 1))
+            job.register_stop(lambda ctx: ctx.step >= 200)
+            per_sample = lambda index, step, used=used: (  # noqa: E731
+                (3e-4 if index == 0 else 1e-4) * used[index])
+            sim = SimRun(job, 4, {"w": np.zeros(1)}, compute_s=per_sample)
+            sim.run()
+            finish[balance] = max(r.finished_s for r in sim.runners().values()) - sim.started_s
+            batches[balance] = dict(used)
+        assert batches[False] == {i: BATCH for i in range(4)}
+        assert batches[True][0] < BATCH / 2                   # ~1/3 of it, give or take
+        assert all(batches[True][i] == BATCH for i in (1, 2, 3))
+        assert finish[True] < 0.75 * finish[False]
+
+    def test_balance_needs_a_staleness_to_go_by(self) -> None:
+        for barrier in (BSP(), ASP(), PSP(2, 0)):
+            job = linreg(barrier, steps=1)
+            job.balance = True
+            with pytest.raises(ConfigError, match="balance=True needs a barrier with a "
+                                                  "staleness of 1 or more"):
+                job.spec()
+        with pytest.raises(ConfigError, match="balance must be True or False"):
+            Job("x", balance="yes")  # type: ignore[arg-type]
+        job = linreg(SSP(2), steps=1)
+        job.batch = 0
+        with pytest.raises(ConfigError, match="batch must be an int >= 1"):
+            job.spec()
 
     @pytest.mark.parametrize("barrier", [PSP(1, 4), ASP()], ids=["pssp1-4", "asp"])
     def test_two_peers_exchange_little_more_than_a_push_and_its_answer(
