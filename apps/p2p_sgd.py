@@ -53,8 +53,8 @@ class Push:
     """Each peer's gradient step; with a ``target`` it also remembers how far the w it last
     read is from w* (known to this generated problem), for ``StopAfter``."""
 
-    def __init__(self, model: str, batch: int, w_star: np.ndarray | None = None) -> None:
-        self.model, self.batch, self.w_star = model, batch, w_star
+    def __init__(self, model: str, w_star: np.ndarray | None = None) -> None:
+        self.model, self.w_star = model, w_star
         self.error = float("inf")
 
     def __call__(self, ctx: peer.PeerContext, values: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +62,7 @@ class Push:
         if self.w_star is not None:
             self.error = float(np.linalg.norm(values["w"] - self.w_star)
                                / np.linalg.norm(self.w_star))
-        i = ctx.rng.integers(0, len(y), self.batch)
+        i = ctx.rng.integers(0, len(y), ctx.batch_size)
         return {"w": gradient(values["w"], x[i], y[i], self.model)}
 
 
@@ -111,10 +111,11 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
     """One training run: the JSON fields and the trace (``on_poll``: see ``Job.run``).
     ``cluster`` is a cluster, or an ``OverlayClient`` of standalone peers."""
     job = peer.Job(f"p2p-sgd-{args.model}", barrier=barrier, replication=args.replication,
-                   seed=args.seed, rpc_timeout_s=args.rpc_timeout)
+                   seed=args.seed, rpc_timeout_s=args.rpc_timeout, batch=args.batch,
+                   balance=args.balance)
     job.register_schedule(lambda ctx: ["w"])
     w_star = true_weights(args.seed, args.features, args.model)
-    push = Push(args.model, args.batch, w_star if args.target is not None else None)
+    push = Push(args.model, w_star if args.target is not None else None)
     job.register_push(push)
     job.register_pull(Pull(args.lr, args.decay))
     job.register_stop(StopAfter(args.steps, push, args.target))
@@ -163,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="lr / sqrt(1 + updates of w / DECAY) (default: none for linear, "
                              "100 for logistic)")
     parser.add_argument("--batch", type=int, default=32, help="minibatch per peer (default 32)")
+    parser.add_argument("--balance", action="store_true",
+                        help="a peer the others wait on takes fewer samples (down to a "
+                             "quarter of --batch); ssp and pssp only")
     parser.add_argument("--replication", type=int, default=3,
                         help="peers holding each key (default 3)")
     parser.add_argument("--rpc-timeout", type=apputil.positive_float, default=0.5,
@@ -203,6 +207,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     [(label, barrier)] = barriers_from_args(args)
+    if args.balance and peer.balance_bound(barrier) is None:
+        raise ConfigError(f"--balance needs a barrier with a staleness of 1 or more (ssp, "
+                          f"pssp with --staleness >= 1), not {label}")
     check_plot_path(args.plot)
     with (OverlayClient(args.bootstrap, secret_file=args.secret_file) if args.bootstrap
           else apputil.connect_from_args(args, task_threads=2)) as cluster:

@@ -18,7 +18,8 @@ Run: ``python bench/peer.py``  (Job A at 20 000 x 1000; ``--full``: the issue's 
 2. Job A (``bench/ps.py``'s problem: linear regression on ROWS x FEATURES float32 with known
    w*, plain SGD, lr 0.002, minibatch 256 per worker or peer, stop at |w - w*| / |w*| < 0.05)
    on 2 workers: the PS engine's ASP and BSP (one server shard on one of the workers), and the
-   P2P engine under pBSP, pSSP (PSP(1, 4) by default, as bench/ps.py's), BSP and ASP. A P2P
+   P2P engine under pBSP, pSSP (PSP(1, 4) by default, as bench/ps.py's), LB-pSSP (the same
+   with balance=True: a peer the others press against takes fewer samples), BSP and ASP. A P2P
    peer stops once the w its last push returned is within the target. Then the same with
    worker / peer 2 three times slower (it sleeps twice its compute time each step). Seconds
    from the start (every worker / peer ready) to the target; each row's runs with and

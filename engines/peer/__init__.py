@@ -26,9 +26,9 @@ Files:
 """
 from __future__ import annotations
 
-from .context import OwnerStore, PeerContext
+from .context import OwnerStore, PeerContext, balance_bound
 from .job import Job
 from .peer import Peer
 from .simrun import SimResult, SimRun
 
-__all__ = ["Job", "OwnerStore", "Peer", "PeerContext", "SimResult", "SimRun"]
+__all__ = ["Job", "OwnerStore", "Peer", "PeerContext", "SimResult", "SimRun", "balance_bound"]

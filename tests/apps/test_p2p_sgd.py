@@ -6,7 +6,10 @@ import json
 import os
 import signal
 
+import pytest
+
 import actorpy
+from actorpy.errors import ConfigError
 from apps import p2p_sgd
 from apps.training import barriers_from_args
 
@@ -27,6 +30,16 @@ class TestCli:
         out = json.loads(capsys.readouterr().out)
         assert max(out["steps_per_worker"]) < 5000     # stopped on the target, not steps
         assert out["weight_error"] < 0.03               # the model read after they stopped
+
+    def test_balance_trains_under_pssp_and_is_refused_without_staleness(self, capsys):
+        assert p2p_sgd.main(["--peers", "2", "--steps", "150", "--barrier", "pssp",
+                             "--balance", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["steps_per_worker"] == [150] * 2 and out["weight_error"] < 0.05
+        for barrier in ("asp", "bsp", "pbsp"):
+            with pytest.raises(ConfigError, match=f"--balance needs a barrier with a "
+                                                  f"staleness of 1 or more .*, not {barrier}"):
+                p2p_sgd.main(["--barrier", barrier, "--balance", "--workers", "0"])
 
 
 class TestKilledPeer:
