@@ -236,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "the server stays on the CPU)")
     parser.add_argument("--hidden", type=int, default=64,
                         help="hidden units, or the cnn's second layer channels (default 64)")
-    parser.add_argument("--balance", action="store_true", help="balanced batch sizes (LB-BSP under bsp; also ssp, pbsp, pssp, dssp)")
+    parser.add_argument("--balance", action="store_true",
+                        help="balanced batch sizes (LB-BSP under bsp; also ssp, pbsp, pssp, "
+                             "dssp)")
     parser.add_argument("--target", type=float, default=None,
                         help="stop early at this test accuracy")
     parser.add_argument("--seed", type=int, default=0)

@@ -414,8 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                         "own (set before numpy loads; see _blas_threads)")
     parser.add_argument("--only", type=lambda s: s.split(","), default=None,
                         metavar="ROW,...", help="run only these Job A rows (of BSP, ASP, "
-                        "pSSP, DSSP, LB-BSP, LB-pSSP, LB-DSSP; BSP and ASP bring their plain PS), with and "
-                        "without the straggler, and nothing else")
+                        "pSSP, DSSP, LB-BSP, LB-pSSP, LB-DSSP; BSP and ASP bring their plain "
+                        "PS), with and without the straggler, and nothing else")
     parser.add_argument("--release-factor", type=_release_factor, default=2.0,
                         help="also run pSSP, DSSP and LB-BSP with the engine's straggler "
                         "policy (straggler_factor=, a number > 1; 0: not)")

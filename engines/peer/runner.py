@@ -196,16 +196,17 @@ class PeerRunner:
                            max(1, round(self.node.size_estimate())), round(self.batch))
 
     def _rebalance(self) -> None:
-        """Balanced batches without a coordinator: each step a peer moves its batch by 5 %
-        per step of lead over half the barrier's bound (at most -15 % / +10 % a step, within
-        a quarter of the job's batch .. the job's batch: with fewer samples its updates get
-        noisy enough to cost more updates than its speed gains), where the lead is how far the lower median of the peers it
-        knows is ahead of it. A straggler that the others press against (their lead near
-        the bound: they wait on it, or soon will) so takes fewer samples until they lead by
-        half the bound, short of waiting; a peer level with the others keeps or regains
-        the job's batch. (The median, not the fastest peer: a peer merely behind the fastest
-        one is no straggler, and shrinking it too would shrink all but the fastest.) The
-        steps come with the messages peers exchange anyway: nothing more on the wire."""
+        """Balanced batches without a coordinator. The lead is how far the lower median of
+        the steps this peer knows is ahead of its own; each step the batch moves by 5 % per
+        step of lead over half the barrier's bound (at most -15 % / +10 % a step), between
+        a quarter of the job's batch (fewer samples make updates noisy enough to cost more
+        updates than the speed gains) and the job's batch. A straggler the others press
+        against (their lead near the bound: they wait on it, or soon will) so takes fewer
+        samples until they lead it by half the bound, short of waiting; a peer level with
+        the others keeps or regains the job's batch. (The median, not the fastest peer: a
+        peer merely behind the fastest one is no straggler, and shrinking it too would
+        shrink all but the fastest.) The steps come with the messages peers exchange
+        anyway: nothing more on the wire."""
         assert self._bound is not None
         steps = sorted(seen.step for _, seen in self.node.steps.items())
         if not steps:
