@@ -198,8 +198,8 @@ class PeerPush:
     """``bench/ps.py``'s ``Push`` for a peer (peer 1 sleeps twice its compute when
     ``straggle``); it remembers the error of the w it was handed, for ``PeerStop``."""
 
-    def __init__(self, seed: int, features: int, batch: int, straggle: bool) -> None:
-        self.ws, self.batch, self.straggle = ps.w_star(seed, features), batch, straggle
+    def __init__(self, seed: int, features: int, straggle: bool) -> None:
+        self.ws, self.straggle = ps.w_star(seed, features), straggle
         self.error = float("inf")
 
     def __call__(self, ctx: peer.PeerContext, values: dict[str, Any]) -> dict[str, Any]:
@@ -227,11 +227,13 @@ class PeerStop:
 
 def p2p_job_a(cluster: Any, args: argparse.Namespace, barrier: Policy, straggle: bool,
               peers: int | None = None, durable: bool = True,
-              balance: bool = False) -> tuple[float, int, float, list[int]]:
+              balance: bool = False) -> tuple[float, int, float, list[int], int]:
+    """Job A on ``peers`` P2P peers: (seconds to target, updates, final error, steps per
+    peer, the index of the peer that folded the most updates: the key's owner)."""
     job = peer.Job("bench-a", barrier=barrier, seed=args.seed, rpc_timeout_s=0.5,
                    durable=durable, batch=args.batch, balance=balance)
     job.register_schedule(lambda ctx: ["w"])
-    push = PeerPush(args.seed, args.features, args.batch, straggle)
+    push = PeerPush(args.seed, args.features, straggle)
     job.register_push(push)
     job.register_pull(ps.Pull(args.lr))
     job.register_stop(PeerStop(push, args.target))
@@ -240,10 +242,12 @@ def p2p_job_a(cluster: Any, args: argparse.Namespace, barrier: Policy, straggle:
                      data=PeerHalf(args.seed, args.rows, args.features),
                      timeout_s=args.timeout)
     err = ps.error(result.model["w"], ps.w_star(args.seed, args.features))
-    return result.seconds, result.updates, err, list(result.steps.values())
+    applied = list(result.applied.values())
+    return (result.seconds, result.updates, err, list(result.steps.values()),
+            applied.index(max(applied)))
 
 
-Row = tuple[float, int, float, str]     # seconds, updates, error, steps per peer
+Row = tuple[float, int, float, str, bool]   # seconds, updates, error, steps, peer 2 owned w
 
 
 APPLIED = "P2P pSSP, acks on apply"   # durable=False (more than 2 peers only)
@@ -267,27 +271,32 @@ def job_a_rows(args: argparse.Namespace, peers: int) -> dict[tuple[str, bool], f
                     if name.startswith("PS"):
                         seconds, updates, err, _ = ps.actorpy_job_a(cluster, args, barrier,
                                                                     straggle)
-                        steps = ""
+                        steps, owner = "", -1
                     else:
-                        seconds, updates, err, per_peer = p2p_job_a(
+                        seconds, updates, err, per_peer, owner = p2p_job_a(
                             cluster, args, barrier, straggle, peers, durable=name != APPLIED,
                             balance=name == BALANCED)
                         steps = f"{min(per_peer)}-{max(per_peer)}"
-                    rows.setdefault((name, straggle), []).append((seconds, updates, err, steps))
+                    rows.setdefault((name, straggle), []).append(
+                        (seconds, updates, err, steps, owner == 1))
     times: dict[tuple[str, bool], float] = {}
     for straggle in (False, True):
         print(("\n  peer / worker 2 three times slower" if straggle else "\n  no straggler")
               + f"; medians of {args.repeat} alternating runs")
+        # "p2 owns": in how many runs peer 2 (the straggler's slot) owned the key, so that
+        # the other peer's pushes waited in its inbox while it computed (docs/peer.md)
         print(f"  {'run':<23} {'to target':>9} {'updates':>8} {'ms/update':>9} "
-              f"{'error':>7} {'steps':>11}")
+              f"{'error':>7} {'steps':>11} {'p2 owns':>7}")
         for name, _ in ps_runs + p2p_runs:
             runs = sorted(rows[(name, straggle)])
-            seconds, updates, err, steps = runs[len(runs) // 2]
+            seconds, updates, err, steps, _ = runs[len(runs) // 2]
+            owned = "" if name.startswith("PS") else f"{sum(r[4] for r in runs)}/{len(runs)}"
             times[(name, straggle)] = seconds
             extra = (f"  loses {100 * (seconds / times[(name, False)] - 1):+.0f} %"
                      if straggle else "")
             print(f"  {name:<23} {seconds:>8.2f}s {updates:>8} "
-                  f"{1e3 * seconds / max(updates, 1):>9.3f} {err:>7.4f} {steps:>11}{extra}")
+                  f"{1e3 * seconds / max(updates, 1):>9.3f} {err:>7.4f} {steps:>11} "
+                  f"{owned:>7}{extra}")
     return times
 
 

@@ -17,7 +17,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError
@@ -54,6 +54,8 @@ class RunResult:
         lost: addresses of peers whose worker went away during the run.
         left: addresses of peers that left the running job (``leave_peer``).
         rejected: overlay messages the peers dropped as malformed or unauthenticated.
+        applied: peer address -> pushes it folded in as a key's owner (which peers owned
+            the keys, as far as their last report).
     """
 
     model: dict[str, Any]
@@ -64,6 +66,7 @@ class RunResult:
     lost: list[str]
     rejected: int
     left: list[str]
+    applied: dict[str, int] = field(default_factory=dict)
 
 
 def start_peers(cluster: Any, n: int, config: KademliaConfig, seed: int = 0,
@@ -170,7 +173,9 @@ class ClusterRun:
                                seconds=seconds, updates=self.updates(),
                                lost=[self.addresses[i] for i in sorted(self.lost)],
                                rejected=sum(s["rejected"] for s in live),
-                               left=[self.addresses[i] for i in sorted(self.left)])
+                               left=[self.addresses[i] for i in sorted(self.left)],
+                               applied={s["address"]: sum(s["applied"].values())
+                                        for s in self.last.values()})
             failed = False
             return result
         finally:

@@ -144,6 +144,10 @@ class TestJobRun:
         assert result.updates == 5 * 60 * 4          # every push folded in once per key
         assert len({a.split("/")[0] for a in result.steps}) == 2   # spread over both workers
         assert result.lost == [] and result.rejected == 0
+        # every fold was run by an owner, and the 4 keys have 1 to 4 owners among the peers
+        assert list(result.applied) == list(result.steps)
+        assert sum(result.applied.values()) == result.updates
+        assert 1 <= sum(n > 0 for n in result.applied.values()) <= 4
 
 
 class Rogue(PeerService):
