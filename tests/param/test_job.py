@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -95,11 +94,11 @@ class TestTraining:
         assert slow >= 30 and fast <= slow + 3
 
     def test_balance_under_pssp_gives_the_slow_worker_a_smaller_batch(self, cluster):
-        """balance=True beyond BSP: slot 1 sleeps 50 us per sample, so its batch shrinks and
-        slot 0's grows (the last batch each used is kept in the model's key "batch")."""
+        """balance=True beyond BSP: slot 1 computes each step 20 times, so its batch shrinks
+        and slot 0's grows (the last batch each used is kept in the model's key "batch")."""
         job = param.Job("lb-pssp", barrier=PSP(sample=1, staleness=2), seed=SEED,
                         data=pb.linear_data)
-        job.register_push(sleepy_slot_push)
+        job.register_push(recording_slow_slot_push)
         job.register_pull(batch_pull)
         job.register_stop(pb.StepStop(60))
         run = job.start(cluster, init={"w": np.zeros(pb.D), "batch": np.zeros(2)}, batch=16,
@@ -110,10 +109,9 @@ class TestTraining:
         assert pb.weight_error(model["w"], SEED) < 0.1
 
 
-def sleepy_slot_push(ctx, values):
-    update = pb.linear_push(ctx, values)
-    if ctx.slot == 1:
-        time.sleep(50e-6 * ctx.batch_size)
+def recording_slow_slot_push(ctx, values):
+    """``slow_slot_push`` (slot 1 computes 20 times), also setting the batch it used."""
+    update = slow_slot_push(ctx, values)
     return {"w": update["w"], "batch": np.eye(2)[ctx.slot] * ctx.batch_size}
 
 
