@@ -41,7 +41,7 @@ import zmq
 from actorpy.errors import ProtocolError
 from actorpy.ids import NodeId
 from actorpy.runtime.directory import write
-from actorpy.runtime.reply import ReplyFuture
+from actorpy.runtime.reply import ReplyFuture, wait_limit
 from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
@@ -215,6 +215,7 @@ class DirectReplies:
         ones (empty: the time ran out). Replies on the calling thread's sockets are read
         here, by this thread."""
         futures = list(futures)
+        timeout_s = wait_limit(timeout_s)
         mine = self._mine(create=False)
         if mine is None or mine.closed:
             return set(cf.wait(futures, timeout_s, cf.FIRST_COMPLETED).done)

@@ -178,7 +178,7 @@ class Run:
             RemoteError: a callback raised; JobFailed / ActorpyTimeout: see ``Job.run``.
         """
         wait = self.options.timeout_s + 2 * GRACE_S + 30 if timeout_s is None else timeout_s
-        if not self.finished.wait(wait):
+        if not self.finished.wait(min(wait, threading.TIMEOUT_MAX)):  # a lock waits no longer
             raise ActorpyTimeout(f"job {self.job.name!r} still running after {wait} s")
         if self.failure is not None:
             raise self.failure

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, RemoteError, SerializationError
+from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError,
+                            SerializationError)
 from actorpy.ids import NodeId
 from actorpy.runtime import directory
 from actorpy.runtime.node import Node
@@ -91,6 +92,19 @@ class TestFailFast:
             failing.result(0)
         assert info.value is error
         client.forget(slow)
+
+    @pytest.mark.parametrize("direct", [False, True])
+    def test_a_wait_longer_than_a_lock_can_wait_means_no_limit(self, pair, direct):
+        # a lock waits at most threading.TIMEOUT_MAX (~292 years): past it, OverflowError
+        server, client, _ = pair
+        for timeout in (1e10, float("inf")):
+            fut = client.request(NodeId("srv"), SVC, ECHO, "hi", direct=direct)
+            assert fut.result(timeout) == "hi" and fut.exception(timeout) is None
+            assert client.wait([fut], timeout) == {fut}
+        fut = client.request(NodeId("srv"), SVC, ECHO, "hi", direct=direct)
+        with pytest.raises(ConfigError, match="got nan"):
+            fut.result(float("nan"))
+        assert fut.result(30) == "hi"
 
     def test_an_undecodable_result_says_it_could_not_be_unpickled(self, pair, tmp_path):
         server, client, _ = pair

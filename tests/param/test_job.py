@@ -60,6 +60,15 @@ class TestTraining:
             assert all(s > 0 for s in steps)
         assert run.stats.statuses == {w: "FINISH" for w in run.stats.workers}
 
+    def test_a_timeout_longer_than_a_lock_can_wait_is_no_limit(self, cluster):
+        # timeout_s=1e10 failed on every worker with OverflowError (a lock waits at most
+        # threading.TIMEOUT_MAX), and the driver's own wait did too
+        job = _job(BSP())
+        job.register_stop(pb.StepStop(5))
+        model = job.run(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=1e10)
+        reference = pb.reference_sgd(SEED, slots=2, steps=5, batch=16, lr=0.1)
+        assert np.allclose(model["w"], reference, rtol=1e-12, atol=1e-14)
+
     def test_two_servers_equal_one_under_bsp(self, cluster):
         models = []
         for servers in (1, 2):
