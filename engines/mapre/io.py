@@ -159,28 +159,45 @@ def read_split(split: Split, errors: str = "strict",
 
 
 def read_split_text(split: Split, errors: str = "strict",
-                    block_bytes: int = TEXT_BLOCK_BYTES) -> Iterator[str]:
+                    block_bytes: int = TEXT_BLOCK_BYTES,
+                    cut_long_lines: bool = False) -> Iterator[str]:
     """The lines of ``split`` as blocks of text: whole lines of about ``block_bytes``
     together, line ends kept as they are (``\\n`` or ``\\r\\n``); every block ends with a
     newline but perhaps the file's last. A byte order mark at the start of the file is dropped.
+    With ``cut_long_lines`` a line longer than a block is cut after a space or tab in it
+    (read_blocks).
 
     Raises:
         InputDecodeError: a byte is not valid UTF-8 and ``errors`` is "strict".
     """
-    for pos, body in _without_bom(read_blocks(split, block_bytes)):
+    for pos, body in _without_bom(read_blocks(split, block_bytes, cut_long_lines)):
         yield _decode(body, split.path, pos, errors)
 
 
-def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
+def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
+                cut_long_lines: bool = False) -> Iterator[tuple[int, bytes]]:
     """``(file offset, bytes)`` of the whole lines that start in ``split``, a block of
-    about ``block_bytes`` at a time, each ending with a newline (but the file's last)."""
+    about ``block_bytes`` at a time, each ending with a newline (but the file's last).
+
+    With ``cut_long_lines`` a block that holds no newline ends after its last space or tab
+    instead, so that a line of words longer than a block (text8 is one line of 100 MB) is
+    read a block at a time rather than held whole, and copied, by every step that reads it.
+    A space or tab is a byte of its own in UTF-8 and whitespace to ``str.split``, so the
+    cut splits no character and no word, and lower-casing the pieces is lower-casing the line.
+    """
     with open(split.path, "rb") as f:
         pos = split.start  # file offset of the first byte not yet returned
-        if pos > 0:
+        if pos > 0:  # the line covering start - 1 belongs to the split before
             f.seek(pos - 1)
-            pos += len(f.readline()) - 1  # the line covering start - 1 belongs to the split before
+            pos -= 1
+            while True:  # a piece at a time: that line may be longer than memory
+                skipped = f.readline(block_bytes)
+                pos += len(skipped)
+                if not skipped or skipped.endswith(b"\n"):
+                    break
         carry: list[bytes] = []
-        while pos < split.end:
+        in_line = False  # part of the line at pos was returned already (cut_long_lines)
+        while pos < split.end or in_line:
             block = f.read(block_bytes)
             if not block:  # end of file: the last line has no newline
                 if carry:
@@ -188,18 +205,27 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[t
                 return
             cut = block.rfind(b"\n")
             if cut < 0:
-                carry.append(block)
+                space = max(block.rfind(b" "), block.rfind(b"\t")) if cut_long_lines else -1
+                if space < 0:
+                    carry.append(block)
+                    continue
+                body = b"".join([*carry, block[:space + 1]])
+                yield pos, body
+                pos += len(body)
+                carry = [block[space + 1:]] if space + 1 < len(block) else []
+                in_line = True
                 continue
             body = b"".join([*carry, block[:cut + 1]]) if carry else block[:cut + 1]
             rest = block[cut + 1:]
             done = pos + len(body) > split.end
-            if done:  # keep the lines that start before end
+            if done:  # keep the lines that start before end (the one under way is ours)
                 body = body[:body.find(b"\n", max(split.end - 1 - pos, 0)) + 1]
             yield pos, body
             if done:
                 return
             pos += len(body)
             carry = [rest] if rest else []
+            in_line = False
 
 
 def _without_bom(blocks: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:

@@ -235,7 +235,7 @@ class Job:
         if isinstance(node, P.Narrow):
             return NarrowSpec(self._spec(node.parent, part, reads, False), node.ops)
         if isinstance(node, P.TextSource):
-            return ReadSplits(node.splits[part], node.errors, node.raw)
+            return ReadSplits(node.splits[part], node.errors, node.raw, node.cut_long_lines)
         if isinstance(node, P.ItemsSource):
             return ReadItems(node.chunks[part])
         if isinstance(node, P.Union):

@@ -61,11 +61,14 @@ class ReadSplits:
     splits: tuple[Split, ...]
     errors: str
     raw: bool = False  # items are blocks of whole lines (str), not lines
+    cut_long_lines: bool = False  # raw: a line longer than a block is cut between words
 
     def items(self, env: TaskEnv) -> Iterator[Any]:
         env.bytes_in += sum(s.end - s.start for s in self.splits)
         if self.raw:
-            return chain.from_iterable(io.read_split_text(s, self.errors) for s in self.splits)
+            return chain.from_iterable(io.read_split_text(s, self.errors,
+                                                          cut_long_lines=self.cut_long_lines)
+                                       for s in self.splits)
         return chain.from_iterable(self._blocks(env))
 
     def _blocks(self, env: TaskEnv) -> Iterator[list[str]]:

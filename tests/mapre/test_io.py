@@ -83,6 +83,36 @@ class TestReadSplit:
         assert "".join(blocks) == data.decode()
         assert all(b.endswith("\n") for b in blocks[:-1])
 
+    @given(st.lists(LINE, max_size=30), st.booleans(), st.integers(1, 40), st.integers(1, 16))
+    @settings(max_examples=60, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    def test_cut_long_lines_keeps_every_word_once(self, tmp_path, lines, trailing, split_bytes,
+                                                  block_bytes):
+        data = "\n".join(lines).encode() + (b"\n" if trailing and lines else b"")
+        path = tmp_path / "c.txt"
+        path.write_bytes(data)
+        blocks = [b for s in range(0, len(data), split_bytes)
+                  for b in io.read_split_text(Split(str(path), s, min(s + split_bytes, len(data))),
+                                              "strict", block_bytes, cut_long_lines=True)]
+        assert "".join(blocks) == data.decode()
+        assert all(b.endswith(("\n", " ", "\t")) for b in blocks[:-1])
+        words = [w for b in blocks for w in b.lower().split()]
+        assert words == data.decode().lower().split()
+
+    def test_cut_long_lines_holds_a_block_not_the_line(self, tmp_path):
+        # one line of words (text8 is one line of 100 MB) was read, joined and decoded whole
+        words = [f"w{i % 997}" for i in range(20_000)]
+        path = tmp_path / "one.txt"
+        path.write_bytes(" ".join(words).encode())
+        size = path.stat().st_size
+        for start in (0, 1000):  # the split the line starts in reads it all, the next none
+            blocks = list(io.read_split_text(Split(str(path), start, size // 2), "strict", 256,
+                                             cut_long_lines=True))
+            assert max(map(len, blocks), default=0) <= 256 + 4  # a block, and the rest of a word
+            assert [w for b in blocks for w in b.split()] == (words if start == 0 else [])
+        assert [len(b) for b in io.read_split_text(Split(str(path), 0, size), "strict",
+                                                   256)] == [size]
+
     def test_text_blocks_check_utf8(self, tmp_path):
         path = tmp_path / "bad.txt"
         path.write_bytes(b"good line\r\nsecond \xff line\n")

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 import actorpy
-from actorpy.errors import ActorpyTimeout, RemoteError
+from actorpy.errors import ActorpyTimeout, ConfigError, RemoteError
 from engines import mapre
 from engines.mapre.progress import Progress
 from tests.conftest import wait_until
@@ -58,6 +58,17 @@ class TestLoad:
         assert d.map(len).collect(timeout_s=120) == [4, 50_000_000, 4]
         got = d.filter(lambda line: len(line) > 10).collect(timeout_s=120)
         assert len(got) == 1 and got[0] == big
+
+    def test_text_blocks_of_a_single_long_line_stay_small(self, cluster, tmp_path):
+        # the line used to be one block: held whole (several times) by the worker reading it
+        path = tmp_path / "one.txt"
+        path.write_text(" ".join(f"w{i % 1000}" for i in range(2_000_000)), encoding="utf-8")
+        d = mapre.load(cluster, str(path), lines=False, cut_long_lines=True, split_bytes=4 << 20)
+        sizes = d.map_partitions(lambda blocks: [max(map(len, blocks), default=0)])
+        assert 0 < max(sizes.collect(timeout_s=120)) <= (64 << 10) + 4  # and a word
+        assert d.flat_map(str.split).count(timeout_s=120) == 2_000_000
+        with pytest.raises(ConfigError, match="cut_long_lines=True needs lines=False"):
+            mapre.load(cluster, str(path), cut_long_lines=True)
 
     def test_relative_paths_are_the_drivers(self, cluster, tmp_path, monkeypatch):
         # the workers started in another directory (as `actorpy worker` elsewhere would)
