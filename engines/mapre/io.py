@@ -94,8 +94,31 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         else:
             raise InputNotFound(f"input path {path!r} does not exist")
         files.extend(found)
+    for path in files:
+        if os.path.getsize(path) == 0 and _has_bytes(path):
+            raise InputNotFound(f"input path {path!r} reports a size of 0 but holds data (a "
+                                "/proc or /sys file): it cannot be cut into byte ranges; copy "
+                                "it to a regular file first")
     cwd = os.getcwd()  # joined, not normalised: "link/.." must stay what it is
     return [f if os.path.isabs(f) else os.path.join(cwd, f) for f in files]
+
+
+def _has_bytes(path: str) -> bool:
+    """Whether a file that reports size 0 has bytes to read all the same (a kernel file,
+    as /proc/cpuinfo): it would count as empty. Read without blocking (/proc/kmsg waits
+    for news); one that cannot be opened is left to the reader to report."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return bool(os.read(fd, 1))
+    except BlockingIOError:  # nothing now, more later: no file of fixed bytes either
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def make_splits(files: Iterable[str], split_bytes: int) -> list[Split]:

@@ -139,6 +139,13 @@ class TestInputs:
         with pytest.raises(InputNotFound, match="loop' is a symbolic link to nothing"):
             io.list_inputs(str(tmp_path / "loop"))
 
+    @pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="needs Linux's /proc")
+    def test_a_kernel_file_of_size_0_is_refused_not_counted_empty(self, tmp_path):
+        with pytest.raises(InputNotFound, match="status' reports a size of 0 but holds data"):
+            io.list_inputs(["/proc/self/status"])
+        (tmp_path / "empty.txt").write_bytes(b"")  # an empty file is just empty
+        assert io.list_inputs(str(tmp_path / "empty.txt")) == [str(tmp_path / "empty.txt")]
+
     def test_double_star_spans_directories(self, tmp_path):
         for name in ("t.txt", "a/m.txt", "a/b/d.txt", "a/b/skip.log"):
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
