@@ -221,6 +221,30 @@ class TestErrors:
         assert len(os.listdir(marks)) == started
 
 
+    def test_a_given_up_job_stops_reading_its_input(self, tmp_path):
+        # Ctrl-C or a timeout cancels the job's tasks: a running one used to read all its
+        # input on, holding its worker (27 s for the next job after a Ctrl-C'd wordcount)
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        path = tmp_path / "in.txt"
+        path.write_text(("word " * 1000 + "\n") * 400, encoding="utf-8")  # 2 MB: 31 blocks
+
+        def slow(block):
+            (marks / str(len(os.listdir(marks)))).touch()
+            for _ in range(300):  # waits (at most 30 s) for the test's gate
+                if (tmp_path / "go").exists():
+                    break
+                threading.Event().wait(0.1)
+            return len(block)
+        with actorpy.connect(workers=1) as cluster:
+            with pytest.raises(ActorpyTimeout):
+                mapre.load(cluster, str(path), lines=False).map(slow).count(timeout_s=2)
+            (tmp_path / "go").touch()
+            # one thread: this runs once the given-up task has ended
+            assert mapre.from_items(cluster, range(4), 1).count(timeout_s=60) == 4
+        assert len(os.listdir(marks)) == 1
+
+
 class TestProgress:
     def test_bar_shows_stage_and_partitions(self, capsys):
         progress = Progress("collect", True, 2, delay_s=0)
