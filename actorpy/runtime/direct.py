@@ -41,6 +41,7 @@ import zmq
 from actorpy.errors import ProtocolError
 from actorpy.ids import NodeId
 from actorpy.runtime.directory import write
+from actorpy.runtime.loop import MAX_POLL_MS
 from actorpy.runtime.reply import ReplyFuture, wait_limit
 from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
@@ -232,7 +233,7 @@ class DirectReplies:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return set()
-                wait_ms = max(1, math.ceil(left * 1000))
+                wait_ms = min(max(1, math.ceil(left * 1000)), MAX_POLL_MS)
             with mine.lock:
                 closing = mine.closed or self._closed
                 if not closing:
