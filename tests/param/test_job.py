@@ -294,6 +294,22 @@ class TestBadInput:
                     resume=True, timeout_s=30)
         assert open(path, "rb").read() == saved
 
+    def test_a_checkpoint_dir_or_every_that_means_nothing_is_refused(self, cluster, tmp_path,
+                                                                     monkeypatch):
+        # "" was the current directory (checkpoints landed there without a word), NaN pulls
+        # between checkpoints never came, 5 failed in os.path as a TypeError
+        monkeypatch.chdir(tmp_path)
+        job = _job(BSP())
+        job.register_stop(pb.StepStop(2))
+        for bad in ("", 5):
+            with pytest.raises(actorpy.ConfigError, match="checkpoint_dir must name a directory"):
+                job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=bad, timeout_s=30)
+        for every in (float("nan"), 2.5, -1):
+            with pytest.raises(actorpy.ConfigError, match="an int checkpoint_every >= 0"):
+                job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path),
+                        checkpoint_every=every, timeout_s=30)
+        assert os.listdir(tmp_path) == []
+
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")
         with pytest.raises(actorpy.ConfigError, match="register_push and register_pull"):
