@@ -32,8 +32,14 @@ class TestConfig:
         with pytest.raises(ConfigError, match="local_transport"):
             Config(local_transport="udp")
         # more slots than a manager accepts: the worker waited for a welcome that never came
-        with pytest.raises(ConfigError, match="at most 4096, got 5000"):
+        with pytest.raises(ConfigError, match="must be 1 to 4096, got 5000"):
             Config.from_env({}, task_threads=5000)
+        # `actorpy worker --threads 0` was told of chunk_bytes and max_frame_bytes
+        with pytest.raises(ConfigError, match=r"^task_threads \(--threads\) must be 1 to 4096, "
+                                              r"got 0$"):
+            Config.from_env({}, task_threads=0)
+        with pytest.raises(ConfigError, match="got chunk_bytes=0 and max_frame_bytes="):
+            Config.from_env({}, chunk_bytes=0)
 
     def test_connect_rejects_bad_addresses(self, monkeypatch):
         with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
