@@ -99,8 +99,8 @@ class Config:
             raise ConfigError("need manager_timeout_s > heartbeat_interval_s")
         # Unset, chunk_bytes follows the transport, never above max_frame_bytes (see Node).
         chunk = min(64 << 20, self.max_frame_bytes) if self.chunk_bytes is None else self.chunk_bytes
-        if not 1 <= self.task_threads <= MAX_TASK_THREADS:  # above: the manager would
-            # ignore its registration
+        # more threads than MAX_TASK_THREADS: the manager would ignore the registration
+        if not 1 <= self.task_threads <= MAX_TASK_THREADS:
             raise ConfigError(f"task_threads (--threads) must be 1 to {MAX_TASK_THREADS}, "
                               f"got {self.task_threads}")
         if chunk < 1 or self.max_frame_bytes < chunk:

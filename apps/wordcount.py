@@ -43,10 +43,11 @@ def count_blocks(blocks: Iterator[str]) -> Iterable[tuple[str, int]]:
     between words), stop words dropped: the same as ``count_partition`` of its lines.
 
     Each block is lower-cased and split in one C call each, and one ``Counter`` counts the
-    words in C. Lower-casing a block is lower-casing its lines: a newline is not a cased
-    letter (nor a space), so the final-sigma rule reads the same neighbours. Keys are str, not undecoded
-    bytes: a dict whose keys are all str looks them up on a faster path (counting bytes and
-    decoding only the distinct words, tried before, took ~10 % more CPU).
+    words in C. Lower-casing a block is lower-casing its lines: a newline (or the space a
+    long line is cut after) is not a cased letter, so the final-sigma rule reads the same
+    neighbours. Keys are str, not undecoded bytes: a dict whose keys are all str looks them
+    up on a faster path (counting bytes and decoding only the distinct words, tried before,
+    took ~10 % more CPU).
     """
     counts = Counter(chain.from_iterable(map(str.split, map(str.lower, blocks))))
     for word in STOP_WORDS:
