@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         bad = exc.__cause__ if isinstance(exc.__cause__, mapre.InputDecodeError) else None
         line = (f"{bad.path}: byte offset {bad.offset} is not valid UTF-8; fix the file, or "
                 "pass `--errors replace` to read such bytes as U+FFFD" if bad is not None
+                else str(exc.__cause__) if isinstance(exc.__cause__, mapre.InputNotWords)
                 else apputil.error_line(exc))
         print(f"actorpy wordcount: {line}", file=sys.stderr)
         return 1

@@ -18,7 +18,8 @@ import os
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
-from engines.mapre.errors import ArgumentError, InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.errors import (ArgumentError, InputDecodeError, InputNotFound, InputNotWords,
+                                  OutputExists)
 from engines.mapre.plan import Split
 
 #: Bytes read per block; each block is decoded and split into lines in C.
@@ -28,6 +29,10 @@ READ_BLOCK_BYTES = 4 << 20
 #: they are counted (a word count over 64 KB blocks: 5-10 % less CPU than over 4 MB, and
 #: than over lines).
 TEXT_BLOCK_BYTES = 64 << 10
+#: With ``cut_long_lines``, the most bytes read with no space, tab or newline to cut them
+#: at (one "word"): a sparse file of 2 GB was held about five times over (read, joined,
+#: decoded, lower-cased, split) and its one word sent to the driver.
+MAX_WORD_BYTES = 64 << 20
 #: Default size of one input split (one partition).
 DEFAULT_SPLIT_BYTES = 32 << 20
 SUCCESS = "_SUCCESS"
@@ -231,6 +236,11 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
                 space = max(block.rfind(b" "), block.rfind(b"\t")) if cut_long_lines else -1
                 if space < 0:
                     carry.append(block)
+                    if cut_long_lines and len(carry) * block_bytes > MAX_WORD_BYTES:
+                        raise InputNotWords(
+                            f"{split.path}: the {len(carry) * block_bytes:,} bytes from offset "
+                            f"{pos} hold no space, tab or newline: not text made of words (a "
+                            "binary or sparse file?)")
                     continue
                 body = b"".join([*carry, block[:space + 1]])
                 yield pos, body

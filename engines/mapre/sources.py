@@ -40,6 +40,7 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
             64 KB however long the lines: a corpus of one line (text8: 100 MB) is read a
             block at a time instead of being held whole, several times over, by a worker.
             For code that splits blocks on whitespace; the blocks are then no longer lines.
+            64 MiB with no space, tab or newline fail the job with ``InputNotWords``.
 
     Raises:
         InputNotFound: a path is missing or a glob matches nothing (before any work runs).

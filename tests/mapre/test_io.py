@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engines.mapre import io
-from engines.mapre.errors import ArgumentError, InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.errors import (ArgumentError, InputDecodeError, InputNotFound, InputNotWords,
+                                  OutputExists)
 from engines.mapre.plan import Split
 
 LINE = st.lists(st.sampled_from(["a", "é", "e\u0301", "\u00a0", " ", "\r", "日", "\t",
@@ -112,6 +113,21 @@ class TestReadSplit:
             assert [w for b in blocks for w in b.split()] == (words if start == 0 else [])
         assert [len(b) for b in io.read_split_text(Split(str(path), 0, size), "strict",
                                                    256)] == [size]
+
+    def test_cut_long_lines_refuses_a_word_longer_than_memory_allows(self, tmp_path,
+                                                                      monkeypatch):
+        # a sparse file of 2 GB (NUL bytes: valid UTF-8, no whitespace) was one word, held
+        # about five times over by the worker and sent whole to the driver
+        monkeypatch.setattr(io, "MAX_WORD_BYTES", 1000)
+        path = tmp_path / "zeros.bin"
+        path.write_bytes(b"ok fine\n" + b"\x00" * 5000 + b" tail\n")
+        size = path.stat().st_size
+        with pytest.raises(InputNotWords, match="zeros.bin: the 1,024 bytes from offset 8 "
+                                                "hold no space, tab or newline"):
+            list(io.read_split_text(Split(str(path), 0, size), "strict", 256,
+                                    cut_long_lines=True))
+        whole = io.read_split_text(Split(str(path), 0, size), "strict", 256)  # lines: no limit
+        assert "".join(whole) == path.read_text()
 
     def test_text_blocks_check_utf8(self, tmp_path):
         path = tmp_path / "bad.txt"
