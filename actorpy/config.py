@@ -99,11 +99,13 @@ class Config:
             raise ConfigError("need manager_timeout_s > heartbeat_interval_s")
         # Unset, chunk_bytes follows the transport, never above max_frame_bytes (see Node).
         chunk = min(64 << 20, self.max_frame_bytes) if self.chunk_bytes is None else self.chunk_bytes
-        if self.task_threads < 1 or chunk < 1 or self.max_frame_bytes < chunk:
-            raise ConfigError("need task_threads >= 1 and 1 <= chunk_bytes <= max_frame_bytes")
-        if self.task_threads > MAX_TASK_THREADS:  # the manager would ignore its registration
-            raise ConfigError(f"task_threads (--threads) must be at most {MAX_TASK_THREADS}, "
+        # more threads than MAX_TASK_THREADS: the manager would ignore the registration
+        if not 1 <= self.task_threads <= MAX_TASK_THREADS:
+            raise ConfigError(f"task_threads (--threads) must be 1 to {MAX_TASK_THREADS}, "
                               f"got {self.task_threads}")
+        if chunk < 1 or self.max_frame_bytes < chunk:
+            raise ConfigError(f"need 1 <= chunk_bytes <= max_frame_bytes, got chunk_bytes="
+                              f"{chunk} and max_frame_bytes={self.max_frame_bytes}")
         if min(self.service_inbox_items, self.service_inbox_bytes, self.stream_window_items,
                self.stream_window_bytes) < 1:
             raise ConfigError("service_inbox_* and stream_window_* must be >= 1")

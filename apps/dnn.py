@@ -18,6 +18,7 @@ import gzip
 import importlib.util
 import math
 import os
+import zlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,16 +33,26 @@ MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
 
 
 def read_idx(path: str) -> np.ndarray:
-    """An idx file (MNIST's format; ``.gz`` too) as a numpy array."""
+    """An idx file (MNIST's format; ``.gz`` too) as a numpy array.
+
+    Raises:
+        ConfigError: it cannot be read, or is not a whole idx file of unsigned bytes.
+    """
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as exc:  # a directory, a cut or foreign .gz
+        raise ConfigError(f"cannot read {path}: {exc}") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise ConfigError(f"{path} is not an idx file of unsigned bytes")
     ndim = raw[3]
+    if ndim == 0 or len(raw) < 4 + 4 * ndim:
+        raise ConfigError(f"{path} is not an idx file of unsigned bytes: its header says "
+                          f"{ndim} dimensions in {len(raw)} bytes")
     shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(shape)):
+    if data.size != math.prod(shape):
         raise ConfigError(f"{path} is truncated: {data.size} values for shape {shape}")
     return data.reshape(shape)
 
@@ -68,6 +79,17 @@ def load(split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
         cut = int(0.8 * len(order))
         idx = order[:cut] if split == "train" else order[cut:]
         return (x[idx] / 16.0).astype(np.float32), y[idx]
+    images, labels = read_mnist(split, data_dir)
+    return (images.reshape(len(images), -1).astype(np.float32) / 255.0,
+            labels.astype(np.int64))
+
+
+def read_mnist(split: str, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    """The images and labels of one split of ``data_dir``, as stored (unsigned bytes).
+
+    Raises:
+        ConfigError: a file is missing or bad, or images and labels do not pair up.
+    """
     paths = []
     for name in MNIST_FILES[split]:
         found = [os.path.join(data_dir, name + ext) for ext in ("", ".gz")
@@ -76,8 +98,35 @@ def load(split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
             raise ConfigError(f"--data {data_dir}: {name}[.gz] is missing")
         paths.append(found[0])
     images, labels = read_idx(paths[0]), read_idx(paths[1])
-    return (images.reshape(len(images), -1).astype(np.float32) / 255.0,
-            labels.astype(np.int64))
+    # what would fail on every worker in torch's words (or train on a wrong pairing)
+    if images.ndim < 2 or labels.ndim != 1 or len(images) != len(labels):
+        raise ConfigError(f"--data {data_dir}: {os.path.basename(paths[0])} holds images of "
+                          f"shape {images.shape} and {os.path.basename(paths[1])} labels of "
+                          f"shape {labels.shape}: need N images and N labels")
+    if labels.size and labels.max() > 9:
+        raise ConfigError(f"--data {data_dir}: {os.path.basename(paths[1])} holds label "
+                          f"{labels.max()}; the networks here tell the digits 0-9 apart")
+    return images, labels
+
+
+def check_data(data_dir: str | None, kind: str) -> None:
+    """Fail on a ``--data`` the workers could not train on, before anything starts.
+
+    Raises:
+        ConfigError: a file is missing or bad, the splits' images differ in size, or the
+            cnn's images are not square.
+    """
+    if data_dir is None:
+        train = test = digits()[0].shape[1]
+    else:  # as stored: a quarter of the memory of the training set as floats
+        train, test = (math.prod(read_mnist(split, data_dir)[0].shape[1:])
+                       for split in ("train", "test"))
+    if train != test:
+        raise ConfigError(f"--data {data_dir}: training images have {train} pixels, test "
+                          f"images {test}; both splits need images of one size")
+    if kind == "cnn" and math.isqrt(test) ** 2 != test:
+        raise ConfigError(f"--model cnn needs square images, and {test} pixels are not a "
+                          "square; use --model mlp")
 
 
 def make_model(inputs: int, hidden: int, kind: str = "mlp") -> Any:
@@ -254,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError("--steps, --batch and --hidden must be >= 1")
     if args.target is not None and not 0 < args.target <= 1:   # NaN too: never reached
         raise ConfigError(f"--target is a test accuracy in (0, 1], got {args.target}")
-    load("test", args.data)   # fail on a bad --data before starting anything
+    check_data(args.data, args.model)   # fail on a bad --data before starting anything
     if args.manager is None:
         check_device(args.device)     # (on a cluster, each worker checks its own)
     return run_barriers(args, train, lambda r: f"test accuracy {r['accuracy']:.3f}  loss "

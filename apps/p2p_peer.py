@@ -18,7 +18,7 @@ import threading
 from typing import Any, Sequence
 
 from actorpy.errors import ActorpyError, ConfigError, ProtocolError
-from actorpy.runtime.address import security_for
+from actorpy.runtime.address import refuse_ipv6, security_for
 from engines.peer.dialer import check_endpoint
 from engines.peer.shell import DRIVER_LEASE_S
 from engines.peer.standalone import StandalonePeer, zmq_bind
@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ProtocolError:
             raise ConfigError(f"--bootstrap must be tcp://HOST:PORT of a live peer, not "
                               f"{args.bootstrap!r}") from None
+        refuse_ipv6(args.bootstrap)
         if args.bootstrap == args.bind:   # it would answer its own hello, not a join
             raise ConfigError("--bootstrap is this peer's own --bind: name another live peer, "
                               "or leave it out for the first peer")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -108,6 +109,14 @@ def durations_for(config: SimConfig) -> Durations:
     w = config.workload
     fastest = w.mean_s
     guess = int(config.seconds / fastest * 1.25 + 6 * math.sqrt(config.seconds / fastest) + 16)
+    # each drawn time is a float64 and a Python float (its list): ~40 bytes; past memory,
+    # numpy failed with "Maximum allowed dimension exceeded" (a traceback) or MemoryError
+    need = 40 * guess * config.workers
+    if need > os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"):
+        raise ConfigError(f"{config.workers} workers for {config.seconds:g} s at {fastest:g} s "
+                          f"an iteration draw about {guess:.3g} iteration times each "
+                          f"({need / 2**30:.3g} GiB), more than this machine's memory; lower "
+                          "--seconds or --workers, or raise --mean")
     return Durations(w, config.workers, guess, np.random.default_rng(config.seed))
 
 

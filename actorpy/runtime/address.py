@@ -36,6 +36,7 @@ def security_for(address: str, *, secret: str | bytes | None = None,
     """
     if not is_endpoint(address):
         raise ConfigError(f"address must be tcp://HOST:PORT or ipc://PATH, not {address!r}")
+    refuse_ipv6(address)
     if address.startswith("ipc://"):
         folder = os.path.dirname(address[len("ipc://"):]) or "."
         try:
@@ -52,6 +53,14 @@ def security_for(address: str, *, secret: str | bytes | None = None,
                           "secret_file=), or set ACTORPY_SECRET; make one with "
                           "`actorpy secret --out F`")
     return Security.curve(key)
+
+
+def refuse_ipv6(address: str) -> None:
+    """Refuse ``tcp://[IPv6]:PORT``: our sockets are IPv4 only (ZeroMQ's bind says "No such
+    device", a route lookup "Address family for hostname not supported", a dial waits)."""
+    if address.startswith("tcp://["):
+        raise ConfigError(f"{address} is an IPv6 address: nodes listen and dial on IPv4 only; "
+                          "give an IPv4 address or a host name that resolves to one")
 
 
 def advertise_host(manager_address: str) -> str:

@@ -41,7 +41,8 @@ import zmq
 from actorpy.errors import ProtocolError
 from actorpy.ids import NodeId
 from actorpy.runtime.directory import write
-from actorpy.runtime.reply import ReplyFuture
+from actorpy.runtime.loop import MAX_POLL_MS
+from actorpy.runtime.reply import ReplyFuture, wait_limit
 from actorpy.wire import header as hdr
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
@@ -215,6 +216,7 @@ class DirectReplies:
         ones (empty: the time ran out). Replies on the calling thread's sockets are read
         here, by this thread."""
         futures = list(futures)
+        timeout_s = wait_limit(timeout_s)
         mine = self._mine(create=False)
         if mine is None or mine.closed:
             return set(cf.wait(futures, timeout_s, cf.FIRST_COMPLETED).done)
@@ -231,7 +233,7 @@ class DirectReplies:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return set()
-                wait_ms = max(1, math.ceil(left * 1000))
+                wait_ms = min(max(1, math.ceil(left * 1000)), MAX_POLL_MS)
             with mine.lock:
                 closing = mine.closed or self._closed
                 if not closing:

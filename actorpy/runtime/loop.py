@@ -22,6 +22,11 @@ import zmq
 
 from actorpy.log import Throttle
 
+#: The longest wait one zmq poll takes: its timeout is a C int of milliseconds (24.8 days),
+#: and past it pyzmq raises OverflowError (a request with timeout_s=1e7 failed every round
+#: of the I/O loop until the loop gave up and the node with it); a later deadline waits on.
+MAX_POLL_MS = 2**31 - 1
+
 log = logging.getLogger(__name__)
 
 #: consecutive failing rounds, for this long, make the loop give up
@@ -186,7 +191,7 @@ class SocketLoop:
         due = self._tick(time.monotonic())
         if due is None:
             return None
-        return max(0, int((due - time.monotonic()) * 1000) + 1)
+        return min(max(0, int((due - time.monotonic()) * 1000) + 1), MAX_POLL_MS)
 
     def _report(self, exc: Exception) -> None:
         allowed, held = self._throttle.allow(type(exc))

@@ -9,16 +9,32 @@ as ``__cause__`` only when someone looks at it.
 """
 from __future__ import annotations
 
+import math
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
-from actorpy.errors import (ActorpyError, ActorpyTimeout, ProtocolError, RemoteError,
-                            SerializationError)
+from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, ProtocolError,
+                            RemoteError, SerializationError)
 from actorpy.ids import NodeId
 from actorpy.runtime import remote
 from actorpy.wire import message as wm
+
+
+def wait_limit(timeout: float | None) -> float | None:
+    """``timeout`` as a lock can wait it: a lock waits at most ``threading.TIMEOUT_MAX``
+    (~292 years) and raises OverflowError past it, so a longer one (``inf``, ``1e10``) means
+    no limit, as it does in fact.
+
+    Raises:
+        ConfigError: ``timeout`` is NaN (it would time out at once, or never).
+    """
+    if timeout is None:
+        return None
+    if math.isnan(timeout):
+        raise ConfigError("timeout must be a number of seconds or None, got nan")
+    return None if timeout >= threading.TIMEOUT_MAX else timeout
 
 
 class ReplyFuture(Future):
@@ -69,7 +85,7 @@ class ReplyFuture(Future):
     # ------------------------------------------------------------- read by the caller
     def result(self, timeout: float | None = None) -> Any:
         self._check_thread()
-        timeout = self._pump(timeout)
+        timeout = self._pump(wait_limit(timeout))
         try:
             msg = super().result(timeout)
         except (TimeoutError, FutureTimeout) as exc:  # distinct classes before Python 3.11
@@ -88,7 +104,7 @@ class ReplyFuture(Future):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self._check_thread()
-        timeout = self._pump(timeout)
+        timeout = self._pump(wait_limit(timeout))
         try:
             exc = super().exception(timeout)
         except (TimeoutError, FutureTimeout):

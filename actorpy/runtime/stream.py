@@ -154,7 +154,7 @@ class TaskStream:
                     raise ActorpyTimeout(f"stream {self.stream_id} from {self.dest} gave no item "
                                          f"within {timeout_s} s; raise timeout_s, or check the "
                                          "worker's log")
-                self._cond.wait(left)
+                self._cond.wait(min(left, threading.TIMEOUT_MAX))  # a lock waits no longer
             if self._broken is not None:
                 raise self._broken
             if not self._buffer:

@@ -42,6 +42,11 @@ def _rebuild_decode_error(path: str, offset: int, message: str) -> InputDecodeEr
     return err
 
 
+class InputNotWords(MapreError, ValueError):
+    """With ``cut_long_lines``, a stretch of input too long to hold in memory has no space,
+    tab or newline to cut it at: not text made of words (a sparse file, a disk image)."""
+
+
 class OutputExists(MapreError, FileExistsError):
     """``save`` was pointed at a directory that already holds files."""
 

@@ -18,7 +18,8 @@ import os
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
-from engines.mapre.errors import ArgumentError, InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.errors import (ArgumentError, InputDecodeError, InputNotFound, InputNotWords,
+                                  OutputExists)
 from engines.mapre.plan import Split
 
 #: Bytes read per block; each block is decoded and split into lines in C.
@@ -28,6 +29,10 @@ READ_BLOCK_BYTES = 4 << 20
 #: they are counted (a word count over 64 KB blocks: 5-10 % less CPU than over 4 MB, and
 #: than over lines).
 TEXT_BLOCK_BYTES = 64 << 10
+#: With ``cut_long_lines``, the most bytes read with no space, tab or newline to cut them
+#: at (one "word"): a sparse file of 2 GB was held about five times over (read, joined,
+#: decoded, lower-cased, split) and its one word sent to the driver.
+MAX_WORD_BYTES = 64 << 20
 #: Default size of one input split (one partition).
 DEFAULT_SPLIT_BYTES = 32 << 20
 SUCCESS = "_SUCCESS"
@@ -94,8 +99,31 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         else:
             raise InputNotFound(f"input path {path!r} does not exist")
         files.extend(found)
+    for path in files:
+        if os.path.getsize(path) == 0 and _has_bytes(path):
+            raise InputNotFound(f"input path {path!r} reports a size of 0 but holds data (a "
+                                "/proc or /sys file): it cannot be cut into byte ranges; copy "
+                                "it to a regular file first")
     cwd = os.getcwd()  # joined, not normalised: "link/.." must stay what it is
     return [f if os.path.isabs(f) else os.path.join(cwd, f) for f in files]
+
+
+def _has_bytes(path: str) -> bool:
+    """Whether a file that reports size 0 has bytes to read all the same (a kernel file,
+    as /proc/cpuinfo): it would count as empty. Read without blocking (/proc/kmsg waits
+    for news); one that cannot be opened is left to the reader to report."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return bool(os.read(fd, 1))
+    except BlockingIOError:  # nothing now, more later: no file of fixed bytes either
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def make_splits(files: Iterable[str], split_bytes: int) -> list[Split]:
@@ -159,28 +187,45 @@ def read_split(split: Split, errors: str = "strict",
 
 
 def read_split_text(split: Split, errors: str = "strict",
-                    block_bytes: int = TEXT_BLOCK_BYTES) -> Iterator[str]:
+                    block_bytes: int = TEXT_BLOCK_BYTES,
+                    cut_long_lines: bool = False) -> Iterator[str]:
     """The lines of ``split`` as blocks of text: whole lines of about ``block_bytes``
     together, line ends kept as they are (``\\n`` or ``\\r\\n``); every block ends with a
     newline but perhaps the file's last. A byte order mark at the start of the file is dropped.
+    With ``cut_long_lines`` a line longer than a block is cut after a space or tab in it
+    (read_blocks).
 
     Raises:
         InputDecodeError: a byte is not valid UTF-8 and ``errors`` is "strict".
     """
-    for pos, body in _without_bom(read_blocks(split, block_bytes)):
+    for pos, body in _without_bom(read_blocks(split, block_bytes, cut_long_lines)):
         yield _decode(body, split.path, pos, errors)
 
 
-def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
+def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
+                cut_long_lines: bool = False) -> Iterator[tuple[int, bytes]]:
     """``(file offset, bytes)`` of the whole lines that start in ``split``, a block of
-    about ``block_bytes`` at a time, each ending with a newline (but the file's last)."""
+    about ``block_bytes`` at a time, each ending with a newline (but the file's last).
+
+    With ``cut_long_lines`` a block that holds no newline ends after its last space or tab
+    instead, so that a line of words longer than a block (text8 is one line of 100 MB) is
+    read a block at a time rather than held whole, and copied, by every step that reads it.
+    A space or tab is a byte of its own in UTF-8 and whitespace to ``str.split``, so the
+    cut splits no character and no word, and lower-casing the pieces is lower-casing the line.
+    """
     with open(split.path, "rb") as f:
         pos = split.start  # file offset of the first byte not yet returned
-        if pos > 0:
+        if pos > 0:  # the line covering start - 1 belongs to the split before
             f.seek(pos - 1)
-            pos += len(f.readline()) - 1  # the line covering start - 1 belongs to the split before
+            pos -= 1
+            while True:  # a piece at a time: that line may be longer than memory
+                skipped = f.readline(block_bytes)
+                pos += len(skipped)
+                if not skipped or skipped.endswith(b"\n"):
+                    break
         carry: list[bytes] = []
-        while pos < split.end:
+        in_line = False  # part of the line at pos was returned already (cut_long_lines)
+        while pos < split.end or in_line:
             block = f.read(block_bytes)
             if not block:  # end of file: the last line has no newline
                 if carry:
@@ -188,18 +233,32 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[t
                 return
             cut = block.rfind(b"\n")
             if cut < 0:
-                carry.append(block)
+                space = max(block.rfind(b" "), block.rfind(b"\t")) if cut_long_lines else -1
+                if space < 0:
+                    carry.append(block)
+                    if cut_long_lines and len(carry) * block_bytes > MAX_WORD_BYTES:
+                        raise InputNotWords(
+                            f"{split.path}: the {len(carry) * block_bytes:,} bytes from offset "
+                            f"{pos} hold no space, tab or newline: not text made of words (a "
+                            "binary or sparse file?)")
+                    continue
+                body = b"".join([*carry, block[:space + 1]])
+                yield pos, body
+                pos += len(body)
+                carry = [block[space + 1:]] if space + 1 < len(block) else []
+                in_line = True
                 continue
             body = b"".join([*carry, block[:cut + 1]]) if carry else block[:cut + 1]
             rest = block[cut + 1:]
             done = pos + len(body) > split.end
-            if done:  # keep the lines that start before end
+            if done:  # keep the lines that start before end (the one under way is ours)
                 body = body[:body.find(b"\n", max(split.end - 1 - pos, 0)) + 1]
             yield pos, body
             if done:
                 return
             pos += len(body)
             carry = [rest] if rest else []
+            in_line = False
 
 
 def _without_bom(blocks: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:

@@ -60,6 +60,7 @@ class TextSource(Node):
     errors: str
     where: str
     raw: bool = False
+    cut_long_lines: bool = False
 
     def __post_init__(self) -> None:
         self.partitions = len(self.splits)

@@ -235,7 +235,7 @@ class Job:
         if isinstance(node, P.Narrow):
             return NarrowSpec(self._spec(node.parent, part, reads, False), node.ops)
         if isinstance(node, P.TextSource):
-            return ReadSplits(node.splits[part], node.errors, node.raw)
+            return ReadSplits(node.splits[part], node.errors, node.raw, node.cut_long_lines)
         if isinstance(node, P.ItemsSource):
             return ReadItems(node.chunks[part])
         if isinstance(node, P.Union):
@@ -325,8 +325,9 @@ class Job:
     def _abandon(self, inflight: dict[Any, Any], wait_s: float) -> None:
         """The job fails: let running tasks finish (up to ``wait_s``) so that the blocks they
         store are deleted with the job's. With ``wait_s`` 0 (a timeout, Ctrl-C) the tasks
-        are cancelled instead: queued ones never start, running ones go on (a thread cannot
-        be stopped) and what they store stays until the cluster ends."""
+        are cancelled instead: queued ones never start, running ones stop at their next block
+        of input (a thread cannot be stopped: one in user code goes on) and what they store
+        stays until the cluster ends."""
         for _, worker, _ in inflight.values():
             self.stored_on.add(worker)
         if inflight and wait_s > 0:

@@ -77,6 +77,10 @@ class RunStats:
     trace: list[dict[str, float]] = field(default_factory=list)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 class Run:
     """A running job (``Job.start``); ``result()`` waits for the model."""
 
@@ -87,9 +91,18 @@ class Run:
         check_model(init)
         if not 0 < options.timeout_s < math.inf:
             raise ConfigError(f"need a finite timeout_s > 0, got {options.timeout_s}")
-        if options.batch < 1 or options.checkpoint_every < 0:
-            raise ConfigError(f"need batch >= 1 and checkpoint_every >= 0, got batch="
-                              f"{options.batch} and checkpoint_every={options.checkpoint_every}")
+        if not (_is_int(options.batch) and options.batch >= 1
+                and _is_int(options.checkpoint_every) and options.checkpoint_every >= 0):
+            # NaN pulls between checkpoints never came: the run took none but its first
+            raise ConfigError(f"need an int batch >= 1 and an int checkpoint_every >= 0, got "
+                              f"batch={options.batch!r} and "
+                              f"checkpoint_every={options.checkpoint_every!r}")
+        where = options.checkpoint_dir
+        if where is not None and (not isinstance(where, (str, os.PathLike))
+                                  or not os.fspath(where)):
+            # "" was the current directory: checkpoints landed there without a word
+            raise ConfigError(f"checkpoint_dir must name a directory (a str or a path), got "
+                              f"{where!r}; None takes no checkpoints")
         factor = options.straggler_factor
         if factor is not None and not (isinstance(factor, numbers.Real) and 1 < factor < math.inf):
             # 0 used to turn the policy off without a word (it is false), NaN to fail on the
@@ -178,7 +191,7 @@ class Run:
             RemoteError: a callback raised; JobFailed / ActorpyTimeout: see ``Job.run``.
         """
         wait = self.options.timeout_s + 2 * GRACE_S + 30 if timeout_s is None else timeout_s
-        if not self.finished.wait(wait):
+        if not self.finished.wait(min(wait, threading.TIMEOUT_MAX)):  # a lock waits no longer
             raise ActorpyTimeout(f"job {self.job.name!r} still running after {wait} s")
         if self.failure is not None:
             raise self.failure

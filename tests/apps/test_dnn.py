@@ -72,6 +72,40 @@ class TestDNN:
         with pytest.raises(ConfigError, match="train-images-idx3-ubyte"):
             dnn.load("train", str(tmp_path))
 
+    @pytest.mark.parametrize("case, words", [
+        ("fewer labels", "images of shape \\(20, 28, 28\\) and train-labels-idx1-ubyte labels "
+                         "of shape \\(15,\\)"),
+        ("a label of 200", "holds label 200; the networks here tell the digits 0-9 apart"),
+        ("a cut .gz", "cannot read .*train-images-idx3-ubyte.gz: Compressed file ended"),
+        ("a header of 255 dimensions", "its header says 255 dimensions in 8 bytes"),
+        ("test images of another size", "training images have 784 pixels, test images 400"),
+        ("images 10x20 for the cnn", "--model cnn needs square images, and 200 pixels"),
+    ])
+    def test_a_bad_data_dir_is_refused_before_anything_starts(self, tmp_path, case, words):
+        # before: each failed on every worker in torch's or gzip's words (exit 1), or, with
+        # fewer labels than images, trained on what it had
+        rng = np.random.default_rng(0)
+        side = (10, 20) if case.startswith("images 10x20") else (28, 28)
+        files = {"train-images-idx3-ubyte": _idx(rng.integers(0, 256, (20, *side))),
+                 "train-labels-idx1-ubyte": _idx(rng.integers(0, 10, 20)),
+                 "t10k-images-idx3-ubyte": _idx(rng.integers(0, 256, (5, *side))),
+                 "t10k-labels-idx1-ubyte": _idx(rng.integers(0, 10, 5))}
+        if case == "fewer labels":
+            files["train-labels-idx1-ubyte"] = _idx(rng.integers(0, 10, 15))
+        elif case == "a label of 200":
+            files["train-labels-idx1-ubyte"] = _idx(np.full(20, 200))
+        elif case == "a header of 255 dimensions":
+            files["train-images-idx3-ubyte"] = bytes([0, 0, 0x08, 255, 0, 0, 0, 1])
+        elif case == "test images of another size":
+            files["t10k-images-idx3-ubyte"] = _idx(rng.integers(0, 256, (5, 20, 20)))
+        for name, data in files.items():
+            if case == "a cut .gz" and name == "train-images-idx3-ubyte":
+                (tmp_path / (name + ".gz")).write_bytes(gzip.compress(data)[:100])
+            else:
+                (tmp_path / name).write_bytes(data)
+        with pytest.raises(ConfigError, match=words):
+            dnn.main(["--data", str(tmp_path), "--model", "cnn", "--workers", "0"])
+
     @pytest.mark.parametrize("target", ["nan", "2", "0", "-0.5"])
     def test_a_target_no_accuracy_can_reach_is_refused(self, target):
         # before: taken, and the run went on to --steps without ever stopping early

@@ -109,6 +109,12 @@ def test_clear_one_line_errors(secret_file, tmp_path):
     assert no_secret.returncode == 2 and "secret" in no_secret.stderr
     bad = run("--bind", "tcp://127.0.0.1", "--secret-file", secret_file)
     assert bad.returncode == 2 and "tcp://HOST:PORT" in bad.stderr
+    # our sockets are IPv4 only: "No such device" for --bind, a 10 s wait for --bootstrap
+    ipv6_bind = run("--bind", "tcp://[::1]:0", "--secret-file", secret_file)
+    ipv6_boot = run("--bind", "tcp://127.0.0.1:0", "--bootstrap", "tcp://[::1]:7400",
+                    "--secret-file", secret_file)
+    for out in (ipv6_bind, ipv6_boot):
+        assert out.returncode == 2 and "is an IPv6 address" in out.stderr, out.stderr
     first = _peer(secret_file)
     try:
         endpoint = _endpoint(first)
@@ -128,7 +134,7 @@ def test_clear_one_line_errors(secret_file, tmp_path):
             itself = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
         own = run("--bind", itself, "--bootstrap", itself, "--secret-file", secret_file)
         assert own.returncode == 2 and "--bootstrap is this peer's own --bind" in own.stderr
-        for out in (no_secret, bad, taken, wrong, nobody, own):
+        for out in (no_secret, bad, ipv6_bind, ipv6_boot, taken, wrong, nobody, own):
             assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     finally:
         first.send_signal(signal.SIGTERM)

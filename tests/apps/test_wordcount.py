@@ -99,6 +99,14 @@ def test_table_escapes_control_characters():
     assert "a\u200db" in lines[2]  # a zero-width joiner (emoji sequences) is not a control
 
 
+def test_table_cuts_a_word_of_a_million_characters():
+    # a file of NUL bytes is one word: 20 MB of them took 29 s to escape and print whole
+    lines = wordcount.format_top({"\x00" * 1_000_000: 1, "cat": 2}, 5)
+    assert max(map(len, lines)) < 400
+    assert lines[1].split()[1] == "cat"
+    assert "\\x00" * wordcount.SHOWN_CHARS + "... (1,000,000 characters)" in lines[2]
+
+
 def test_partition_counter_matches_split_then_lower():
     lines = ["İstanbul ǅemal ŉ ΣΑΣ", "a\u2028b", "x\u00a0y"]
     got = dict(wordcount.count_partition(iter(lines)))

@@ -69,6 +69,15 @@ class TestInvariants:
         with pytest.raises(ConfigError):
             simulate(BSP(), SimConfig(workers=2, seconds=1), engine="warp")
 
+    @pytest.mark.parametrize("engine", ["fast", "reference"])
+    def test_a_run_too_long_for_memory_is_refused(self, engine):
+        # 1e300 s failed in numpy ("Maximum allowed dimension exceeded", a traceback)
+        for cfg in (SimConfig(workers=2, seconds=1e300),
+                    SimConfig(workers=2, workload=Workload(mean_s=1e-300)),
+                    SimConfig(workers=10**9)):
+            with pytest.raises(ConfigError, match="more than this machine's memory"):
+                simulate(BSP(), cfg, engine=engine)
+
 
 class TestEnginesAgree:
     """The fast engine against the reference one, which calls policy.decide on every check."""

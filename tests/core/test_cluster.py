@@ -13,6 +13,7 @@ import actorpy
 from actorpy.errors import ActorpyTimeout
 from actorpy.runtime.cluster import Cluster, task_name
 from actorpy.runtime.context import CallTask
+from actorpy.runtime.tasks import ContextCallTask
 from actorpy.runtime.node import Peer
 from tests.conftest import wait_until
 
@@ -115,6 +116,16 @@ class TestPlacement:
         assert [c._pick_worker() for _ in range(4)] == ["w-a"] * 4   # 2 free beats 1 free
         peers[0] = Peer("w-a", "ipc://a", "worker", 1)
         assert sorted(c._pick_worker() for _ in range(4)) == ["w-a", "w-a", "w-b", "w-b"]
+
+
+class TestLongWaits:
+    def test_a_wait_longer_than_a_lock_can_wait_means_no_limit(self, cluster):
+        # a lock waits at most threading.TIMEOUT_MAX (~292 years): past it, OverflowError
+        assert cluster.map(len, ["a", "bb"], timeout_s=1e10) == [1, 2]
+        stream = cluster.submit_stream_task(
+            ContextCallTask(lambda ctx, n: [ctx.emit(i) for i in range(n)] and n, (3,), None),
+            timeout_s=1e10)
+        assert list(stream) == [0, 1, 2] and stream.result(1e10) == 3
 
 
 class TestMapDeadline:

@@ -8,7 +8,7 @@ import pytest
 import actorpy
 from actorpy.config import Config
 from actorpy.errors import ConfigError, SerializationError
-from actorpy.runtime.address import node_bind
+from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime.context import CallTask
 from actorpy.wire import serde
 
@@ -32,8 +32,14 @@ class TestConfig:
         with pytest.raises(ConfigError, match="local_transport"):
             Config(local_transport="udp")
         # more slots than a manager accepts: the worker waited for a welcome that never came
-        with pytest.raises(ConfigError, match="at most 4096, got 5000"):
+        with pytest.raises(ConfigError, match="must be 1 to 4096, got 5000"):
             Config.from_env({}, task_threads=5000)
+        # `actorpy worker --threads 0` was told of chunk_bytes and max_frame_bytes
+        with pytest.raises(ConfigError, match=r"^task_threads \(--threads\) must be 1 to 4096, "
+                                              r"got 0$"):
+            Config.from_env({}, task_threads=0)
+        with pytest.raises(ConfigError, match="got chunk_bytes=0 and max_frame_bytes="):
+            Config.from_env({}, chunk_bytes=0)
 
     def test_connect_rejects_bad_addresses(self, monkeypatch):
         with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
@@ -92,3 +98,13 @@ def test_an_ipv6_worker_host_is_a_clear_config_error(host):
     with pytest.raises(ConfigError, match="IPv6"):
         node_bind("tcp://127.0.0.1:7400", "w-1", host)
     assert node_bind("tcp://127.0.0.1:7400", "w-1", "10.0.0.4") == "tcp://10.0.0.4:*"
+
+
+def test_an_ipv6_address_to_bind_or_dial_is_a_clear_config_error():
+    # a manager bound there failed with "No such device", a worker or a driver dialling it
+    # with "Address family for hostname not supported"
+    with pytest.raises(ConfigError, match=r"tcp://\[::1\]:7400 is an IPv6 address"):
+        security_for("tcp://[::1]:7400", secret="s" * 16)
+    with pytest.raises(ConfigError, match="IPv6"):
+        actorpy.connect("tcp://[::1]:7400", secret="s" * 16)
+    assert security_for("tcp://127.0.0.1:7400", secret="s" * 16).chunk_bytes > 0

@@ -4,16 +4,20 @@ sender waits instead of growing memory, and the tables stay bounded. In-process 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import os
 import sys
 import threading
 import time
 
 import pytest
+import zmq
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, RemoteError, SerializationError
+from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError,
+                            SerializationError)
 from actorpy.ids import NodeId
 from actorpy.runtime import directory
+from actorpy.runtime.loop import SocketLoop
 from actorpy.runtime.node import Node
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security, private_dir
@@ -91,6 +95,50 @@ class TestFailFast:
             failing.result(0)
         assert info.value is error
         client.forget(slow)
+
+    @pytest.mark.parametrize("direct", [False, True])
+    def test_a_wait_longer_than_a_lock_can_wait_means_no_limit(self, pair, direct):
+        # a lock waits at most threading.TIMEOUT_MAX (~292 years): past it, OverflowError
+        server, client, _ = pair
+        for timeout in (1e10, float("inf")):
+            fut = client.request(NodeId("srv"), SVC, ECHO, "hi", direct=direct)
+            assert fut.result(timeout) == "hi" and fut.exception(timeout) is None
+            assert client.wait([fut], timeout) == {fut}
+        fut = client.request(NodeId("srv"), SVC, ECHO, "hi", direct=direct)
+        with pytest.raises(ConfigError, match="got nan"):
+            fut.result(float("nan"))
+        assert fut.result(30) == "hi"
+
+    def test_a_deadline_months_away_is_waited_for(self, pair):
+        # zmq_poll takes a C int of ms (24.8 days): a direct waiter's poll raised
+        # OverflowError to the caller
+        server, client, _ = pair
+        fut = client.request(NodeId("srv"), SVC, ECHO, "direct", timeout_s=1e7, direct=True)
+        assert fut.result(1e7) == "direct"
+
+    def test_the_io_loop_waits_for_a_tick_months_away_quietly(self, caplog):
+        # the loop's poll raised OverflowError (an ERROR, 100 ms of back-off) every other
+        # round while a request's deadline was that far (Node.request(timeout_s=1e7))
+        ticks = []
+        ctx = zmq.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(f"inproc://router-{id(ticks)}")
+
+        def tick(now):
+            ticks.append(now)
+            return now + 1e7
+        loop = SocketLoop(ctx, router, "test-loop", lambda: None, tick, lambda reason: None)
+        loop.start()
+        try:
+            wait_until(lambda: len(ticks) >= 1, 10, "the first tick")
+            loop.wake()
+            wait_until(lambda: len(ticks) >= 2, 10, "the tick after a wake-up")
+        finally:
+            loop.stop()
+            loop.thread.join(10)
+            router.close(linger=0)
+            ctx.term()
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
     def test_an_undecodable_result_says_it_could_not_be_unpickled(self, pair, tmp_path):
         server, client, _ = pair

@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engines.mapre import io
-from engines.mapre.errors import ArgumentError, InputDecodeError, InputNotFound, OutputExists
+from engines.mapre.errors import (ArgumentError, InputDecodeError, InputNotFound, InputNotWords,
+                                  OutputExists)
 from engines.mapre.plan import Split
 
 LINE = st.lists(st.sampled_from(["a", "é", "e\u0301", "\u00a0", " ", "\r", "日", "\t",
@@ -83,6 +84,51 @@ class TestReadSplit:
         assert "".join(blocks) == data.decode()
         assert all(b.endswith("\n") for b in blocks[:-1])
 
+    @given(st.lists(LINE, max_size=30), st.booleans(), st.integers(1, 40), st.integers(1, 16))
+    @settings(max_examples=60, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    def test_cut_long_lines_keeps_every_word_once(self, tmp_path, lines, trailing, split_bytes,
+                                                  block_bytes):
+        data = "\n".join(lines).encode() + (b"\n" if trailing and lines else b"")
+        path = tmp_path / "c.txt"
+        path.write_bytes(data)
+        blocks = [b for s in range(0, len(data), split_bytes)
+                  for b in io.read_split_text(Split(str(path), s, min(s + split_bytes, len(data))),
+                                              "strict", block_bytes, cut_long_lines=True)]
+        assert "".join(blocks) == data.decode()
+        assert all(b.endswith(("\n", " ", "\t")) for b in blocks[:-1])
+        words = [w for b in blocks for w in b.lower().split()]
+        assert words == data.decode().lower().split()
+
+    def test_cut_long_lines_holds_a_block_not_the_line(self, tmp_path):
+        # one line of words (text8 is one line of 100 MB) was read, joined and decoded whole
+        words = [f"w{i % 997}" for i in range(20_000)]
+        path = tmp_path / "one.txt"
+        path.write_bytes(" ".join(words).encode())
+        size = path.stat().st_size
+        for start in (0, 1000):  # the split the line starts in reads it all, the next none
+            blocks = list(io.read_split_text(Split(str(path), start, size // 2), "strict", 256,
+                                             cut_long_lines=True))
+            assert max(map(len, blocks), default=0) <= 256 + 4  # a block, and the rest of a word
+            assert [w for b in blocks for w in b.split()] == (words if start == 0 else [])
+        assert [len(b) for b in io.read_split_text(Split(str(path), 0, size), "strict",
+                                                   256)] == [size]
+
+    def test_cut_long_lines_refuses_a_word_longer_than_memory_allows(self, tmp_path,
+                                                                      monkeypatch):
+        # a sparse file of 2 GB (NUL bytes: valid UTF-8, no whitespace) was one word, held
+        # about five times over by the worker and sent whole to the driver
+        monkeypatch.setattr(io, "MAX_WORD_BYTES", 1000)
+        path = tmp_path / "zeros.bin"
+        path.write_bytes(b"ok fine\n" + b"\x00" * 5000 + b" tail\n")
+        size = path.stat().st_size
+        with pytest.raises(InputNotWords, match="zeros.bin: the 1,024 bytes from offset 8 "
+                                                "hold no space, tab or newline"):
+            list(io.read_split_text(Split(str(path), 0, size), "strict", 256,
+                                    cut_long_lines=True))
+        whole = io.read_split_text(Split(str(path), 0, size), "strict", 256)  # lines: no limit
+        assert "".join(whole) == path.read_text()
+
     def test_text_blocks_check_utf8(self, tmp_path):
         path = tmp_path / "bad.txt"
         path.write_bytes(b"good line\r\nsecond \xff line\n")
@@ -108,6 +154,13 @@ class TestInputs:
         os.symlink("loop", tmp_path / "loop")
         with pytest.raises(InputNotFound, match="loop' is a symbolic link to nothing"):
             io.list_inputs(str(tmp_path / "loop"))
+
+    @pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="needs Linux's /proc")
+    def test_a_kernel_file_of_size_0_is_refused_not_counted_empty(self, tmp_path):
+        with pytest.raises(InputNotFound, match="status' reports a size of 0 but holds data"):
+            io.list_inputs(["/proc/self/status"])
+        (tmp_path / "empty.txt").write_bytes(b"")  # an empty file is just empty
+        assert io.list_inputs(str(tmp_path / "empty.txt")) == [str(tmp_path / "empty.txt")]
 
     def test_double_star_spans_directories(self, tmp_path):
         for name in ("t.txt", "a/m.txt", "a/b/d.txt", "a/b/skip.log"):

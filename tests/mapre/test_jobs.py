@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 import actorpy
-from actorpy.errors import ActorpyTimeout, RemoteError
+from actorpy.errors import ActorpyTimeout, ConfigError, RemoteError
 from engines import mapre
 from engines.mapre.progress import Progress
 from tests.conftest import wait_until
@@ -58,6 +58,17 @@ class TestLoad:
         assert d.map(len).collect(timeout_s=120) == [4, 50_000_000, 4]
         got = d.filter(lambda line: len(line) > 10).collect(timeout_s=120)
         assert len(got) == 1 and got[0] == big
+
+    def test_text_blocks_of_a_single_long_line_stay_small(self, cluster, tmp_path):
+        # the line used to be one block: held whole (several times) by the worker reading it
+        path = tmp_path / "one.txt"
+        path.write_text(" ".join(f"w{i % 1000}" for i in range(2_000_000)), encoding="utf-8")
+        d = mapre.load(cluster, str(path), lines=False, cut_long_lines=True, split_bytes=4 << 20)
+        sizes = d.map_partitions(lambda blocks: [max(map(len, blocks), default=0)])
+        assert 0 < max(sizes.collect(timeout_s=120)) <= (64 << 10) + 4  # and a word
+        assert d.flat_map(str.split).count(timeout_s=120) == 2_000_000
+        with pytest.raises(ConfigError, match="cut_long_lines=True needs lines=False"):
+            mapre.load(cluster, str(path), cut_long_lines=True)
 
     def test_relative_paths_are_the_drivers(self, cluster, tmp_path, monkeypatch):
         # the workers started in another directory (as `actorpy worker` elsewhere would)
@@ -208,6 +219,30 @@ class TestErrors:
             (tmp_path / "go").touch()
             assert mapre.from_items(cluster, range(8), 8).count(timeout_s=60) == 8
         assert len(os.listdir(marks)) == started
+
+
+    def test_a_given_up_job_stops_reading_its_input(self, tmp_path):
+        # Ctrl-C or a timeout cancels the job's tasks: a running one used to read all its
+        # input on, holding its worker (27 s for the next job after a Ctrl-C'd wordcount)
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        path = tmp_path / "in.txt"
+        path.write_text(("word " * 1000 + "\n") * 400, encoding="utf-8")  # 2 MB: 31 blocks
+
+        def slow(block):
+            (marks / str(len(os.listdir(marks)))).touch()
+            for _ in range(300):  # waits (at most 30 s) for the test's gate
+                if (tmp_path / "go").exists():
+                    break
+                threading.Event().wait(0.1)
+            return len(block)
+        with actorpy.connect(workers=1) as cluster:
+            with pytest.raises(ActorpyTimeout):
+                mapre.load(cluster, str(path), lines=False).map(slow).count(timeout_s=2)
+            (tmp_path / "go").touch()
+            # one thread: this runs once the given-up task has ended
+            assert mapre.from_items(cluster, range(4), 1).count(timeout_s=60) == 4
+        assert len(os.listdir(marks)) == 1
 
 
 class TestProgress:

@@ -60,6 +60,15 @@ class TestTraining:
             assert all(s > 0 for s in steps)
         assert run.stats.statuses == {w: "FINISH" for w in run.stats.workers}
 
+    def test_a_timeout_longer_than_a_lock_can_wait_is_no_limit(self, cluster):
+        # timeout_s=1e10 failed on every worker with OverflowError (a lock waits at most
+        # threading.TIMEOUT_MAX), and the driver's own wait did too
+        job = _job(BSP())
+        job.register_stop(pb.StepStop(5))
+        model = job.run(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=1e10)
+        reference = pb.reference_sgd(SEED, slots=2, steps=5, batch=16, lr=0.1)
+        assert np.allclose(model["w"], reference, rtol=1e-12, atol=1e-14)
+
     def test_two_servers_equal_one_under_bsp(self, cluster):
         models = []
         for servers in (1, 2):
@@ -312,6 +321,22 @@ class TestBadInput:
             job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path),
                     resume=True, timeout_s=30)
         assert open(path, "rb").read() == saved
+
+    def test_a_checkpoint_dir_or_every_that_means_nothing_is_refused(self, cluster, tmp_path,
+                                                                     monkeypatch):
+        # "" was the current directory (checkpoints landed there without a word), NaN pulls
+        # between checkpoints never came, 5 failed in os.path as a TypeError
+        monkeypatch.chdir(tmp_path)
+        job = _job(BSP())
+        job.register_stop(pb.StepStop(2))
+        for bad in ("", 5):
+            with pytest.raises(actorpy.ConfigError, match="checkpoint_dir must name a directory"):
+                job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=bad, timeout_s=30)
+        for every in (float("nan"), 2.5, -1):
+            with pytest.raises(actorpy.ConfigError, match="an int checkpoint_every >= 0"):
+                job.run(cluster, init={"w": np.zeros(pb.D)}, checkpoint_dir=str(tmp_path),
+                        checkpoint_every=every, timeout_s=30)
+        assert os.listdir(tmp_path) == []
 
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")
