@@ -169,6 +169,10 @@ class Service:
                     return
             elif env.is_request:
                 raise  # the runtime sends the ERROR (and copes if even that fails)
+            if ctx.node.closed:   # its sends fail with NodeLost: the shutdown, not a failure
+                log.debug("%s: kind %d from %s handled as its node closed",
+                          type(self).__qualname__, msg.kind, msg.sender, exc_info=True)
+                return
             log.exception("%s failed on kind %d from %s", type(self).__qualname__, msg.kind,
                           msg.sender)
 
