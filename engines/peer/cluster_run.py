@@ -32,9 +32,9 @@ from .shell import PeerKind, PeerService
 log = logging.getLogger(__name__)
 
 CALL_S = 30.0
-LEAVE_S = 10.0     # a peer's graceful leave at the end of a job (then it is stopped anyway)
+LEAVE_S = 10.0     # the peers' stops at the end of a job, all together
 FAILED_LEAVE_S = 2.0   # the same when the job failed: a peer may hang in a callback
-STOP_MIN_S = 0.1   # the stop of a peer whose leave took all its time: sent, hardly awaited
+STOP_MIN_S = 0.1   # the stop of a peer after the others took all the time: sent, hardly awaited
 
 
 class _TimeUp(ActorpyTimeout):
@@ -300,20 +300,17 @@ class ClusterRun:
                                      f"{what}; steps: {[s['step'] for s in self.last.values()]}")
 
     def stop(self, wait_s: float = LEAVE_S) -> None:
-        """Every peer still running leaves (hands its keys on, tells its contacts), one after
-        the other, and its service stops; ``wait_s`` bounds both waits of a peer together
-        (a peer hung in a callback on its node's I/O thread holds both: a failed job's two
-        hung peers held the driver up to 8 s after its timeout, now 4)."""
+        """Every peer still running stops. The job is over (its model was read, or it
+        failed), so no peer hands its keys on: a graceful leave of each, one after the other
+        as this used to do, took ~0.24 s a peer (15 s of a 20 s run with 64 peers). Messages
+        to a stopped peer get an answer saying so, not a timeout. ``wait_s`` bounds all the
+        stops together (a peer hung in a callback on its node's I/O thread holds its
+        own until then)."""
+        until = time.monotonic() + wait_s
         for i in reversed(self._live()):
-            ref = self.refs[i]
-            until = time.monotonic() + wait_s
             try:
-                self.cluster.call(ref, PeerKind.LEAVE, timeout_s=wait_s)
-            except Exception as exc:  # noqa: BLE001 - best effort at the end
-                log.debug("peer %d did not leave cleanly: %s", i, exc)
-            try:
-                self.cluster.stop_service(ref, timeout_s=max(until - time.monotonic(),
-                                                             STOP_MIN_S))
+                self.cluster.stop_service(self.refs[i], timeout_s=max(until - time.monotonic(),
+                                                                      STOP_MIN_S))
             except Exception as exc:  # noqa: BLE001 - best effort at the end
                 log.debug("stopping peer %d: %s", i, exc)
             self.left.add(i)

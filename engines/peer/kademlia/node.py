@@ -100,6 +100,8 @@ class KademliaNode(NodeOps):
         self._dead: dict[int, float] = {}
         self._failures: dict[int, int] = {}
         self._probing: set[int] = set()      # table contacts with a PING in flight
+        self._recheck_at: dict[int, float] = {}   # dead contact -> when others may make us
+                                                  # PING it again (``_recheck_dead``)
         self._suspects: set[int] = set()     # table contacts that missed a reply: not handed out
         self._holders: dict[int, tuple[list[Contact], float]] = {}
         self.leaving = False                 # leave() began: an engine takes no more writes

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from engines.peer.kademlia.events import KademliaConfig
 from engines.peer.kademlia.ids import KadId, random_id
 from engines.peer.kademlia.lookup import Lookup
 from engines.peer.kademlia.routing import Contact
@@ -145,6 +146,30 @@ class TestWireAndLoss:
         key = random_id(random.Random(23))
         net.set(live[0], key, b"over the wire")
         assert all(net.get(a, key).value == b"over the wire" for a in live[::10])
+
+    def test_a_peer_dropped_for_late_replies_is_taken_back_when_others_name_it(self) -> None:
+        # A loaded machine makes replies late, not lost: the peer is evicted, and before, it
+        # was skipped for all of dead_for_s (60 s) while the others kept handing it out:
+        # its pushers asked peers that answered NOT_OWNER, a 40-peer job took 62 s
+        net = SimNetwork(KademliaConfig(refresh_on_join=False, rpc_timeout_s=0.1,
+                                        dead_for_s=60.0), seed=57)
+        live = net.grow(20)
+        asker, slow = net.nodes[live[0]], net.nodes[live[3]]
+        net.kill(live[3])                               # silent for a while ...
+        net.find_node(live[0], slow.node_id)            # two misses: dropped as dead
+        assert asker.is_gone(slow.node_id, net.clock.now())
+        net.alive.add(live[3])                          # ... then it answers again
+        net.run_for(1.0)                                # (a re-check per 10 rpc timeouts)
+        net.find_node(live[0], slow.node_id)            # others name it: PINGed, answers
+        net.run_for(0.5)
+        assert not asker.is_gone(slow.node_id, net.clock.now())
+        assert slow.node_id in asker.routing
+        assert net.clock.now() < 10.0                   # well within dead_for_s
+        net.kill(live[3])                               # really dead now: a PING per second
+        before = asker.stats.timeouts
+        for _ in range(5):
+            net.find_node(live[0], slow.node_id)
+        assert asker.stats.timeouts - before <= 4        # 2 misses, then at most 1 re-check
 
     def test_one_lost_message_does_not_evict_a_contact(self) -> None:
         strict, live, strict_top1 = lossy_lookups(max_failures=1)
