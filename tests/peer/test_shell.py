@@ -164,7 +164,6 @@ class TestJobRun:
         result = linreg(PSP(sample=2, staleness=1), steps=2).run(
             cluster, peers=48, init=init(), data=shard, timeout_s=120)
         assert sorted(result.steps.values()) == [2] * 48
-        print("TOOK", took)
         assert len(took) == 1 and took[0] < 0.5, took
 
 
