@@ -75,6 +75,29 @@ def blocking_floor(policy: Policy, my_step: int) -> int:
     return my_step
 
 
+def balanced_batch(batch: float, lead: int, bound: int, floor: float, top: float) -> float:
+    """The next step's batch of a balancing peer (``balance=True``) whose peers lead it by
+    ``lead`` steps (the lower median of the steps it knows, less its own) under a staleness
+    ``bound``: 5 % less per step of lead over half the bound, 5 % more per step short of it
+    (-15 % / +10 % a step at most), within ``floor`` .. ``top``.
+
+    A straggler the others press against (their lead near the bound: they wait on it, or
+    soon will) so takes fewer samples until they lead it by half the bound, short of
+    waiting; a peer level with the others keeps or regains the job's batch. The lower
+    median, not the fastest peer: a peer merely behind the fastest one is no straggler, and
+    shrinking it too would shrink all but the fastest. The floor (a quarter of the job's
+    batch): with fewer samples updates get noisy enough to cost more updates than the speed
+    gains.
+
+    >>> round(balanced_batch(32.0, lead=4, bound=4, floor=8.0, top=32.0), 1)
+    28.8
+    >>> balanced_batch(16.0, lead=0, bound=4, floor=8.0, top=32.0)
+    17.6
+    """
+    factor = min(1.10, max(0.85, 1.0 - 0.05 * (lead - bound / 2)))
+    return min(top, max(floor, batch * factor))
+
+
 class OverlayBarrier:
     """Runs barrier checks for one peer (see the module docstring).
 

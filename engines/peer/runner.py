@@ -19,7 +19,7 @@ import numpy as np
 
 from actorpy.barrier import Decision
 
-from .barrier import OverlayBarrier, blocking_floor
+from .barrier import OverlayBarrier, balanced_batch, blocking_floor
 from .context import JobSpec, PeerContext, Timer, balance_bound, misfit
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
@@ -196,24 +196,15 @@ class PeerRunner:
                            max(1, round(self.node.size_estimate())), round(self.batch))
 
     def _rebalance(self) -> None:
-        """Balanced batches without a coordinator. The lead is how far the lower median of
-        the steps this peer knows is ahead of its own; each step the batch moves by 5 % per
-        step of lead over half the barrier's bound (at most -15 % / +10 % a step), between
-        a quarter of the job's batch (fewer samples make updates noisy enough to cost more
-        updates than the speed gains) and the job's batch. A straggler the others press
-        against (their lead near the bound: they wait on it, or soon will) so takes fewer
-        samples until they lead it by half the bound, short of waiting; a peer level with
-        the others keeps or regains the job's batch. (The median, not the fastest peer: a
-        peer merely behind the fastest one is no straggler, and shrinking it too would
-        shrink all but the fastest.) The steps come with the messages peers exchange
-        anyway: nothing more on the wire."""
+        """Balanced batches without a coordinator (``balanced_batch``): the lead is how far
+        the lower median of the steps this peer knows is ahead of its own. The steps come
+        with the messages peers exchange anyway: nothing more on the wire."""
         assert self._bound is not None
         steps = sorted(seen.step for _, seen in self.node.steps.items())
-        if not steps:
-            return
-        lead = steps[(len(steps) - 1) // 2] - self.step      # the lower median's
-        factor = min(1.10, max(0.85, 1.0 - 0.05 * (lead - self._bound / 2)))
-        self.batch = min(float(self.spec.batch), max(self._floor, self.batch * factor))
+        if steps:
+            lead = steps[(len(steps) - 1) // 2] - self.step
+            self.batch = balanced_batch(self.batch, lead, self._bound, self._floor,
+                                        float(self.spec.batch))
 
     def _begin_step(self, now: float, eff: Effects) -> None:
         if self.on_io_thread or self._serving_here or self._answering:
