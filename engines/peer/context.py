@@ -171,7 +171,7 @@ class JobSpec:
             then, ``schedule`` and ``push`` never).
         batch: ``ctx.batch_size`` of every peer (with ``balance``: the most a peer uses).
         balance: a peer that faster peers wait on shrinks its batch (down to a quarter;
-            ``PeerRunner._rebalance``), so the peers' steps keep pace; needs a staleness
+            ``barrier.balanced_batch``), so the peers' steps keep pace; needs a staleness
             of 1 or more (SSP, PSP).
     """
 
