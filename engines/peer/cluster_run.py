@@ -32,8 +32,8 @@ from .shell import PeerKind, PeerService
 log = logging.getLogger(__name__)
 
 CALL_S = 30.0
-LEAVE_S = 10.0     # the peers' stops at the end of a job, all together
-FAILED_LEAVE_S = 2.0   # the same when the job failed: a peer may hang in a callback
+STOP_S = 10.0      # the peers' stops at the end of a job, all together
+FAILED_STOP_S = 2.0    # the same when the job failed: a peer may hang in a callback
 STOP_MIN_S = 0.1   # the stop of a peer after the others took all the time: sent, hardly awaited
 
 
@@ -179,7 +179,7 @@ class ClusterRun:
             failed = False
             return result
         finally:
-            self.stop(FAILED_LEAVE_S if failed else LEAVE_S)
+            self.stop(FAILED_STOP_S if failed else STOP_S)
 
     def add_peer(self, node: Any = None) -> str:
         """A new peer joins the overlay (through a live peer) and the running job, catching
@@ -299,7 +299,7 @@ class ClusterRun:
                 raise ActorpyTimeout(f"P2P job {self.spec.name!r}: timed out waiting for "
                                      f"{what}; steps: {[s['step'] for s in self.last.values()]}")
 
-    def stop(self, wait_s: float = LEAVE_S) -> None:
+    def stop(self, wait_s: float = STOP_S) -> None:
         """Every peer still running stops. The job is over (its model was read, or it
         failed), so no peer hands its keys on: a graceful leave of each, one after the other
         as this used to do, took ~0.24 s a peer (15 s of a 20 s run with 64 peers). Messages

@@ -118,6 +118,7 @@ class NodeOps:
         if step != NO_STEP:
             self.steps.observe(node_id, contact.address, step, now)
         self._dead.pop(node_id, None)
+        self._recheck_at.pop(node_id, None)
         self._failures.pop(node_id, None)
         self._suspects.discard(node_id)
         if node_id not in self.routing:
@@ -143,8 +144,7 @@ class NodeOps:
         PING that times out, and is neither evicted again nor re-replicated for."""
         for contact in contacts:
             node_id = contact.node_id
-            if (node_id != self.node_id and self._is_dead(node_id, now)
-                    and now >= self._recheck_at.get(node_id, 0.0)):
+            if self._is_dead(node_id, now) and now >= self._recheck_at.get(node_id, 0.0):
                 self._recheck_at[node_id] = now + 10 * self.config.rpc_timeout_s
                 self._probe(contact, now, eff)
 
