@@ -107,6 +107,7 @@ class Job:
         #: Tasks were left running when the job failed (see ``_abandon``).
         self.abandoned = False
         self._last_loss = ""
+        self._lost_together: tuple[str, str, list[int]] = ("", "", [])  # stage, reason, parts
 
     def __enter__(self) -> Job:
         return self
@@ -390,8 +391,16 @@ class Job:
 
     def _retry(self, stage: Stage, key: Key, reason: str) -> None:
         stage.attempts[key] += 1
-        # a function that kills its worker (os._exit, a crash in C) kills each in turn
-        self._last_loss = f"ran partition {key[1]} of stage '{stage.name}': {reason}"
+        # a function that kills its worker (os._exit, a crash in C) kills each in turn; the
+        # worker may have been running several partitions then, and any of them may be the one
+        name, why, parts = self._lost_together
+        if (name, why) != (stage.name, reason):
+            name, why, parts = stage.name, reason, []
+            self._lost_together = (name, why, parts)
+        parts.append(key[1])
+        which = ", ".join(str(p) for p in sorted(parts))
+        self._last_loss = (f"ran partition{'s' if len(parts) > 1 else ''} {which} of stage "
+                           f"'{stage.name}': {reason}")
         log.warning("%s: stage '%s' partition %d runs again: %s", self.id, stage.name, key[1],
                     reason)
         if stage.attempts[key] >= MAX_ATTEMPTS:
