@@ -75,6 +75,23 @@ def blocking_floor(policy: Policy, my_step: int) -> int:
     return my_step
 
 
+def overlaps(policy: Policy) -> bool:
+    """Whether a peer under ``policy`` begins its next step while its last step's pushes
+    travel: ASP, and the bounded policies that let a peer run a step ahead of what it has
+    read (SSP and PSP with staleness >= 1, DSSP with ``low`` >= 1). Its next step then reads
+    the values the step before last was answered with: one update of its own may be missing,
+    which the staleness allows. BSP, pBSP and custom policies wait for the answers.
+
+    >>> overlaps(ASP()), overlaps(PSP(1, 4)), overlaps(PSP(1, 0)), overlaps(BSP())
+    (True, True, False, False)
+    """
+    if isinstance(policy, ASP):
+        return True
+    if isinstance(policy, (SSP, PSP)):
+        return policy.staleness >= 1
+    return isinstance(policy, DSSP) and policy.low >= 1
+
+
 def balanced_batch(batch: float, lead: int, bound: int, floor: float, top: float) -> float:
     """The next step's batch of a balancing peer (``balance=True``) whose peers lead it by
     ``lead`` steps (the lower median of the steps it knows, less its own) under a staleness

@@ -26,7 +26,6 @@ class Timer(IntEnum):
     RECHECK = 2       # check the barrier again
     RETRY = 3         # ask again for the key in the token's slot
     REPLICATE = 5     # an owner's write nobody waits on goes to the key's holders
-    EARLY = 6         # the pushes are out: check the barrier for the step they complete
     BEGIN = 7         # begin the next step from the shell's loop (see _begin_step)
     COMPUTE = 8       # compute the step on the service's thread (its keys came in there)
 

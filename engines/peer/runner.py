@@ -4,6 +4,8 @@ Each step: ``schedule`` -> fetch the keys it names (once; afterwards every push'
 carries the key's new value) -> ``push`` computes updates -> each update goes to its key's
 *owner*, the peer closest to the key (a CALL; the owner runs ``pull`` and answers with the new
 value and clock) -> the step is done -> ``stop``? -> the barrier decides whether to go on.
+Under a policy with staleness the step is done once its pushes are sent, and the next one
+computes while they travel (``barrier.overlaps``; one step's pushes out at most).
 
 The owner side (serving GET / PUSH, running ``pull``, replicating) is ``owner.py``.
 """
@@ -19,7 +21,7 @@ import numpy as np
 
 from actorpy.barrier import Decision
 
-from .barrier import OverlayBarrier, balanced_batch, blocking_floor
+from .barrier import OverlayBarrier, balanced_batch, overlaps
 from .context import JobSpec, PeerContext, Timer, balance_bound, misfit
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
@@ -84,7 +86,13 @@ class PeerRunner:
         self._keys: list[str] = []
         self._updates: dict[str, Any] = {}
         self._outstanding: set[str] = set()
-        self._early: Decision | None = None
+        #: a step's pushes travel while the next step computes (``overlaps``): the pushes of
+        #: one step at most are out; the next step's wait for them (``_held``), and a peer
+        #: that ``stop`` ended is DONE once they are answered (``_finishing``)
+        self._overlap = overlaps(spec.policy)
+        self._travelling: set[str] = set()
+        self._held = False
+        self._finishing = False
         self._serving_here = False      # inside a push or get this peer serves itself
         self._answering = False         # inside a message another peer awaits an answer to
         self._next_token = 0
@@ -130,6 +138,12 @@ class PeerRunner:
             self.phase = Phase.DONE
 
     @property
+    def answered(self) -> int:
+        """Steps whose pushes were all answered: ``step``, less the last one while its
+        pushes travel (``overlaps``; a peer that died then lost them unacknowledged)."""
+        return self.step - 1 if self._travelling else self.step
+
+    @property
     def stopped(self) -> bool:
         """DONE or FAILED: nothing this runner does from now on may start a step or a push."""
         return self.phase in (Phase.DONE, Phase.FAILED)
@@ -164,8 +178,6 @@ class PeerRunner:
             self._begin_step(now, eff)
         elif kind == Timer.COMPUTE and token == self._epoch and self.phase == Phase.WORKING:
             self._compute(now, eff)
-        elif kind == Timer.EARLY and token == self._epoch:
-            self._check_early(now, eff)
         elif kind == Timer.REPLICATE:
             eff.extend(self.owner.on_timer(token, now))
         elif kind == Timer.RETRY:
@@ -281,38 +293,67 @@ class PeerRunner:
             self._push_all(now, eff)
 
     def _push_all(self, now: float, eff: Effects) -> None:
+        if self._overlap:
+            self._push_overlapped(now, eff)
+            return
         self._outstanding = set(self._updates)
-        self._early = None
         if not self._outstanding:
             self._step_done(now, eff)
             return
-        for name in list(self._updates):
-            self._push(name, now, eff)
-        if self.phase == Phase.WORKING and not self.barrier.is_checking \
-                and blocking_floor(self.spec.policy, self.step + 1) <= self.step:
-            # Check the barrier for the step these pushes complete while they travel: the
-            # decision depends only on that step and on the others' steps, which only grow,
-            # so an advance decided then holds when they are answered, and its PINGs overlap
-            # the push round trip. (With staleness 0 the others cannot have finished that
-            # step yet: no use.) From a timer due at once, so the pushes go out first.
-            eff.timers.append(SetTimer(0.0, Timer.EARLY, self._epoch))
+        for name, update in list(self._updates.items()):
+            self._push(name, update, self.step, now, eff)
 
-    def _check_early(self, now: float, eff: Effects) -> None:
-        if self.phase == Phase.WORKING and not self.barrier.is_checking:
-            self._barrier(lambda: self.barrier.check(self.step + 1, now), now, eff)
+    def _push_overlapped(self, now: float, eff: Effects) -> None:
+        """Send this step's pushes and count the step done at once: the next one computes
+        while they travel (its reads then miss this step's updates, which the policy's
+        staleness allows). Were the last step's pushes not all answered yet, these wait for
+        them (``_landed``): one step's pushes out at most, so they reach an owner in order."""
+        if self._travelling:
+            self._held = True
+            return
+        self._travelling = set(self._updates)
+        for name, update in list(self._updates.items()):
+            self._push(name, update, self.step, now, eff)
+        if self._travelling:
+            self._step_done(now, eff)
+            return
+        # every push was this peer's own, answered here: as inside such a push, the next
+        # step begins from a timer (a peer owning all its keys would recurse through them)
+        serving, self._serving_here = self._serving_here, True
+        try:
+            self._step_done(now, eff)
+        finally:
+            self._serving_here = serving
 
-    def _push(self, name: str, now: float, eff: Effects) -> None:
+    def _landed(self, name: str, now: float, eff: Effects) -> None:
+        """An overlapped push was answered: the held pushes go once all are, and a peer
+        ``stop`` ended is DONE then."""
+        self._travelling.discard(name)
+        if self._travelling or self.stopped:
+            return
+        if self._held:
+            self._held = False
+            self._push_overlapped(now, eff)
+        elif self._finishing:
+            self._finishing = False
+            self.phase = Phase.DONE
+
+    def _push(self, name: str, update: Any, step: int, now: float, eff: Effects) -> None:
         def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
             if status == Status.OK:
                 self.pushed += 1
                 self.values[name] = (value, clock)
                 self._keep_copy(name, value, clock, when)
+                if self._overlap:
+                    self._landed(name, when, e)
+                    return
                 self._outstanding.discard(name)
                 if not self._outstanding:
                     self._step_done(when, e)
             elif not self.stopped:
-                self._retry(lambda t, ef: self._push(name, t, ef), status, when, e)
-        self._ask(name, Method.PUSH, self._updates[name], now, eff, acked)
+                self._retry(lambda t, ef: self._push(name, update, step, t, ef), status,
+                            when, e)
+        self._ask(name, Method.PUSH, update, now, eff, acked, step)
 
     def _repush(self, name: str, update: Any, now: float, eff: Effects) -> None:
         """Push an update again that this peer, as ``name``'s owner, applied and answered at
@@ -349,12 +390,7 @@ class PeerRunner:
         if self._stopped(now):
             return
         self.phase = Phase.BARRIER
-        early, self._early = self._early, None
-        if early is not None and early.advance:
-            self._decided(early, now, eff)         # decided while the pushes travelled
-        elif not self.barrier.is_checking:
-            self._check_barrier(now, eff)          # a block seen then may be gone by now
-        # else: the check started with the pushes is still waiting for PONGs
+        self._check_barrier(now, eff)
 
     def _check_barrier(self, now: float, eff: Effects) -> None:
         self._barrier(lambda: self.barrier.check(self.step, now), now, eff)
@@ -372,9 +408,6 @@ class PeerRunner:
             self._decided(decision, now, eff)
 
     def _decided(self, decision: Decision, now: float, eff: Effects) -> None:
-        if self.phase == Phase.WORKING:
-            self._early = decision                 # pushes still in flight: keep it
-            return
         if self.phase != Phase.BARRIER:
             return
         if decision.advance:
@@ -386,7 +419,8 @@ class PeerRunner:
             eff.timers.append(SetTimer(self.spec.poll_s, Timer.RECHECK, self._epoch))
 
     def _stopped(self, now: float) -> bool:
-        """Whether ``stop`` says this peer is done (then DONE), or raised (then FAILED)."""
+        """Whether ``stop`` says this peer is done (then DONE, or once its overlapped
+        pushes are answered: ``_landed``), or raised (then FAILED)."""
         try:
             stop = self.spec.stop(self._ctx())
             if stop is None:   # a missing `return`: it would never stop, until the timeout
@@ -397,8 +431,11 @@ class PeerRunner:
             self._fail(exc)
             return True
         if stop:
-            self.phase = Phase.DONE
             self.finished_s = now
+            if self._travelling:    # still WORKING: it pushes (and retries) until they land
+                self.phase, self._finishing = Phase.WORKING, True
+            else:
+                self.phase = Phase.DONE
         return stop
 
     def _fail(self, exc: BaseException) -> None:

@@ -107,9 +107,32 @@ class TestTraining:
             (runs[False].messages, runs[True].messages)
         assert runs[False].seconds < runs[True].seconds
 
+    @pytest.mark.parametrize("barrier", [ASP(), SSP(2), PSP(2, 1)], ids=["asp", "ssp2", "pssp"])
+    def test_with_staleness_a_step_computes_while_its_pushes_travel(self, barrier: Policy):
+        job = linreg(barrier, steps=30)
+        folded: dict[tuple[str, str], list[int]] = {}
+        pull = job.spec({}).pull
+
+        @job.register_pull
+        def recording(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
+            for name in updates:
+                folded.setdefault((name, store.sender), []).append(store.sender_step)
+            pull(store, updates)
+
+        # 5 ms of compute a step, a push answered in 1 ms at least (latency 0.5-1 ms a way):
+        # one after the other, 30 steps take 180 ms at least
+        _, result = run(job, compute_s=lambda index, step: 0.005, latency_s=(0.0005, 0.001))
+        assert result.seconds < 30 * (0.005 + 2 * 0.0005), result.seconds
+        assert result.updates == 8 * 30 * KEYS and set(result.steps.values()) == {30}
+        # one step's pushes out at a time: each owner folds each peer's steps in order, once
+        assert len(folded) == 8 * KEYS
+        assert all(steps == list(range(30)) for steps in folded.values())
+
     def test_bsp_and_ssp_keep_their_spread(self) -> None:
         for barrier, bound in ((BSP(), 1), (SSP(2), 3)):
-            slow = lambda index, step: 0.004 if index == 5 else 0.001  # noqa: E731
+            # slow enough that the others reach the bound, their steps' round trips (which
+            # SSP's overlap with their compute) included
+            slow = lambda index, step: 0.008 if index == 5 else 0.001  # noqa: E731
             _, result = run(linreg(barrier, steps=30), compute_s=slow)
             spreads = [hi - lo for _, lo, hi in result.spreads]
             assert max(spreads) <= bound and max(spreads) == bound   # the bound is reached
