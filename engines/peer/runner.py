@@ -317,8 +317,9 @@ class PeerRunner:
         if self._travelling:
             self._step_done(now, eff)
             return
-        # every push was this peer's own, answered here: as inside such a push, the next
-        # step begins from a timer (a peer owning all its keys would recurse through them)
+        # none travels (no update, or each to a key of this peer's own, answered here): as
+        # inside such a push, the next step begins from a timer (a peer owning all its keys
+        # would recurse through its steps)
         serving, self._serving_here = self._serving_here, True
         try:
             self._step_done(now, eff)
