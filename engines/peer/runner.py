@@ -95,6 +95,7 @@ class PeerRunner:
         self._finishing = False
         self._serving_here = False      # inside a push or get this peer serves itself
         self._answering = False         # inside a message another peer awaits an answer to
+        self._sending = False           # this call's effects hold pushes not sent yet
         self._next_token = 0
         #: set by a shell while it handles a message on its node's I/O thread: a step is
         #: then begun and computed from timers (on the service's thread), never there
@@ -219,12 +220,14 @@ class PeerRunner:
                                         float(self.spec.batch))
 
     def _begin_step(self, now: float, eff: Effects) -> None:
-        if self.on_io_thread or self._serving_here or self._answering:
+        if self.on_io_thread or self._serving_here or self._answering or self._sending:
             # From a timer due at once, not from here: on the node's I/O thread, so that
             # user code runs on the service's thread; inside a push this peer served itself,
             # or a peer that owns every key it works on would run all its steps in one call
             # (deep recursion) and its shell would serve no other message meanwhile; on
-            # another peer's message, so that our answer to it goes out first. Otherwise
+            # another peer's message, so that our answer to it goes out first; right after
+            # an overlapped step's pushes, so that they go out before this step computes
+            # (the effects of this call are sent once it returns). Otherwise
             # (an owner's reply, a PONG, a re-check) at once: a timer would cost the shell
             # a hop through its event loop.
             eff.timers.append(SetTimer(0.0, Timer.BEGIN, self._epoch))
@@ -314,17 +317,11 @@ class PeerRunner:
         self._travelling = set(self._updates)
         for name, update in list(self._updates.items()):
             self._push(name, update, self.step, now, eff)
-        if self._travelling:
-            self._step_done(now, eff)
-            return
-        # none travels (no update, or each to a key of this peer's own, answered here): as
-        # inside such a push, the next step begins from a timer (a peer owning all its keys
-        # would recurse through its steps)
-        serving, self._serving_here = self._serving_here, True
+        sending, self._sending = self._sending, True
         try:
             self._step_done(now, eff)
         finally:
-            self._serving_here = serving
+            self._sending = sending
 
     def _landed(self, name: str, now: float, eff: Effects) -> None:
         """An overlapped push was answered: the held pushes go once all are, and a peer
