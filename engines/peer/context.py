@@ -172,6 +172,8 @@ class JobSpec:
         balance: a peer that faster peers wait on shrinks its batch (down to a quarter;
             ``barrier.balanced_batch``), so the peers' steps keep pace; needs a staleness
             of 1 or more (SSP, PSP).
+        overlap: under a barrier with staleness a step computes while the last step's
+            pushes travel (``barrier.overlaps``; see ``Job``).
     """
 
     name: str
@@ -190,6 +192,7 @@ class JobSpec:
     durable: bool = True
     batch: int = 32
     balance: bool = False
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "retry_s", "replicate_s"):

@@ -74,6 +74,11 @@ class Job:
             persistent straggler keeps pace instead of setting it (no coordinator, nothing
             more on the wire). Each update is still pulled alone: its gradient is its own
             batch's mean.
+        overlap: True (default): under a barrier with staleness (ASP, SSP(s) and
+            PSP(β, s) with s >= 1, DSSP with low >= 1) a step computes while the last
+            step's pushes travel, on the values the step before last was answered with
+            (``barrier.overlaps``). False: each step waits for its pushes' answers first
+            (it reads its own last update).
         **overlay: any other ``KademliaConfig`` field (e.g. ``rpc_timeout_s``).
 
     Raises:
@@ -83,7 +88,7 @@ class Job:
     def __init__(self, name: str, barrier: Policy | None = None, replication: int = 3,
                  seed: int = 0, *, ksize: int = 20, alpha: int = 3, poll_s: float = 0.01,
                  replicate_s: float = 0.01, durable: bool = True, batch: int = 32,
-                 balance: bool = False, **overlay: Any) -> None:
+                 balance: bool = False, overlap: bool = True, **overlay: Any) -> None:
         if not isinstance(replication, int) or not 1 <= replication <= ksize:
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
@@ -104,6 +109,9 @@ class Job:
         if not isinstance(balance, bool):
             raise ConfigError(f"balance must be True or False, got {balance!r}")
         self.batch, self.balance = batch, balance
+        if not isinstance(overlap, bool):
+            raise ConfigError(f"overlap must be True or False, got {overlap!r}")
+        self.overlap = overlap
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
                                         "alpha": alpha, "replication": replication})
         if not isinstance(alpha, int) or alpha < 1:   # 0: a lookup would ask nobody
@@ -164,7 +172,8 @@ class Job:
         return JobSpec(self.name, self._schedule, self._push, stop=self._stop,
                        policy=self.policy, seed=self.seed, poll_s=self.poll_s,
                        replicate_s=self.replicate_s, durable=self.durable,
-                       batch=self.batch, balance=self.balance, keys=frozenset(keys), **kwargs)
+                       batch=self.batch, balance=self.balance, overlap=self.overlap,
+                       keys=frozenset(keys), **kwargs)
 
     def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
         """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and

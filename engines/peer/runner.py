@@ -89,7 +89,7 @@ class PeerRunner:
         #: a step's pushes travel while the next step computes (``overlaps``): the pushes of
         #: one step at most are out; the next step's wait for them (``_held``), and a peer
         #: that ``stop`` ended is DONE once they are answered (``_finishing``)
-        self._overlap = overlaps(spec.policy)
+        self._overlap = spec.overlap and overlaps(spec.policy)
         self._travelling: set[str] = set()
         self._held = False
         self._finishing = False

@@ -127,6 +127,11 @@ class TestTraining:
         # one step's pushes out at a time: each owner folds each peer's steps in order, once
         assert len(folded) == 8 * KEYS
         assert all(steps == list(range(30)) for steps in folded.values())
+        # overlap=False: each step waits for its answers (the same model of the run)
+        job.overlap = False
+        _, waited = run(job, compute_s=lambda index, step: 0.005, latency_s=(0.0005, 0.001))
+        assert waited.seconds > 30 * (0.005 + 2 * 0.0005), waited.seconds
+        assert waited.updates == result.updates
 
     def test_bsp_and_ssp_keep_their_spread(self) -> None:
         for barrier, bound in ((BSP(), 1), (SSP(2), 3)):
@@ -462,6 +467,8 @@ class TestFailures:
             Job("x", alpha=0)
         with pytest.raises(ConfigError, match="durable must be True or False"):
             Job("x", durable="no")
+        with pytest.raises(ConfigError, match="overlap must be True or False"):
+            Job("x", overlap=1)  # type: ignore[arg-type]
         for timeout in (float("nan"), float("inf")):
             with pytest.raises(ConfigError, match="timeout_s must be a finite number > 0"):
                 linreg(ASP(), steps=1).run(None, peers=2, init=init(), timeout_s=timeout)
