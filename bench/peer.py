@@ -28,7 +28,9 @@ Run: ``python bench/peer.py``  (Job A at 20 000 x 1000; ``--full``: the issue's 
    workers, pSSP's sample is always the other peer (PSP(1, s) is SSP(s) there, paced by
    the straggler like BSP); with 4, two per worker, it samples 1 of 3, and the table adds
    pSSP with ``durable=False`` (a push acknowledged once applied, no replication round to
-   wait for: with 2 peers the answer is the pusher's copy, so there is none anyway).
+   wait for: with 2 peers the answer is the pusher's copy, so there is none anyway). Every
+   table has pSSP with ``overlap=False`` too (each step waits for its pushes' answers; by
+   default a step computes while the last step's pushes travel).
 
 Targets (printed, never asserted): lookup median < 5 ms and p95 < 1 s with 25 % dead, no
 failed lookup, no lost key; P2P pSSP within 1.5x the PS engine's ASP; under the straggler,
@@ -227,11 +229,12 @@ class PeerStop:
 
 def p2p_job_a(cluster: Any, args: argparse.Namespace, barrier: Policy, straggle: bool,
               peers: int | None = None, durable: bool = True,
-              balance: bool = False) -> tuple[float, int, float, list[int], int]:
+              balance: bool = False,
+              overlap: bool = True) -> tuple[float, int, float, list[int], int]:
     """Job A on ``peers`` P2P peers: (seconds to target, updates, final error, steps per
     peer, the index of the peer that folded the most updates: the key's owner)."""
     job = peer.Job("bench-a", barrier=barrier, seed=args.seed, rpc_timeout_s=0.5,
-                   durable=durable, batch=args.batch, balance=balance)
+                   durable=durable, batch=args.batch, balance=balance, overlap=overlap)
     job.register_schedule(lambda ctx: ["w"])
     push = PeerPush(args.seed, args.features, straggle)
     job.register_push(push)
@@ -252,6 +255,7 @@ Row = tuple[float, int, float, str, bool]   # seconds, updates, error, steps, pe
 
 APPLIED = "P2P pSSP, acks on apply"   # durable=False (more than 2 peers only)
 BALANCED = "P2P LB-pSSP"              # pSSP with balance=True: a straggler's batch shrinks
+WAITING = "P2P pSSP, no overlap"      # overlap=False: a step waits for its pushes' answers
 
 
 def job_a_rows(args: argparse.Namespace, peers: int) -> dict[tuple[str, bool], float]:
@@ -260,7 +264,7 @@ def job_a_rows(args: argparse.Namespace, peers: int) -> dict[tuple[str, bool], f
     ps_runs = [("PS ASP", ASP()), ("PS BSP", BSP())]
     beta = min(args.sample, peers - 1)
     p2p_runs = [(f"P2P pBSP({beta})", PSP(beta, 0)), (PSSP, PSP(beta, 4)),
-                (BALANCED, PSP(beta, 4)), ("P2P BSP", BSP()), ("P2P ASP", ASP())]
+                (WAITING, PSP(beta, 4)), (BALANCED, PSP(beta, 4)), ("P2P BSP", BSP()), ("P2P ASP", ASP())]
     if peers > 2:   # with 2, a push's answer is the pusher's copy: no round to wait for
         p2p_runs.insert(2, (APPLIED, PSP(beta, 4)))
     rows: dict[tuple[str, bool], list[Row]] = {}
@@ -275,7 +279,7 @@ def job_a_rows(args: argparse.Namespace, peers: int) -> dict[tuple[str, bool], f
                     else:
                         seconds, updates, err, per_peer, owner = p2p_job_a(
                             cluster, args, barrier, straggle, peers, durable=name != APPLIED,
-                            balance=name == BALANCED)
+                            balance=name == BALANCED, overlap=name != WAITING)
                         steps = f"{min(per_peer)}-{max(per_peer)}"
                     rows.setdefault((name, straggle), []).append(
                         (seconds, updates, err, steps, owner == 1))
