@@ -167,6 +167,8 @@ def _add_local_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forked", action="store_true", help=argparse.SUPPRESS)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 #: subcommands of the core itself: starting one never scans the apps' entry points (the
 #: manager and every worker of a local cluster start this way; a scan costs ~30 ms)
 CORE_COMMANDS = frozenset({"manager", "worker", "status", "demo", "secret"})
@@ -174,7 +176,10 @@ CORE_COMMANDS = frozenset({"manager", "worker", "status", "demo", "secret"})
 
 def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="actorpy", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
+    # A typo (DEBG) is refused before anything starts, as argparse refuses any bad flag:
+    # a warning would scroll past, and a local cluster's children would log at the typo.
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
+                        help="DEBUG, INFO, WARNING (default), ERROR or CRITICAL")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("manager", help="run a cluster manager")

@@ -92,9 +92,18 @@ def test_cli_refuses_bad_input_without_a_traceback(args, message):
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
-def test_an_unknown_log_level_is_said_not_ignored():
-    out = _cli("--log-level", "DEBG", "secret")
-    assert out.returncode == 0 and "unknown log level 'DEBG'" in out.stderr, out.stderr
+@pytest.mark.parametrize("args", [["--log-level", "DEBG", "secret"],
+                                  ["--log-level=bogus", "sgd", "--workers", "1"]])
+def test_an_unknown_log_level_is_refused_before_anything_runs(args):
+    out = _cli(*args)
+    assert out.returncode == 2, out.stderr
+    assert "argument --log-level: invalid choice" in out.stderr and out.stdout == ""
+    assert "Traceback" not in out.stderr
+
+
+def test_a_log_level_is_taken_in_any_case():
+    out = _cli("--log-level", "debug", "secret")
+    assert out.returncode == 0 and len(out.stdout.strip()) >= 32, out.stderr
 
 
 def test_cli_refuses_a_secret_file_other_users_can_read(tmp_path):
