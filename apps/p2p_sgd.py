@@ -208,15 +208,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.replication < 1:
         raise ConfigError("--replication must be >= 1: the peers holding each key")
     workers = 0 if args.bootstrap else apputil.embedded_workers(args)
-    if args.peers > MAX_PEERS or (workers > 0 and args.peers > MAX_PEERS_PER_WORKER * workers):
-        bound = (f"the {MAX_PEERS_PER_WORKER * workers} that {workers} workers hold "
-                 f"({MAX_PEERS_PER_WORKER} each); add --workers" if workers > 0
-                 and MAX_PEERS_PER_WORKER * workers < MAX_PEERS else f"{MAX_PEERS}")
-        raise ConfigError(f"--peers {args.peers} is more than {bound}")
+    held = MAX_PEERS_PER_WORKER * workers
+    if workers > 0 and held < MAX_PEERS and args.peers > held:
+        raise ConfigError(f"--peers {args.peers} is more than the {held} that {workers} workers "
+                          f"hold ({MAX_PEERS_PER_WORKER} each); add --workers")
+    if args.peers > MAX_PEERS:
+        raise ConfigError(f"--peers {args.peers} is more than {MAX_PEERS}")
     # the training rows are made on the workers: here only with an embedded cluster
-    here = args.peers if workers > 0 else 0
-    check_memory(data_bytes(args.rows if here else 0, args.features), "--rows and --features")
-    check_batch(args.batch, sample_bytes(args.features), here)
+    check_memory(data_bytes(0 if args.manager or args.bootstrap else args.rows, args.features),
+                 "--rows and --features")
+    check_batch(args.batch, sample_bytes(args.features), args.peers if workers > 0 else 0)
     args.compare, args.high = None, None
     return args
 
