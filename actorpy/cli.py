@@ -234,6 +234,31 @@ def _command_index(argv: list[str]) -> int | None:
     return None
 
 
+def _hoist_log_level(argv: list[str], word: int | None) -> list[str]:
+    """``argv`` with a ``--log-level X`` (or ``--log-level=X``) given after the subcommand
+    moved before it, where the parser reads it: ``actorpy sgd ... --log-level DEBUG`` is
+    what an error line's hint ("--log-level DEBUG shows the remote traceback") leads to."""
+    if word is None:
+        return argv
+    head, rest, moved = argv[:word], [], []
+    tail = argv[word + 1:]
+    i = 0
+    while i < len(tail):
+        if tail[i] == "--":   # what follows is the subcommand's, as it is
+            rest += tail[i:]
+            break
+        if tail[i] == "--log-level" and i + 1 < len(tail):
+            moved += tail[i:i + 2]
+            i += 2
+        elif tail[i].startswith("--log-level="):
+            moved.append(tail[i])
+            i += 1
+        else:
+            rest.append(tail[i])
+            i += 1
+    return [*head, *moved, argv[word], *rest]
+
+
 def _apps() -> dict[str, Any]:
     """Subcommands contributed by apps: ``{name: entry point}``."""
     from importlib.metadata import entry_points
@@ -254,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _hoist_log_level(argv, _command_index(argv))
     word = _command_index(argv)
     command = argv[word] if word is not None else None
     if command is not None and command not in CORE_COMMANDS:

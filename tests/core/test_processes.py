@@ -101,6 +101,13 @@ def test_an_unknown_log_level_is_refused_before_anything_runs(args):
     assert "Traceback" not in out.stderr
 
 
+def test_a_log_level_is_taken_after_an_app_s_flags():
+    out = _cli("sgd", "--workers", "0", "--log-level", "ERROR")
+    assert out.returncode == 2 and "--workers must be at least 1" in out.stderr, out.stderr
+    out = _cli("sgd", "--workers", "1", "--log-level", "BOGUS")
+    assert out.returncode == 2 and "argument --log-level: invalid choice" in out.stderr
+
+
 def test_a_log_level_is_taken_in_any_case():
     out = _cli("--log-level", "debug", "secret")
     assert out.returncode == 0 and len(out.stdout.strip()) >= 32, out.stderr
