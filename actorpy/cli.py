@@ -84,12 +84,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
         _serve_until_stopped(worker.stopped, args.lifeline_fd, worker.node, worker.stop)
     finally:
         worker.stop()
+        _leave_if_stuck(args, CLOSE_DEADLINE_S)
         worker.close()
     _leave_local_cluster(args)
     # A task may still be running in a thread that cannot be interrupted; the worker's job
     # is over, so leave now rather than wait for it (no orphan outlives its cluster).
     logging.shutdown()
     os._exit(1 if worker.stop_reason.startswith(IO_FAILED) else 0)
+
+
+#: How long a stopping worker may take to close before it leaves without finishing: with a
+#: P2P job's 50,000 peers on it, a worker whose driver was gone was still closing 15 min on.
+CLOSE_DEADLINE_S = 10.0
+
+
+def _leave_if_stuck(args: argparse.Namespace, after_s: float) -> None:
+    """Exit the process (status 1) if it is still here ``after_s`` from now: no worker
+    outlives its cluster, however its closing goes."""
+    def leave() -> None:
+        print(f"actorpy worker: still closing after {after_s:g} s; leaving without finishing",
+              file=sys.stderr, flush=True)
+        _leave_local_cluster(args)
+        os._exit(1)
+    timer = threading.Timer(after_s, leave)
+    timer.daemon = True
+    timer.start()
 
 
 def _preload_numpy() -> None:

@@ -215,3 +215,31 @@ def test_workers_exit_when_the_manager_dies(tcp_manager):
     manager.wait(10)
     for w in workers:
         assert w.wait(15) == 0
+
+
+STUCK_WORKER = """
+import sys, threading
+from actorpy import cli
+from actorpy.runtime import worker
+cli.CLOSE_DEADLINE_S = 1.0
+worker.Worker.close = lambda self: threading.Event().wait()   # closing that never ends
+sys.exit(cli.main(["worker", "--manager", sys.argv[1]]))
+"""
+
+
+def test_a_worker_whose_closing_hangs_still_exits():
+    # before: a worker with 50,000 P2P peers on it was still closing 15 min after its
+    # driver was gone, and SIGTERM did not end it
+    with actorpy.connect(workers=1) as cluster:
+        proc = subprocess.Popen([PY, "-c", STUCK_WORKER, cluster.local.manager_address],
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": os.getcwd()})
+        try:
+            wait_until(lambda: len(cluster.workers()) == 2, 30, "the worker to join")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 1
+            assert "still closing after 1 s; leaving without finishing" in proc.stderr.read()
+        finally:
+            proc.kill()
+            proc.wait(10)
+            proc.stderr.close()
