@@ -129,6 +129,25 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse ``type=`` for a whole number >= 0 (a staleness, a sample size)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def embedded_workers(args: argparse.Namespace) -> int:
+    """Worker processes an embedded cluster of these flags runs here; 0 with ``--manager``
+    (its workers run elsewhere)."""
+    if args.manager:
+        return 0
+    return args.workers if args.workers is not None else args.default_workers
+
+
 def error_line(exc: ActorpyError) -> str:
     """An error as a command-line user wants it: a remote failure without its remote
     traceback, unless logging is at DEBUG (where the traceback helps)."""

@@ -84,12 +84,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
         _serve_until_stopped(worker.stopped, args.lifeline_fd, worker.node, worker.stop)
     finally:
         worker.stop()
+        _leave_if_stuck(args, CLOSE_DEADLINE_S)
         worker.close()
     _leave_local_cluster(args)
     # A task may still be running in a thread that cannot be interrupted; the worker's job
     # is over, so leave now rather than wait for it (no orphan outlives its cluster).
     logging.shutdown()
     os._exit(1 if worker.stop_reason.startswith(IO_FAILED) else 0)
+
+
+#: How long a stopping worker may take to close before it leaves without finishing: with a
+#: P2P job's 50,000 peers on it, a worker whose driver was gone was still closing 15 min on.
+CLOSE_DEADLINE_S = 10.0
+
+
+def _leave_if_stuck(args: argparse.Namespace, after_s: float) -> None:
+    """Exit the process (status 1) if it is still here ``after_s`` from now: no worker
+    outlives its cluster, however its closing goes."""
+    def leave() -> None:
+        print(f"actorpy worker: still closing after {after_s:g} s; leaving without finishing",
+              file=sys.stderr, flush=True)
+        _leave_local_cluster(args)
+        os._exit(1)
+    timer = threading.Timer(after_s, leave)
+    timer.daemon = True
+    timer.start()
 
 
 def _preload_numpy() -> None:
@@ -167,6 +186,8 @@ def _add_local_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forked", action="store_true", help=argparse.SUPPRESS)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 #: subcommands of the core itself: starting one never scans the apps' entry points (the
 #: manager and every worker of a local cluster start this way; a scan costs ~30 ms)
 CORE_COMMANDS = frozenset({"manager", "worker", "status", "demo", "secret"})
@@ -174,7 +195,10 @@ CORE_COMMANDS = frozenset({"manager", "worker", "status", "demo", "secret"})
 
 def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="actorpy", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default), ERROR")
+    # A typo (DEBG) is refused before anything starts, as argparse refuses any bad flag:
+    # a warning would scroll past, and a local cluster's children would log at the typo.
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
+                        help="DEBUG, INFO, WARNING (default), ERROR or CRITICAL")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("manager", help="run a cluster manager")
@@ -229,6 +253,31 @@ def _command_index(argv: list[str]) -> int | None:
     return None
 
 
+def _hoist_log_level(argv: list[str], word: int | None) -> list[str]:
+    """``argv`` with a ``--log-level X`` (or ``--log-level=X``) given after the subcommand
+    moved before it, where the parser reads it: ``actorpy sgd ... --log-level DEBUG`` is
+    what an error line's hint ("--log-level DEBUG shows the remote traceback") leads to."""
+    if word is None:
+        return argv
+    head, rest, moved = argv[:word], [], []
+    tail = argv[word + 1:]
+    i = 0
+    while i < len(tail):
+        if tail[i] == "--":   # what follows is the subcommand's, as it is
+            rest += tail[i:]
+            break
+        if tail[i] == "--log-level" and i + 1 < len(tail):
+            moved += tail[i:i + 2]
+            i += 2
+        elif tail[i].startswith("--log-level="):
+            moved.append(tail[i])
+            i += 1
+        else:
+            rest.append(tail[i])
+            i += 1
+    return [*head, *moved, argv[word], *rest]
+
+
 def _apps() -> dict[str, Any]:
     """Subcommands contributed by apps: ``{name: entry point}``."""
     from importlib.metadata import entry_points
@@ -249,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _hoist_log_level(argv, _command_index(argv))
     word = _command_index(argv)
     command = argv[word] if word is not None else None
     if command is not None and command not in CORE_COMMANDS:

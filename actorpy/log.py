@@ -10,19 +10,16 @@ from collections import OrderedDict
 
 
 def configure(level: str | None = None) -> None:
-    """Configure the root logger for a CLI process (the only caller). ``level`` beats
-    ``ACTORPY_LOG_LEVEL``, which beats WARNING."""
+    """Configure the root logger for a CLI process (the only caller, which has checked
+    ``level``). ``level`` beats ``ACTORPY_LOG_LEVEL``, which beats WARNING; an unknown
+    ``ACTORPY_LOG_LEVEL`` is taken as WARNING, unsaid: every process of a local cluster
+    reads it and would repeat it."""
     asked = (level or os.environ.get("ACTORPY_LOG_LEVEL") or "WARNING").upper()
     chosen = asked if isinstance(logging.getLevelName(asked), int) else "WARNING"
     logging.basicConfig(
         level=chosen,
         format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s",
     )
-    # A typo in --log-level (DEBG) should not quietly leave the level at WARNING. Not said
-    # of ACTORPY_LOG_LEVEL: every process of a local cluster reads it and would repeat it.
-    if level and chosen != asked:
-        logging.getLogger(__name__).warning("unknown log level %r; logging at WARNING "
-                                            "(DEBUG, INFO, WARNING or ERROR)", asked)
 
 
 class Throttle:

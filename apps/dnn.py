@@ -25,7 +25,7 @@ import numpy as np
 
 from actorpy import apputil
 from actorpy.errors import ConfigError
-from apps.training import add_barrier_arguments, run_barriers
+from apps.training import add_barrier_arguments, check_memory, run_barriers
 from engines import param
 
 MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -90,6 +90,10 @@ def read_mnist(split: str, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         ConfigError: a file is missing or bad, or images and labels do not pair up.
     """
+    if not os.path.isdir(data_dir):
+        raise ConfigError(f"--data {data_dir}: "
+                          f"{'not a directory' if os.path.exists(data_dir) else 'no such directory'}"
+                          "; name the directory that holds the MNIST idx files")
     paths = []
     for name in MNIST_FILES[split]:
         found = [os.path.join(data_dir, name + ext) for ext in ("", ".gz")
@@ -109,8 +113,9 @@ def read_mnist(split: str, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def check_data(data_dir: str | None, kind: str) -> None:
-    """Fail on a ``--data`` the workers could not train on, before anything starts.
+def check_data(data_dir: str | None, kind: str) -> int:
+    """Fail on a ``--data`` the workers could not train on, before anything starts; the
+    pixels of its images.
 
     Raises:
         ConfigError: a file is missing or bad, the splits' images differ in size, or the
@@ -127,6 +132,21 @@ def check_data(data_dir: str | None, kind: str) -> None:
     if kind == "cnn" and math.isqrt(test) ** 2 != test:
         raise ConfigError(f"--model cnn needs square images, and {test} pixels are not a "
                           "square; use --model mlp")
+    return test
+
+
+def worker_bytes(pixels: int, hidden: int, kind: str, batch: int) -> int:
+    """About the memory a worker's step takes: per sample its float32 image and the
+    network's activations, each twice (forward, and the gradient), and its index; and four
+    copies of the parameters (the model, its gradients, the values pulled, those pushed)."""
+    side = math.isqrt(pixels)
+    if kind == "mlp":
+        activations = 2 * hidden + 10
+        parameters = (pixels + 1) * hidden + (hidden + 1) * 10
+    else:
+        activations = 16 * side * side + (16 + 2 * hidden) * (side // 2) ** 2 + 10
+        parameters = 16 * 10 + (16 * 9 + 1) * hidden + (hidden * (side // 2) ** 2 + 1) * 10
+    return batch * (2 * 4 * (pixels + activations) + 8) + 4 * 4 * parameters
 
 
 def make_model(inputs: int, hidden: int, kind: str = "mlp") -> Any:
@@ -303,7 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError("--steps, --batch and --hidden must be >= 1")
     if args.target is not None and not 0 < args.target <= 1:   # NaN too: never reached
         raise ConfigError(f"--target is a test accuracy in (0, 1], got {args.target}")
-    check_data(args.data, args.model)   # fail on a bad --data before starting anything
+    pixels = check_data(args.data, args.model)   # fail on a bad --data before starting anything
+    workers = apputil.embedded_workers(args)
+    check_memory(workers * worker_bytes(pixels, args.hidden, args.model, args.batch),
+                 f"--batch {args.batch} and --hidden {args.hidden} ({workers} workers)")
     if args.manager is None:
         check_device(args.device)     # (on a cluster, each worker checks its own)
     return run_barriers(args, train, lambda r: f"test accuracy {r['accuracy']:.3f}  loss "

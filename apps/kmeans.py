@@ -27,6 +27,12 @@ from engines import mapre
 MAX_MISSES = 100_000
 
 
+#: Each block is a task at every iteration, about 1 ms of scheduling each: 1024 blocks of
+#: 20k points took 1 s an iteration on 2 workers, 20k blocks did not finish in 40 s. A few
+#: blocks a worker keep the workers busy; more than this only waits.
+MAX_PARTITIONS = 1024
+
+
 def make_points(k: int, points: int, dim: int, seed: int,
                 spread: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """``points`` rows around ``k`` centres at least 8 apart (in shuffled order), and the
@@ -127,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=5, help="clusters (default 5)")
     parser.add_argument("--points", type=int, default=200_000)
     parser.add_argument("--dim", type=int, default=2)
-    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--partitions", type=int, default=8,
+                        help=f"blocks of points (default 8, at most {MAX_PARTITIONS})")
     parser.add_argument("--iterations", type=int, default=50, help="at most (default 50)")
     parser.add_argument("--seed", type=int, default=0)
     apputil.add_cluster_arguments(parser)
@@ -136,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             or args.points < args.k:
         parser.error("--k, --points, --dim, --partitions, --iterations must be >= 1 "
                      "and --points >= --k")
+    if args.partitions > MAX_PARTITIONS:
+        raise ConfigError(f"--partitions {args.partitions} is more than {MAX_PARTITIONS}: each "
+                          "is a task at every iteration; a few per worker keep them busy")
     if args.seed < 0:  # numpy seeds only with a non-negative int
         parser.error(f"--seed must be an int >= 0, got {args.seed}")
     # the driver makes the points (three arrays of them at the peak, and the labels); an

@@ -27,13 +27,20 @@ import numpy as np
 from actorpy import apputil
 from actorpy.errors import ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
-from apps.sgd import Pull, data_bytes, generate, gradient, loss, true_weights
-from apps.training import (barriers_from_args, check_memory, check_plot_path, plot_curves,
-                           warn_if_diverged)
+from apps.sgd import Pull, data_bytes, generate, gradient, loss, sample_bytes, true_weights
+from apps.training import (barriers_from_args, check_batch, check_memory, check_plot_path,
+                           plot_curves, warn_if_diverged)
 from engines import peer
 from engines.peer.overlay_run import OverlayClient, OverlayRun
 
 BARRIERS = ("pbsp", "pssp", "asp", "bsp", "ssp")
+
+#: Each peer is a service with its own threads and sockets: 256 on each of 2 workers did
+#: not finish 20 steps in 120 s on a 2-core machine, and 50,000 a worker left the workers
+#: stuck past the driver's exit. 64 a worker (docs/peer.md's largest runs hold 4) is a
+#: generous bound an embedded cluster can check; MAX_PEERS bounds any cluster.
+MAX_PEERS_PER_WORKER = 64
+MAX_PEERS = 4096
 
 
 class PeerData:
@@ -154,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
     group = parser.add_argument_group("barrier")
     group.add_argument("--barrier", choices=BARRIERS, default="pssp", help="default pssp")
-    group.add_argument("--staleness", type=int, default=4, help="s for ssp, pssp (default 4)")
-    group.add_argument("--sample", type=int, default=2,
+    group.add_argument("--staleness", type=apputil.non_negative_int, default=4,
+                       help="s for ssp, pssp (default 4)")
+    group.add_argument("--sample", type=apputil.non_negative_int, default=2,
                        help="peers sampled by pbsp and pssp (default 2)")
     parser.add_argument("--steps", type=int, default=300, help="steps per peer (default 300)")
     parser.add_argument("--lr", type=apputil.positive_float, default=None,
@@ -194,12 +202,22 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.decay = 100.0
     if min(args.peers, args.steps, args.batch, args.rows, args.features) < 1:
         raise ConfigError("--peers, --steps, --batch, --rows and --features must be >= 1")
-    # the training rows are made on the workers: here only with an embedded cluster
-    check_memory(data_bytes(0 if args.manager or args.bootstrap else args.rows, args.features),
-                 "--rows and --features")
     if args.bootstrap and (args.manager or args.workers is not None):
         raise ConfigError("--bootstrap trains on standalone peers: it takes no --manager "
                           "or --workers")
+    if args.replication < 1:
+        raise ConfigError("--replication must be >= 1: the peers holding each key")
+    workers = 0 if args.bootstrap else apputil.embedded_workers(args)
+    held = MAX_PEERS_PER_WORKER * workers
+    if workers > 0 and held < MAX_PEERS and args.peers > held:
+        raise ConfigError(f"--peers {args.peers} is more than the {held} that {workers} workers "
+                          f"hold ({MAX_PEERS_PER_WORKER} each); add --workers")
+    if args.peers > MAX_PEERS:
+        raise ConfigError(f"--peers {args.peers} is more than {MAX_PEERS}")
+    # the training rows are made on the workers: here only with an embedded cluster
+    check_memory(data_bytes(0 if args.manager or args.bootstrap else args.rows, args.features),
+                 "--rows and --features")
+    check_batch(args.batch, sample_bytes(args.features), args.peers if workers > 0 else 0)
     args.compare, args.high = None, None
     return args
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from actorpy import apputil
 from actorpy.errors import ConfigError
-from apps.training import (add_barrier_arguments, barriers_from_args, check_memory,
-                           run_barriers)
+from apps.training import (add_barrier_arguments, barriers_from_args, check_batch,
+                           check_memory, run_barriers)
 from engines import param
 
 NOISE = 0.1
@@ -35,6 +35,12 @@ def data_bytes(rows: int, features: int) -> int:
     (all of them with an embedded cluster), the held-out rows and the monitor's copy on its
     way to the server (``p2p-sgd`` holds fewer: an upper bound)."""
     return (rows + HELD_OUT_ROWS + 2000) * (features + 1) * 4
+
+
+def sample_bytes(features: int) -> int:
+    """Memory one sample of a minibatch takes in a step: its float32 row, target, ``x.w``
+    and residual, and its int64 index."""
+    return (features + 3) * 4 + 8
 
 
 def true_weights(seed: int, features: int, model: str) -> np.ndarray:
@@ -190,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the training rows are made on the workers: here only with an embedded cluster
     check_memory(data_bytes(0 if args.manager else args.rows, args.features),
                  "--rows and --features")
+    check_batch(args.batch, sample_bytes(args.features), apputil.embedded_workers(args))
     return run_barriers(args, train, lambda r: f"loss {r['loss']:.4g}  weight error "
                                                f"{r['weight_error']:.4f}", "loss", "held-out loss")
 

@@ -21,11 +21,11 @@ def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("barrier")
     group.add_argument("--barrier", choices=BARRIERS, default="bsp",
                        help="barrier control (default bsp)")
-    group.add_argument("--staleness", type=int, default=4,
+    group.add_argument("--staleness", type=apputil.non_negative_int, default=4,
                        help="s for ssp and pssp; the low bound for dssp (default 4)")
-    group.add_argument("--sample", type=int, default=2,
+    group.add_argument("--sample", type=apputil.non_negative_int, default=2,
                        help="workers sampled by pbsp and pssp (default 2)")
-    group.add_argument("--high", type=int, default=None,
+    group.add_argument("--high", type=apputil.non_negative_int, default=None,
                        help="dssp's high bound (default staleness + 4)")
     group.add_argument("--compare", nargs="+", metavar="SPEC",
                        help="train once per barrier and plot them together: bsp asp ssp:S "
@@ -88,6 +88,19 @@ def check_memory(need_bytes: int, what: str) -> None:
     if need_bytes > available:
         raise ConfigError(f"{what} need about {need_bytes / 2**30:.1f} GiB of memory, more than "
                           f"the {available / 2**30:.1f} GiB available here")
+
+
+def check_batch(batch: int, sample_bytes: int, processes: int) -> None:
+    """Refuse a ``--batch`` whose minibatches, one per training process on this machine,
+    cannot fit in its memory: each step gathers ``batch`` samples of ``sample_bytes``
+    (``--batch 10**9`` otherwise ran the cluster until its timeout, its workers stuck
+    allocating).
+
+    Raises:
+        ConfigError: they need more than is available.
+    """
+    check_memory(processes * batch * sample_bytes,
+                 f"--batch {batch} ({processes} minibatches at once)")
 
 
 def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], metric: str,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import operator
 import pickle
+import time
 from collections import deque
 from dataclasses import dataclass
 from itertools import chain
@@ -35,6 +36,10 @@ BLOCK_BYTES = 1 << 20
 _SAMPLE = 64
 #: Fetches a reduce task keeps in flight.
 FETCH_WINDOW = 4
+#: How long a wait for a fetch goes before it looks whether its task was cancelled: the
+#: wait is bounded by the job's time left (an hour, say), and a given-up job's reducer
+#: must free its worker within this, not at that bound.
+CANCEL_CHECK_S = 0.2
 
 _MISSING: Any = object()
 #: A dict's items (``counts.items()`` returned by ``map_partitions``), as the view the
@@ -243,10 +248,12 @@ def fetch_blocks(ctx: Any, blocks: Sequence[Block], timeout_s: float) -> Iterato
     """Every chunk of ``blocks``, in order: local ones from this worker's store, one segment
     at a time; remote one-chunk blocks fetched whole worker to worker with up to
     ``FETCH_WINDOW`` requests in flight; remote bigger blocks streamed with ``fetch_iter``
-    (about two segments in memory).
+    (about two segments in memory). A cancelled task (its job timed out, was Ctrl-C'd or
+    lost its driver) stops at its next chunk, or within ``CANCEL_CHECK_S`` of a wait.
 
     Raises:
         FetchFailed: a holder died or no longer has the block (the scheduler recomputes it).
+        TaskCancelled: the task was cancelled.
     """
     me = ctx.node_id
     wanted = deque(blocks)
@@ -275,17 +282,34 @@ def _read_block(ctx: Any, block: Block, fut: Any, timeout_s: float) -> Iterator[
     key = f"{block.key}/b"
     try:
         if fut is not None:
-            packed: Iterable[Any] = fut.result(timeout_s)
+            packed: Iterable[Any] = _result(ctx, fut, timeout_s)
         elif block.node == ctx.node_id:
             packed = ctx.get_iter(key)
         else:
             packed = ctx.fetch_iter(block.node, key, timeout_s=timeout_s)
         for chunk in packed:
+            ctx.check_cancelled()
             yield unpack(chunk)
     except KeyError:
         raise FetchFailed(block.node, key, "not in this worker's store") from None
     except (NodeLost, ActorpyTimeout, RemoteError) as exc:
         raise FetchFailed(block.node, key, f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+
+
+def _result(ctx: Any, fut: Any, timeout_s: float) -> Any:
+    """``fut.result(timeout_s)``, waited for in slices of ``CANCEL_CHECK_S`` with a look at
+    the task's cancellation between them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ctx.check_cancelled()
+        left = deadline - time.monotonic()
+        try:
+            return fut.result(max(0.0, min(left, CANCEL_CHECK_S)))
+        except ActorpyTimeout:
+            if fut.done():   # the request's own deadline, not this slice's
+                raise
+            if left <= CANCEL_CHECK_S:
+                raise ActorpyTimeout(f"no reply within {timeout_s:.3g} s") from None
 
 
 def reduce_values(values: Iterable[Any], op: Callable[[Any, Any], Any]) -> tuple[bool, Any]:

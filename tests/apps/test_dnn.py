@@ -111,3 +111,14 @@ class TestDNN:
         # before: taken, and the run went on to --steps without ever stopping early
         with pytest.raises(ConfigError, match="--target is a test accuracy in \\(0, 1\\]"):
             dnn.main(["--target", target, "--workers", "0"])
+
+
+@pytest.mark.parametrize("what, words", [("a file", "not a directory"),
+                                         ("nothing", "no such directory")])
+def test_data_that_is_no_directory_is_named_so(tmp_path, what, words):
+    # before: "train-images-idx3-ubyte[.gz] is missing", as if the directory were there
+    path = tmp_path / "digits.txt"
+    if what == "a file":
+        path.write_text("1,2,3\n")
+    with pytest.raises(ConfigError, match=f"--data {path}: {words}; name the directory"):
+        dnn.main(["--data", str(path), "--workers", "0"])

@@ -55,3 +55,11 @@ def test_points_beyond_the_memory_available_are_refused_before_making_them(capsy
     # filled until the OOM killer ends some process
     with pytest.raises(ConfigError, match="--points and --dim need about"):
         kmeans.main(["--points", str(10**12), "--dim", "2", "--workers", "1"])
+
+
+def test_partitions_past_the_cap_are_refused_before_a_cluster_starts():
+    # before: --partitions 10**9 made one block a point (20k tasks an iteration) and ran
+    # for minutes; with 100 points the old code finished in seconds and returned 0
+    with pytest.raises(ConfigError, match=f"--partitions {10**9} is more than "
+                                          f"{kmeans.MAX_PARTITIONS}"):
+        kmeans.main(["--partitions", str(10**9), "--points", "100", "--workers", "1"])

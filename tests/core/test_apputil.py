@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from actorpy import apputil
-from actorpy.cli import _command_index
+from actorpy.cli import _command_index, _hoist_log_level
 from actorpy.errors import ConfigError
 
 
@@ -119,3 +119,16 @@ def test_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback(monke
     monkeypatch.delitem(sys.modules, "actorpy.cli", raising=False)
     monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
     assert entry.main(["--help"]) == 130
+
+
+@pytest.mark.parametrize("argv, hoisted", [
+    (["sgd", "--steps", "3", "--log-level", "DEBUG"], ["--log-level", "DEBUG", "sgd", "--steps", "3"]),
+    (["wordcount", "a", "--log-level=info", "b"], ["--log-level=info", "wordcount", "a", "b"]),
+    (["--log-level", "INFO", "sim", "--json"], ["--log-level", "INFO", "sim", "--json"]),
+    (["sim", "--", "--log-level", "X"], ["sim", "--", "--log-level", "X"]),
+    (["secret", "--log-level"], ["secret", "--log-level"]),
+])
+def test_a_log_level_after_the_subcommand_moves_before_it(argv, hoisted):
+    # the hint "--log-level DEBUG shows the remote traceback" is typed after the app's
+    # flags; it used to be "unrecognized arguments"
+    assert _hoist_log_level(argv, _command_index(argv)) == hoisted

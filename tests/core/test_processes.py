@@ -92,9 +92,25 @@ def test_cli_refuses_bad_input_without_a_traceback(args, message):
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
-def test_an_unknown_log_level_is_said_not_ignored():
-    out = _cli("--log-level", "DEBG", "secret")
-    assert out.returncode == 0 and "unknown log level 'DEBG'" in out.stderr, out.stderr
+@pytest.mark.parametrize("args", [["--log-level", "DEBG", "secret"],
+                                  ["--log-level=bogus", "sgd", "--workers", "1"]])
+def test_an_unknown_log_level_is_refused_before_anything_runs(args):
+    out = _cli(*args)
+    assert out.returncode == 2, out.stderr
+    assert "argument --log-level: invalid choice" in out.stderr and out.stdout == ""
+    assert "Traceback" not in out.stderr
+
+
+def test_a_log_level_is_taken_after_an_app_s_flags():
+    out = _cli("sgd", "--workers", "0", "--log-level", "ERROR")
+    assert out.returncode == 2 and "--workers must be at least 1" in out.stderr, out.stderr
+    out = _cli("sgd", "--workers", "1", "--log-level", "BOGUS")
+    assert out.returncode == 2 and "argument --log-level: invalid choice" in out.stderr
+
+
+def test_a_log_level_is_taken_in_any_case():
+    out = _cli("--log-level", "debug", "secret")
+    assert out.returncode == 0 and len(out.stdout.strip()) >= 32, out.stderr
 
 
 def test_cli_refuses_a_secret_file_other_users_can_read(tmp_path):
@@ -199,3 +215,31 @@ def test_workers_exit_when_the_manager_dies(tcp_manager):
     manager.wait(10)
     for w in workers:
         assert w.wait(15) == 0
+
+
+STUCK_WORKER = """
+import sys, threading
+from actorpy import cli
+from actorpy.runtime import worker
+cli.CLOSE_DEADLINE_S = 1.0
+worker.Worker.close = lambda self: threading.Event().wait()   # closing that never ends
+sys.exit(cli.main(["worker", "--manager", sys.argv[1]]))
+"""
+
+
+def test_a_worker_whose_closing_hangs_still_exits():
+    # before: a worker with 50,000 P2P peers on it was still closing 15 min after its
+    # driver was gone, and SIGTERM did not end it
+    with actorpy.connect(workers=1) as cluster:
+        proc = subprocess.Popen([PY, "-c", STUCK_WORKER, cluster.local.manager_address],
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": os.getcwd()})
+        try:
+            wait_until(lambda: len(cluster.workers()) == 2, 30, "the worker to join")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 1
+            assert "still closing after 1 s; leaving without finishing" in proc.stderr.read()
+        finally:
+            proc.kill()
+            proc.wait(10)
+            proc.stderr.close()

@@ -1,0 +1,54 @@
+"""Sizes the training apps refuse before a cluster starts: minibatches and networks beyond
+this machine's memory, negative barrier numbers, more peers than workers can hold."""
+from __future__ import annotations
+
+import pytest
+
+from actorpy.errors import ConfigError
+from apps import p2p_sgd, sgd
+
+
+@pytest.mark.parametrize("app", ["sgd", "p2p-sgd", "dnn"])
+def test_an_absurd_batch_is_refused_before_a_cluster_starts(app):
+    # before: each ran its cluster until --timeout (every worker stuck allocating a
+    # 1e9-row minibatch), then blamed the stop condition
+    if app == "dnn":
+        pytest.importorskip("torch")
+        pytest.importorskip("sklearn")
+        from apps import dnn
+        main = dnn.main
+    else:
+        main = {"sgd": sgd.main, "p2p-sgd": p2p_sgd.main}[app]
+    with pytest.raises(ConfigError, match=r"--batch 1000000000 .*need about .* GiB of memory, "
+                                          r"more than the .* GiB available"):
+        main(["--batch", str(10**9), "--workers", "1", "--steps", "1", "--timeout", "3"])
+
+
+def test_a_network_beyond_memory_is_refused_before_a_cluster_starts():
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    from apps import dnn
+
+    with pytest.raises(ConfigError, match=r"--hidden 100000000 \(1 workers\) need about"):
+        dnn.main(["--hidden", str(10**8), "--workers", "1", "--steps", "1", "--timeout", "3"])
+
+
+@pytest.mark.parametrize("app, flag", [(sgd, "--staleness"), (sgd, "--sample"), (sgd, "--high"),
+                                       (p2p_sgd, "--staleness"), (p2p_sgd, "--sample")])
+def test_negative_barrier_numbers_are_argparse_errors(app, flag, capsys):
+    with pytest.raises(SystemExit) as info:
+        app.build_parser().parse_args([flag, "-1"])
+    assert info.value.code == 2
+    assert f"argument {flag}: must be >= 0, got -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--peers", "100000"], "--peers 100000 is more than the 128 that 2 workers hold"),
+    (["--peers", "65", "--workers", "1"], "--peers 65 is more than the 64 that 1 workers"),
+    (["--peers", "100000", "--manager", "tcp://127.0.0.1:9"], "--peers 100000 is more than 4096"),
+    (["--replication", "0"], "--replication must be >= 1"),
+])
+def test_p2p_sizes_a_cluster_cannot_hold_are_refused(argv, words):
+    with pytest.raises(ConfigError, match=words):
+        p2p_sgd.parse(argv)
+    assert p2p_sgd.parse(["--peers", "128"]).peers == 128
