@@ -162,7 +162,7 @@ class KeyOwner:
         return last is not None and now - last[0] <= max(2 * last[1], self.spec.poll_s) \
             and last[1] != float("inf")
 
-    def _closest_known(self, kid: int) -> Contact | None:
+    def closest_known(self, kid: int) -> Contact | None:
         """The contact closest to ``kid`` in our table, suspects included: one that missed a
         reply (a loaded peer, most often) still owns its keys until it is evicted, or each
         missed reply would move them and back."""
@@ -177,7 +177,7 @@ class KeyOwner:
         distance = node_id ^ kid
         if self.node.node_id ^ kid < distance:
             return True
-        closest = self._closest_known(kid)
+        closest = self.closest_known(kid)
         return closest is not None and closest.node_id ^ kid < distance
 
     def accept_store(self, sender: Contact, store: Any, now: float) -> bool:

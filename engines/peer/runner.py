@@ -469,7 +469,15 @@ class PeerRunner:
             del self.owners[name]               # it left (or died): look the owner up again
         if name not in self.owners:
             def located(done: Done, when: float, e: Effects) -> None:
-                closest = done.contacts[0] if done.contacts else None
+                # The lookup skips suspects, but a suspect owns its keys until it is evicted
+                # (``KeyOwner.closest_known``), so it is asked: it answers or times out. Were
+                # we to serve the key, our own check would answer NOT_OWNER at once, and the
+                # retry's lookup, seeded with no suspect, end at once: a loop on this thread
+                # that nothing could end (a loaded peer whose contacts all missed a reply
+                # answered nothing more, not even STATUS).
+                found = [c for c in (*done.contacts[:1], self.owner.closest_known(kid))
+                         if c is not None]
+                closest = min(found, key=lambda c: c.node_id ^ kid, default=None)
                 mine = closest is None or self.node.node_id ^ kid < closest.node_id ^ kid
                 self.owners[name] = None if mine else closest
                 self._ask(name, method, update, when, e, answer, step)

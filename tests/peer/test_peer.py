@@ -13,7 +13,7 @@ from actorpy.barrier import ASP
 from actorpy.errors import ProtocolError
 from engines.peer import Job, Peer
 from engines.peer.kademlia.ids import KadId, key_id
-from engines.peer.kademlia.events import Effects
+from engines.peer.kademlia.events import Effects, TimerKind
 from engines.peer.kademlia.messages import Call, FindNode, Nodes, Reply
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.rpc import PROTOCOL_VERSION, decode, encode, value_frames
@@ -141,6 +141,28 @@ class TestPusherFence:
             peer.receive(owner.address, answer, now=1.1)
             assert got == [expected]
             assert ("n" in runner.owners) == (expected == Status.OK)  # else looked up again
+
+    def test_a_suspect_closest_to_the_key_is_asked_not_served_here(self) -> None:
+        """A lookup skips suspects (contacts that missed a reply) but the owner check counts
+        them: a suspect owns its keys until evicted. A peer whose every contact was a suspect
+        (a loaded machine) looked the owner up with nobody to ask, served the key itself,
+        answered itself NOT_OWNER and looked up again at once, forever on its one thread."""
+        peer = lone_owner()
+        runner, node = peer.runner, peer.node
+        assert runner is not None
+        suspect = Contact(KadId(key_id("n") ^ 1), "suspect")
+        node.routing.observe(suspect, now=1.0)
+        _, eff = node.find_node(KadId(3), now=1.0)
+        [ask] = [s.message for s in eff.sends]
+        node.on_timer(TimerKind.RPC_TIMEOUT, ask.rpc_id, now=1.5)   # one miss: a suspect
+        got: list[Status] = []
+        eff = Effects()
+        runner._ask("n", Method.GET, None, 2.0, eff,
+                    lambda status, clock, value, when, e: got.append(status))
+        eff = peer.route(eff, now=2.0)
+        calls = [s for s in eff.sends if isinstance(s.message, Call)]
+        assert got == [] and [s.address for s in calls] == ["suspect"]
+        assert runner.owners["n"] == suspect
 
 
 class TestRouting:
