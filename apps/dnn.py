@@ -91,9 +91,9 @@ def read_mnist(split: str, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
         ConfigError: a file is missing or bad, or images and labels do not pair up.
     """
     if not os.path.isdir(data_dir):
-        raise ConfigError(f"--data {data_dir}: "
-                          f"{'not a directory' if os.path.exists(data_dir) else 'no such directory'}"
-                          "; name the directory that holds the MNIST idx files")
+        what = "not a directory" if os.path.exists(data_dir) else "no such directory"
+        raise ConfigError(f"--data {data_dir}: {what}; name the directory that holds the "
+                          "MNIST idx files")
     paths = []
     for name in MNIST_FILES[split]:
         found = [os.path.join(data_dir, name + ext) for ext in ("", ".gz")

@@ -264,7 +264,8 @@ def job_a_rows(args: argparse.Namespace, peers: int) -> dict[tuple[str, bool], f
     ps_runs = [("PS ASP", ASP()), ("PS BSP", BSP())]
     beta = min(args.sample, peers - 1)
     p2p_runs = [(f"P2P pBSP({beta})", PSP(beta, 0)), (PSSP, PSP(beta, 4)),
-                (WAITING, PSP(beta, 4)), (BALANCED, PSP(beta, 4)), ("P2P BSP", BSP()), ("P2P ASP", ASP())]
+                (WAITING, PSP(beta, 4)), (BALANCED, PSP(beta, 4)), ("P2P BSP", BSP()),
+                ("P2P ASP", ASP())]
     if peers > 2:   # with 2, a push's answer is the pusher's copy: no round to wait for
         p2p_runs.insert(2, (APPLIED, PSP(beta, 4)))
     rows: dict[tuple[str, bool], list[Row]] = {}

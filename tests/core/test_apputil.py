@@ -122,7 +122,8 @@ def test_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback(monke
 
 
 @pytest.mark.parametrize("argv, hoisted", [
-    (["sgd", "--steps", "3", "--log-level", "DEBUG"], ["--log-level", "DEBUG", "sgd", "--steps", "3"]),
+    (["sgd", "--steps", "3", "--log-level", "DEBUG"],
+     ["--log-level", "DEBUG", "sgd", "--steps", "3"]),
     (["wordcount", "a", "--log-level=info", "b"], ["--log-level=info", "wordcount", "a", "b"]),
     (["--log-level", "INFO", "sim", "--json"], ["--log-level", "INFO", "sim", "--json"]),
     (["sim", "--", "--log-level", "X"], ["sim", "--", "--log-level", "X"]),
