@@ -1,4 +1,5 @@
-"""What a P2P job's callbacks are given, and the job's definition as the runners read it.
+"""What a P2P job's callbacks are given, the job's definition as the runners read it, and
+the checks of what the callbacks return.
 
 The vocabulary is the PS engine's (papers.md, Actor's ``Actor_peer``): ``schedule`` picks the
 keys a peer works on, ``push`` computes updates from their values, ``pull`` folds updates into a
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -215,3 +216,50 @@ def balance_bound(policy: Policy) -> int | None:
     if isinstance(policy, (SSP, PSP)) and isinstance(staleness, int) and staleness >= 1:
         return staleness
     return None
+
+
+def scheduled_keys(keys: Any, model: frozenset[str]) -> list[str]:
+    """``schedule``'s answer as a list of keys of the model (``model``: its keys; empty: not
+    checked).
+
+    Raises:
+        TypeError: not a list of str. KeyError: a key the model does not have (it would
+            be asked for forever: no owner ever holds it).
+    """
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(f"schedule returned {type(keys).__name__}; it must return a list "
+                        "of keys")
+    keys = list(keys)
+    for key in keys:
+        if not isinstance(key, str) or (model and key not in model):
+            raise KeyError(f"schedule named {key!r}, which is not a key of the model "
+                           f"{sorted(model)}")
+    return keys
+
+
+def checked_updates(updates: Any, values: dict[str, Any], peer: str) -> dict[str, Any]:
+    """``push``'s answer on ``peer``, checked before anything is sent: a dict with an update
+    for some of this step's keys (``{}``: none this step), each of the type, shape and dtype
+    of the value pushed from.
+
+    Raises:
+        TypeError: not a dict (None: a missing ``return``), or an update that does not fit
+            its key.
+        KeyError: an update for a key this step did not schedule (its owner could not
+            take it: it would be retried forever).
+    """
+    if updates is None:
+        raise TypeError(f"push on peer {peer} returned None; return a dict of key -> update, "
+                        "or {} for no update this step")
+    if not isinstance(updates, Mapping):
+        raise TypeError(f"push returned {type(updates).__name__}; it must return a dict of "
+                        "key -> update")
+    for key, update in updates.items():
+        if key not in values:
+            raise KeyError(f"push returned an update for {key!r}, which is not one of this "
+                           f"step's keys {sorted(values)} (schedule names them)")
+        problem = misfit(update, values[key])
+        if problem:
+            raise TypeError(f"push returned for key {key!r} {problem}: return updates of "
+                            "the same type, shape and dtype as the values")
+    return dict(updates)

@@ -15,14 +15,15 @@ import logging
 import random
 import traceback
 from enum import IntEnum
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
 from actorpy.barrier import Decision
 
 from .barrier import OverlayBarrier, balanced_batch, overlaps
-from .context import JobSpec, PeerContext, Timer, balance_bound, misfit
+from .context import (JobSpec, PeerContext, Timer, balance_bound, checked_updates,
+                      scheduled_keys)
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
@@ -237,7 +238,7 @@ class PeerRunner:
         if self._bound is not None:
             self._rebalance()
         try:
-            self._keys = self._scheduled(self.spec.schedule(self._ctx()))
+            self._keys = scheduled_keys(self.spec.schedule(self._ctx()), self.spec.keys)
         except Exception as exc:  # user code, or what it returned: the job fails with it
             self._fail(exc)
             return
@@ -247,23 +248,6 @@ class PeerRunner:
             self._fetch(name, now, eff)
         if not self._outstanding:
             self._compute(now, eff)
-
-    def _scheduled(self, keys: Any) -> list[str]:
-        """``schedule``'s answer as a list of keys of the model.
-
-        Raises:
-            TypeError: not a list of str. KeyError: a key the model does not have (it would
-                be asked for forever: no owner ever holds it).
-        """
-        if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
-            raise TypeError(f"schedule returned {type(keys).__name__}; it must return a list "
-                            "of keys")
-        keys = list(keys)
-        for key in keys:
-            if not isinstance(key, str) or (self.spec.keys and key not in self.spec.keys):
-                raise KeyError(f"schedule named {key!r}, which is not a key of the model "
-                               f"{sorted(self.spec.keys)}")
-        return keys
 
     def _fetch(self, name: str, now: float, eff: Effects) -> None:
         def got(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
@@ -284,7 +268,7 @@ class PeerRunner:
             return
         values = {k: self.values[k][0] for k in self._keys}
         try:
-            self._updates = _checked(self.spec.push(self._ctx(), values), values,
+            self._updates = checked_updates(self.spec.push(self._ctx(), values), values,
                                      self.node.address)
         except Exception as exc:  # user code: report it, as a task failure would be
             self._fail(exc)
@@ -529,30 +513,3 @@ class PeerRunner:
         self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
                        replied, eff)
 
-
-def _checked(updates: Any, values: dict[str, Any], peer: str) -> dict[str, Any]:
-    """``push``'s answer on ``peer``, checked before anything is sent: a dict with an update
-    for some of this step's keys (``{}``: none this step), each of the type, shape and dtype
-    of the value pushed from.
-
-    Raises:
-        TypeError: not a dict (None: a missing ``return``), or an update that does not fit
-            its key.
-        KeyError: an update for a key this step did not schedule (its owner could not
-            take it: it would be retried forever).
-    """
-    if updates is None:
-        raise TypeError(f"push on peer {peer} returned None; return a dict of key -> update, "
-                        "or {} for no update this step")
-    if not isinstance(updates, Mapping):
-        raise TypeError(f"push returned {type(updates).__name__}; it must return a dict of "
-                        "key -> update")
-    for key, update in updates.items():
-        if key not in values:
-            raise KeyError(f"push returned an update for {key!r}, which is not one of this "
-                           f"step's keys {sorted(values)} (schedule names them)")
-        problem = misfit(update, values[key])
-        if problem:
-            raise TypeError(f"push returned for key {key!r} {problem}: return updates of "
-                            "the same type, shape and dtype as the values")
-    return dict(updates)
