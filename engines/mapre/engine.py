@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 import weakref
 from typing import Any, Iterable
 
@@ -86,6 +87,23 @@ class Engine:
 
     def submit(self, task: Any, worker: NodeId) -> Any:
         return self.cluster.submit_task(task, worker)
+
+    def cancel(self, futures: Iterable[Any], within_s: float) -> None:
+        """Cancel the tasks of ``futures`` and wait, ``within_s`` in all, for their workers to
+        say so: a queued task then never starts, even where the one running before it ends
+        at once (a cancel only sent may reach its worker after that). Past ``within_s``, or
+        where the worker does not answer, the cancel is only sent."""
+        deadline = time.monotonic() + within_s
+        for fut in futures:
+            left = deadline - time.monotonic()
+            if left <= 0 or fut.done():
+                fut.cancel()
+                continue
+            try:
+                self.cluster.cancel(fut, timeout_s=left)
+            except ActorpyError as exc:
+                log.debug("cancel of a task on %s not confirmed: %s", fut.dest, exc)
+                fut.cancel()
 
     def delete(self, workers: Iterable[NodeId], prefixes: tuple[str, ...],
                wait_s: float | None) -> None:

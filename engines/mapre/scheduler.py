@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 4
 #: Tasks queued on a worker beyond its slots, to hide the round trip between tasks.
 QUEUED_PER_WORKER = 1
+#: how long a job given up (timeout, Ctrl-C) waits, in all, for its workers to confirm that
+#: its tasks are cancelled (they answer in milliseconds; a worker that does not is only told)
+CANCEL_CONFIRM_S = 2.0
 #: Sort keys sampled per partition and per output partition, for range bounds.
 SAMPLES_PER_PARTITION = 20
 
@@ -326,17 +329,17 @@ class Job:
     def _abandon(self, inflight: dict[Any, Any], wait_s: float) -> None:
         """The job fails: let running tasks finish (up to ``wait_s``) so that the blocks they
         store are deleted with the job's. With ``wait_s`` 0 (a timeout, Ctrl-C) the tasks
-        are cancelled instead: queued ones never start, running ones stop at their next block
-        of input (a thread cannot be stopped: one in user code goes on) and what they store
-        stays until the cluster ends."""
+        are cancelled instead (their workers confirm it, ``CANCEL_CONFIRM_S`` at most): queued
+        ones never start, running ones stop at their next block of input (a thread cannot be
+        stopped: one in user code goes on) and what they store stays until the cluster
+        ends."""
         for _, worker, _ in inflight.values():
             self.stored_on.add(worker)
         if inflight and wait_s > 0:
             wait(list(inflight), timeout=min(wait_s, max(0.0, self.deadline - time.monotonic())))
         elif inflight:
             self.abandoned = True
-            for fut in inflight:
-                fut.cancel()
+            self.engine.cancel(list(inflight), CANCEL_CONFIRM_S)
 
     def _dispatch(self, stage: Stage, pending: deque[Key], inflight: dict[Any, Any],
                   load: Counter[NodeId], build: Build) -> bool:
