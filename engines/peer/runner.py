@@ -269,7 +269,7 @@ class PeerRunner:
         values = {k: self.values[k][0] for k in self._keys}
         try:
             self._updates = checked_updates(self.spec.push(self._ctx(), values), values,
-                                     self.node.address)
+                                            self.node.address)
         except Exception as exc:  # user code: report it, as a task failure would be
             self._fail(exc)
             return
