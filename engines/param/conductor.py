@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost
+from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, RemoteError
 from actorpy.ids import NodeId
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import NodeEvent, NodeEventKind
@@ -107,8 +107,15 @@ class Conductor(Service):
             self._statuses[worker] = "LOST"
             self._free_slots.append(self._slots[worker])
         except Exception as exc:
-            self._statuses[worker] = "FAILED"
-            self._fail(exc)
+            if _node_closing(exc):
+                # its node is leaving the cluster (its services, a shard among them, were
+                # stopped): a loss, told as one when the node is (a driver that lost the
+                # manager too learns it then, and says that, not this)
+                self._statuses[worker] = "LOST"
+                self._free_slots.append(self._slots[worker])
+            else:
+                self._statuses[worker] = "FAILED"
+                self._fail(exc)
         else:
             self._results[worker] = result
             self._statuses[worker] = result.status.name
@@ -286,3 +293,17 @@ class Conductor(Service):
                              float(coordinator.get("train_seconds") or 0.0),
                              dict(self._statuses), self._restarts,
                              coordinator.get("first_push_wall"), shard_stats, trace)
+
+
+def _node_closing(exc: BaseException) -> bool:
+    """Whether a worker task failed because its own node is closing: a service it called
+    there was stopped with the node (``ServiceDead``, "node ... is closing").
+
+    >>> _node_closing(RemoteError("actorpy.errors.ServiceDead", "service 'j/shard0' (id 1) "
+    ...                           "on w-1 was stopped (node w-1 is closing)", "", "w-1"))
+    True
+    >>> _node_closing(RemoteError("ValueError", "bad update", "", "w-1"))
+    False
+    """
+    return isinstance(exc, RemoteError) and exc.remote_type.endswith("ServiceDead") \
+        and "is closing" in exc.remote_message
