@@ -109,8 +109,9 @@ class Job:
         self._completed: set[int] = set()
         #: Tasks were left running when the job failed (see ``_abandon``).
         self.abandoned = False
-        self._last_loss = ""
-        self._lost_together: tuple[str, str, list[int]] = ("", "", [])  # stage, reason, parts
+        #: the last loss of a worker that ran this job's tasks: (stage, reason, the
+        #: partitions it was running), for the error once no worker is left
+        self._last_loss: tuple[str, str, list[int]] = ("", "", [])
 
     def __enter__(self) -> Job:
         return self
@@ -307,7 +308,7 @@ class Job:
                             raise JobFailed(f"{self.action}: the cluster's manager is gone "
                                             f"({manager}) while running stage "
                                             f"'{stage.name}'; restart it and reconnect")
-                        last = f" (the last {self._last_loss})" if self._last_loss else ""
+                        last = self._last_loss_said()
                         raise JobFailed(f"{self.action}: no live workers left to run stage "
                                         f"'{stage.name}'{last}; start workers or reconnect")
                     break
@@ -396,19 +397,23 @@ class Job:
         stage.attempts[key] += 1
         # a function that kills its worker (os._exit, a crash in C) kills each in turn; the
         # worker may have been running several partitions then, and any of them may be the one
-        name, why, parts = self._lost_together
-        if (name, why) != (stage.name, reason):
-            name, why, parts = stage.name, reason, []
-            self._lost_together = (name, why, parts)
-        parts.append(key[1])
-        which = ", ".join(str(p) for p in sorted(parts))
-        self._last_loss = (f"ran partition{'s' if len(parts) > 1 else ''} {which} of stage "
-                           f"'{stage.name}': {reason}")
+        if self._last_loss[:2] != (stage.name, reason):
+            self._last_loss = (stage.name, reason, [])
+        self._last_loss[2].append(key[1])
         log.warning("%s: stage '%s' partition %d runs again: %s", self.id, stage.name, key[1],
                     reason)
         if stage.attempts[key] >= MAX_ATTEMPTS:
             raise JobFailed(f"{self.action}: partition {key[1]} of stage '{stage.name}' failed "
                             f"{stage.attempts[key]} times; last: {reason}")
+
+    def _last_loss_said(self) -> str:
+        """`` (the last ran partitions 2, 3 of stage 'collect': <reason>)``, or ""."""
+        name, reason, parts = self._last_loss
+        if not parts:
+            return ""
+        which = ", ".join(str(p) for p in sorted(parts))
+        return (f" (the last ran partition{'s' if len(parts) > 1 else ''} {which} of stage "
+                f"'{name}': {reason})")
 
     def _user_error(self, stage: Stage, key: Key, exc: RemoteError) -> RemoteError:
         side = f" of input {key[0] + 1}" if len(stage.inputs) > 1 else ""

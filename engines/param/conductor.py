@@ -103,14 +103,11 @@ class Conductor(Service):
             return
         try:
             result: WorkerResult = fut.result(0)
-        except NodeLost:
-            self._statuses[worker] = "LOST"
-            self._free_slots.append(self._slots[worker])
         except Exception as exc:
-            if _node_closing(exc):
-                # its node is leaving the cluster (its services, a shard among them, were
-                # stopped): a loss, told as one when the node is (a driver that lost the
-                # manager too learns it then, and says that, not this)
+            # a worker task that failed because its node is leaving the cluster (its
+            # services, a shard among them, were stopped) is a loss too, told as one when the
+            # node is (a driver that lost the manager as well learns it then, and says so)
+            if isinstance(exc, NodeLost) or _node_closing(exc):
                 self._statuses[worker] = "LOST"
                 self._free_slots.append(self._slots[worker])
             else:
