@@ -75,21 +75,33 @@ def blocking_floor(policy: Policy, my_step: int) -> int:
     return my_step
 
 
-def overlaps(policy: Policy) -> bool:
-    """Whether a peer under ``policy`` begins its next step while its last step's pushes
-    travel: ASP, and the bounded policies that let a peer run a step ahead of what it has
-    read (SSP and PSP with staleness >= 1, DSSP with ``low`` >= 1). Its next step then reads
-    the values the step before last was answered with: one update of its own may be missing,
-    which the staleness allows. BSP, pBSP and custom policies wait for the answers.
+#: how many updates of its own a step may miss by default (``pipeline_depth``): more runs
+#: faster per step, but such stale updates cost convergence at a large learning rate (the
+#: simulated linear regressions of tests/peer/test_job.py, lr 0.05, miss their targets with
+#: 2 where 8-12 peers push; Job A of bench/peer.py, lr 0.002, takes as many updates with 4)
+DEFAULT_DEPTH = 1
 
-    >>> overlaps(ASP()), overlaps(PSP(1, 4)), overlaps(PSP(1, 0)), overlaps(BSP())
-    (True, True, False, False)
+
+def pipeline_depth(policy: Policy, overlap: int = DEFAULT_DEPTH) -> int:
+    """How many of its own steps' updates a peer under ``policy`` may leave unanswered when
+    it begins a step (``overlap``: the job's wish; True is ``DEFAULT_DEPTH``): 0 for BSP,
+    pBSP and custom policies, which wait for the answers; at most the staleness for SSP and
+    PSP, ``low`` for DSSP. A step then reads values that miss at most that many updates of
+    the peer's own, as a worker of ps-lite's bounded delay does.
+
+    >>> [pipeline_depth(p) for p in (ASP(), PSP(1, 4), SSP(2), PSP(1, 0), BSP(), DSSP(1, 5))]
+    [1, 1, 1, 0, 0, 1]
+    >>> pipeline_depth(PSP(1, 4), 4), pipeline_depth(ASP(), 6), pipeline_depth(ASP(), False)
+    (4, 6, 0)
     """
+    depth = DEFAULT_DEPTH if overlap is True else int(overlap)
     if isinstance(policy, ASP):
-        return True
+        return depth
     if isinstance(policy, (SSP, PSP)):
-        return policy.staleness >= 1
-    return isinstance(policy, DSSP) and policy.low >= 1
+        return min(policy.staleness, depth)
+    if isinstance(policy, DSSP):
+        return min(policy.low, depth)
+    return 0
 
 
 def balanced_batch(batch: float, lead: int, bound: int, floor: float, top: float) -> float:

@@ -9,6 +9,7 @@ get explicit context objects, never a global ``P2P.get``.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Callable, Iterable, Mapping
@@ -173,8 +174,9 @@ class JobSpec:
         balance: a peer that faster peers wait on shrinks its batch (down to a quarter;
             ``barrier.balanced_batch``), so the peers' steps keep pace; needs a staleness
             of 1 or more (SSP, PSP).
-        overlap: under a barrier with staleness a step computes while the last step's
-            pushes travel (``barrier.overlaps``; see ``Job``).
+        overlap: under a barrier with staleness the next steps compute while a step's
+            pushes travel: True, or how many steps' updates may be unanswered
+            (``barrier.pipeline_depth``; see ``Job``).
     """
 
     name: str
@@ -193,7 +195,7 @@ class JobSpec:
     durable: bool = True
     batch: int = 32
     balance: bool = False
-    overlap: bool = True
+    overlap: bool | int = True
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "retry_s", "replicate_s"):
@@ -216,6 +218,26 @@ def balance_bound(policy: Policy) -> int | None:
     if isinstance(policy, (SSP, PSP)) and isinstance(staleness, int) and staleness >= 1:
         return staleness
     return None
+
+
+def is_array(value: Any) -> bool:
+    """Whether ``value`` is a numpy array or a torch tensor (updates of it stack)."""
+    if isinstance(value, np.ndarray):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def stacked(updates: list[Any]) -> Any:
+    """One array of ``updates`` (arrays of one key: the same type, shape and dtype) along a
+    new first axis, so a batch of them travels as one value.
+
+    >>> stacked([np.zeros(2), np.ones(2)]).tolist()
+    [[0.0, 0.0], [1.0, 1.0]]
+    """
+    if isinstance(updates[0], np.ndarray):
+        return np.stack(updates)
+    return sys.modules["torch"].stack(updates)
 
 
 def scheduled_keys(keys: Any, model: frozenset[str]) -> list[str]:

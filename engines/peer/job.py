@@ -38,6 +38,7 @@ from actorpy.errors import ConfigError
 
 from .context import JobSpec, Pull, Push, Schedule, Stop
 from .kademlia.events import KademliaConfig
+from .owner import MAX_BATCH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,10 +76,14 @@ class Job:
             more on the wire). Each update is still pulled alone: its gradient is its own
             batch's mean.
         overlap: True (default): under a barrier with staleness (ASP, SSP(s) and
-            PSP(β, s) with s >= 1, DSSP with low >= 1) a step computes while the last
-            step's pushes travel, on the values the step before last was answered with
-            (``barrier.overlaps``). False: each step waits for its pushes' answers first
-            (it reads its own last update).
+            PSP(β, s) with s >= 1, DSSP with low >= 1) the next step computes while a
+            step's pushes travel, on the values the step before last was answered with.
+            An int n >= 1: the next n steps may compute so (at most the staleness; ASP: n),
+            with up to n steps' updates unanswered; those computed meanwhile go to each
+            owner together, as one push (``barrier.pipeline_depth``). More is faster per
+            step, but each update may then miss n of the peer's own: too stale for a large
+            learning rate. False or 0: each step waits for its pushes' answers first (it
+            reads its own last update).
         **overlay: any other ``KademliaConfig`` field (e.g. ``rpc_timeout_s``).
 
     Raises:
@@ -88,7 +93,8 @@ class Job:
     def __init__(self, name: str, barrier: Policy | None = None, replication: int = 3,
                  seed: int = 0, *, ksize: int = 20, alpha: int = 3, poll_s: float = 0.01,
                  replicate_s: float = 0.01, durable: bool = True, batch: int = 32,
-                 balance: bool = False, overlap: bool = True, **overlay: Any) -> None:
+                 balance: bool = False, overlap: bool | int = True,
+                 **overlay: Any) -> None:
         if not isinstance(replication, int) or not 1 <= replication <= ksize:
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
@@ -109,8 +115,9 @@ class Job:
         if not isinstance(balance, bool):
             raise ConfigError(f"balance must be True or False, got {balance!r}")
         self.batch, self.balance = batch, balance
-        if not isinstance(overlap, bool):
-            raise ConfigError(f"overlap must be True or False, got {overlap!r}")
+        if not isinstance(overlap, int) or overlap < 0 or overlap > MAX_BATCH - 1:
+            raise ConfigError(f"overlap must be True, False or an int in 0..{MAX_BATCH - 1}"
+                              f", got {overlap!r}")
         self.overlap = overlap
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
                                         "alpha": alpha, "replication": replication})

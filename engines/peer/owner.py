@@ -53,6 +53,7 @@ from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import KadId, key_id
 from .kademlia.messages import Call
 from .kademlia.node import KademliaNode
+from .kademlia.rpc import MAX_ARGS
 from .kademlia.routing import Contact
 from .kademlia.values import Blob
 
@@ -63,7 +64,9 @@ class Method(IntEnum):
     """The P2P engine's CALL methods (this engine's own enum)."""
 
     GET = 1      # args (key,) -> OK (clock,) + value
-    PUSH = 2     # args (key, step) + update -> OK (clock,) + the new value
+    PUSH = 2     # args (key, step, run) + update -> OK (clock,) + the new value; a batch
+                 # of a pipelined pusher's steps: args (key, step, run, step, ...) + the
+                 # updates stacked
 
 
 class Status(IntEnum):
@@ -73,6 +76,32 @@ class Status(IntEnum):
     NOT_OWNER = 2     # someone is closer to the key: look the owner up again
     MISSING = 3       # the owner does not hold the key (yet): retry after ``retry_s``
     ERROR = 4         # pull raised: args (type, message)
+
+
+#: the most steps one PUSH may carry (a pipelined pusher's batch, ``runner``: its args
+#: are the key, the first step, the run and the other steps, of ``rpc.MAX_ARGS``)
+MAX_BATCH = MAX_ARGS - 2
+
+
+def pushed_items(steps: Any, update: Any) -> tuple[tuple[int, Any], ...]:
+    """A PUSH's (step, update) pairs: one for a step (an int; anything else but a tuple is
+    none, -1), or one per step of a batch: increasing steps >= 0 (2 .. ``MAX_BATCH``), the
+    updates stacked along a first axis of that length. () when a batch is malformed.
+
+    >>> import numpy as np
+    >>> [(s, u.tolist()) for s, u in pushed_items((4, 6), np.array([[1, 2], [3, 4]]))]
+    [(4, [1, 2]), (6, [3, 4])]
+    >>> pushed_items((6, 4), np.zeros((2, 2))), pushed_items((4, 6), np.zeros(3))
+    ((), ())
+    """
+    if type(steps) is not tuple:
+        return ((steps if type(steps) is int else -1, update),)
+    shape = getattr(update, "shape", None)
+    if not 2 <= len(steps) <= MAX_BATCH or any(type(s) is not int for s in steps) \
+            or steps[0] < 0 or any(a >= b for a, b in zip(steps, steps[1:])) \
+            or not shape or shape[0] != len(steps):
+        return ()
+    return tuple((s, update[i]) for i, s in enumerate(steps))
 
 
 Then = Callable[[Done, float, Effects], None]
@@ -142,17 +171,22 @@ class KeyOwner:
             # ended): folded in here, it would change this job's model and, with its step,
             # make this job's pushes look like repeats (acknowledged, not applied)
             return Status.ERROR, ("StaleCall", "a call of another job"), None
-        step = call.args[1] if len(call.args) > 1 and type(call.args[1]) is int else -1
         update = call.value.to_value() if call.value is not None else None
-        if call.method == Method.PUSH and update is None:
-            return Status.ERROR, ("ProtocolError", "PUSH without an update"), None
+        items: tuple[tuple[int, Any], ...] = ()
         if call.method == Method.PUSH:
+            if update is None:
+                return Status.ERROR, ("ProtocolError", "PUSH without an update"), None
+            step = call.args[1] if len(call.args) > 1 else -1
+            items = pushed_items((step, *call.args[3:]) if len(call.args) > 3 else step,
+                                 update)
+            if not items:
+                return Status.ERROR, ("ProtocolError", "malformed PUSH batch"), None
             last = self._pushes.get(sender.node_id)
             self._pushes[sender.node_id] = (now, now - last[0] if last else float("inf"))
         def later(answer: Answer, when: float, e: Effects) -> None:
             e.sends.append(self.node.answer_call(sender, call, answer))
-        return self.serve(sender, call.args[0], call.key, Method(call.method), step, update,
-                          now, eff, later)
+        return self.serve(sender, call.args[0], call.key, Method(call.method), items, now, eff,
+                          later)
 
     def pushing(self, node_id: int, now: float) -> bool:
         """Whether ``node_id`` pushes to us (twice at least) and its next push, which will
@@ -195,10 +229,12 @@ class KeyOwner:
         it as NOT_OWNER."""
         return self._closer_known(kid, owner.node_id)
 
-    def serve(self, sender: Contact, name: str, kid: KadId, method: Method, step: int,
-              update: Any, now: float, eff: Effects, later: Later) -> Answer | None:
-        """Serve a GET or PUSH; a PUSH is answered through ``later`` once durable (None
-        returned), anything else at once."""
+    def serve(self, sender: Contact, name: str, kid: KadId, method: Method,
+              items: tuple[tuple[int, Any], ...], now: float, eff: Effects,
+              later: Later) -> Answer | None:
+        """Serve a GET (``items`` empty) or a PUSH of ``items``, (step, update) pairs in step
+        order (a pipelined pusher's batch; one, mostly; step -1: none); a PUSH is answered
+        through ``later`` once durable (None returned), anything else at once."""
         if self.node.leaving:
             # our keys are being handed on: a write taken now would miss the copy handed
             # over; the pusher retries and, once our LEAVE reached it, asks the next owner
@@ -209,7 +245,7 @@ class KeyOwner:
         record = self.node.storage.get(kid, now)
         if kid not in self.owned or record is None:
             def again(when: float, e: Effects) -> None:
-                got = self.serve(sender, name, kid, method, step, update, when, e, later)
+                got = self.serve(sender, name, kid, method, items, when, e, later)
                 if got is not None:
                     later(got, when, e)
             self._queued.setdefault(kid, []).append((again, later))
@@ -218,44 +254,27 @@ class KeyOwner:
         if method == Method.GET:
             return Status.OK, (record.clock,), record.value
         mine = sender.node_id == self.node.node_id
-        if not mine and step >= 0 and self._pushed.get(kid, {}).get(sender.node_id, -1) >= step:
+        done = self._pushed.get(kid, {}).get(sender.node_id, -1) if not mine else -1
+        fresh = [(step, update) for step, update in items if step < 0 or step > done]
+        if not fresh:
             # the same push again (its first answer came after the pusher's timeout and the
             # node asked again): applied once, answered once its write is durable
             self._waiting.setdefault(kid, []).append((record.clock, sender.node_id, later))
             self._replicate(kid, now, eff)
             return None
-        read = lambda n: ((r.value.to_value(), r.clock)  # noqa: E731
-                          if (r := self.node.storage.get(key_id(n), now)) is not None else None)
-        store = OwnerStore(read, sender.address, step)
-        try:
-            self.spec.pull(store, {name: update})
-        except Exception as exc:  # user code: the pusher fails with it
-            self.error = (type(exc).__qualname__, str(exc), traceback.format_exc())
-            log.error("peer %s: pull of %s failed: %s", self.node.address, name, exc)
-            return Status.ERROR, (type(exc).__qualname__, str(exc)[:200]), None
-        for key, value in store.written.items():
-            written = key_id(key)
-            held = self.node.storage.get(written, now)
-            clock = 0 if held is None else held.clock + 1
-            self.node.storage.put(written, Blob.of(value), now, self.node.config.ttl_s,
-                                  is_origin=True, clock=clock, writer=self.node.node_id)
-            if written != kid or mine or not self.spec.durable:
-                # nobody waits on this write: it goes to the holders with a round at most
-                # ``replicate_s`` from now, or with an answer to a holder's push before that
-                self._replicate_later(written, eff)
-        self.applied[name] = self.applied.get(name, 0) + 1
-        if not mine and step >= 0:
-            self._pushed.setdefault(kid, {})[sender.node_id] = step
+        wrote = False
+        for step, update in fresh:
+            failed, wrote_key = self._fold(sender, name, kid, step, update, mine, now, eff)
+            if failed is not None:
+                return failed
+            wrote = wrote or wrote_key
         record = self.node.storage.get(kid, now)
         assert record is not None
-        if name not in store.written or mine or not self.spec.durable:
+        if not wrote or mine or not self.spec.durable:
             # our own update needs no wait: if we die before it is on the holders, it is
             # lost with the only peer that saw it acknowledged (without ``durable``, so is
-            # another peer's). Until it is on them, we keep it: should our write not make it
-            # (a closer peer took the key over meanwhile), it is pushed again (``repush``)
-            if mine and name in store.written and self.spec.durable:
-                self._unsure.setdefault(kid, []).append((record.clock, name, update))
-            elif not mine:
+            # another peer's); ``_fold`` kept it for ``repush`` meanwhile
+            if not mine:
                 self._answered.setdefault(kid, {})[sender.node_id] = record.clock
             return Status.OK, (record.clock,), record.value
         holders = self.node.holders_of(kid, now)
@@ -269,6 +288,41 @@ class KeyOwner:
         self._waiting.setdefault(kid, []).append((record.clock, sender.node_id, later))
         self._replicate(kid, now, eff)
         return None
+
+    def _fold(self, sender: Contact, name: str, kid: KadId, step: int, update: Any,
+              mine: bool, now: float, eff: Effects) -> tuple[Answer | None, bool]:
+        """Run ``pull`` on one update and write what it set, each key with its next clock.
+        Returns the ERROR answer if ``pull`` raised (nothing written then), and whether it
+        wrote ``name``."""
+        read = lambda n: ((r.value.to_value(), r.clock)  # noqa: E731
+                          if (r := self.node.storage.get(key_id(n), now)) is not None else None)
+        store = OwnerStore(read, sender.address, step)
+        try:
+            self.spec.pull(store, {name: update})
+        except Exception as exc:  # user code: the pusher fails with it
+            self.error = (type(exc).__qualname__, str(exc), traceback.format_exc())
+            log.error("peer %s: pull of %s failed: %s", self.node.address, name, exc)
+            return (Status.ERROR, (type(exc).__qualname__, str(exc)[:200]), None), False
+        for key, value in store.written.items():
+            written = key_id(key)
+            held = self.node.storage.get(written, now)
+            clock = 0 if held is None else held.clock + 1
+            self.node.storage.put(written, Blob.of(value), now, self.node.config.ttl_s,
+                                  is_origin=True, clock=clock, writer=self.node.node_id)
+            if written != kid or mine or not self.spec.durable:
+                # nobody waits on this write: it goes to the holders with a round at most
+                # ``replicate_s`` from now, or with an answer to a holder's push before that
+                self._replicate_later(written, eff)
+        self.applied[name] = self.applied.get(name, 0) + 1
+        if not mine and step >= 0:
+            self._pushed.setdefault(kid, {})[sender.node_id] = step
+        if mine and name in store.written and self.spec.durable:
+            # until our own write is on the holders, we keep the update: should the write
+            # not make it (a closer peer took the key over meanwhile), it is pushed again
+            record = self.node.storage.get(kid, now)
+            assert record is not None
+            self._unsure.setdefault(kid, []).append((record.clock, name, update))
+        return None, name in store.written
 
     def on_timer(self, token: int, now: float) -> Effects:
         """A ``_replicate_later`` timer is due: replicate its key unless the holders already

@@ -4,8 +4,9 @@ Each step: ``schedule`` -> fetch the keys it names (once; afterwards every push'
 carries the key's new value) -> ``push`` computes updates -> each update goes to its key's
 *owner*, the peer closest to the key (a CALL; the owner runs ``pull`` and answers with the new
 value and clock) -> the step is done -> ``stop``? -> the barrier decides whether to go on.
-Under a policy with staleness the step is done once its pushes are sent, and the next one
-computes while they travel (``barrier.overlaps``; one step's pushes out at most).
+Under a policy with staleness the next steps compute while a step's pushes travel
+(``barrier.pipeline_depth``): their updates wait and go to each owner together, as one
+batch, once those are answered (one batch per key out at most, so owners fold them in order).
 
 The owner side (serving GET / PUSH, running ``pull``, replicating) is ``owner.py``.
 """
@@ -21,15 +22,16 @@ import numpy as np
 
 from actorpy.barrier import Decision
 
-from .barrier import OverlayBarrier, balanced_batch, overlaps
+from .barrier import OverlayBarrier, balanced_batch, pipeline_depth
 from .context import (JobSpec, PeerContext, Timer, balance_bound, checked_updates,
-                      scheduled_keys)
+                      is_array, scheduled_keys, stacked)
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
+from .kademlia.steps import FINISHED
 from .kademlia.values import Blob
-from .owner import KeyOwner, Method, Status
+from .owner import KeyOwner, Method, Status, pushed_items
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +89,17 @@ class PeerRunner:
         self._keys: list[str] = []
         self._updates: dict[str, Any] = {}
         self._outstanding: set[str] = set()
-        #: a step's pushes travel while the next step computes (``overlaps``): the pushes of
-        #: one step at most are out; the next step's wait for them (``_held``), and a peer
-        #: that ``stop`` ended is DONE once they are answered (``_finishing``)
-        self._overlap = spec.overlap and overlaps(spec.policy)
+        #: the next steps compute while a batch of pushes travels (``pipeline_depth``): one
+        #: batch is out at most (``_travelling``: its keys; ``_flight``: its steps); the
+        #: updates of the steps computed meanwhile wait in ``_batch``; a step that would
+        #: leave more than ``_depth`` steps unanswered is done only once its updates go
+        #: (``_full``); a peer ``stop`` ended is DONE once all are answered (``_finishing``)
+        self._depth = pipeline_depth(spec.policy, spec.overlap)
+        self._overlap = self._depth > 0
         self._travelling: set[str] = set()
-        self._held = False
+        self._flight = 0
+        self._batch: list[tuple[int, dict[str, Any]]] = []
+        self._full = False
         self._finishing = False
         self._serving_here = False      # inside a push or get this peer serves itself
         self._answering = False         # inside a message another peer awaits an answer to
@@ -123,7 +130,8 @@ class PeerRunner:
 
         def found(done: Done, when: float, e: Effects) -> None:
             known = [s.step for c in done.contacts
-                     if (s := self.node.steps.get(c.node_id)) is not None]
+                     if (s := self.node.steps.get(c.node_id)) is not None
+                     and s.step != FINISHED]
             self.step = self.first_step = max(known, default=0)
             self.node.step = self.step
             if not self._stopped(when):     # caught up with peers that are done: so is it
@@ -141,9 +149,9 @@ class PeerRunner:
 
     @property
     def answered(self) -> int:
-        """Steps whose pushes were all answered: ``step``, less the last one while its
-        pushes travel (``overlaps``; a peer that died then lost them unacknowledged)."""
-        return self.step - 1 if self._travelling else self.step
+        """Steps whose pushes were all answered: ``step``, less those whose pushes travel or
+        wait (``pipeline_depth``; a peer that died then lost them unacknowledged)."""
+        return self.step + self._full - self._flight - len(self._batch)
 
     @property
     def stopped(self) -> bool:
@@ -214,7 +222,8 @@ class PeerRunner:
         the lower median of the steps this peer knows is ahead of its own. The steps come
         with the messages peers exchange anyway: nothing more on the wire."""
         assert self._bound is not None
-        steps = sorted(seen.step for _, seen in self.node.steps.items())
+        steps = sorted(seen.step for _, seen in self.node.steps.items()
+                       if seen.step != FINISHED)
         if steps:
             lead = steps[(len(steps) - 1) // 2] - self.step
             self.batch = balanced_batch(self.batch, lead, self._bound, self._floor,
@@ -288,39 +297,61 @@ class PeerRunner:
             self._step_done(now, eff)
             return
         for name, update in list(self._updates.items()):
-            self._push(name, update, self.step, now, eff)
+            self._push(name, ((self.step, update),), now, eff)
 
     def _push_overlapped(self, now: float, eff: Effects) -> None:
-        """Send this step's pushes and count the step done at once: the next one computes
-        while they travel (its reads then miss this step's updates, which the policy's
-        staleness allows). Were the last step's pushes not all answered yet, these wait for
-        them (``_landed``): one step's pushes out at most, so they reach an owner in order."""
-        if self._travelling:
-            self._held = True
+        """Queue this step's updates, send them unless a batch travels, and count the step
+        done while the pipeline has room: the next one computes meanwhile, on values that
+        miss at most ``_depth`` updates of this peer's own, which the policy's staleness
+        allows (``pipeline_depth``). With values that do not stack (bytes) a batch holds
+        one step at most."""
+        self._batch.append((self.step, self._updates))
+        if not self._travelling:
+            self._send_batch(now, eff)
+        stacks = all(is_array(value) for value, _ in self.values.values())
+        if self._flight + len(self._batch) > (self._depth if stacks else 1):
+            self._full = True       # done once its updates go (``_landed``)
             return
-        self._travelling = set(self._updates)
-        for name, update in list(self._updates.items()):
-            self._push(name, update, self.step, now, eff)
+        self._done_sending(now, eff)
+
+    def _done_sending(self, now: float, eff: Effects) -> None:
         sending, self._sending = self._sending, True
         try:
             self._step_done(now, eff)
         finally:
             self._sending = sending
 
+    def _send_batch(self, now: float, eff: Effects) -> None:
+        """Send the waiting steps' updates, each key's in one push, in step order."""
+        steps, self._batch = self._batch, []
+        items: dict[str, list[tuple[int, Any]]] = {}
+        for step, updates in steps:
+            for name, update in updates.items():
+                items.setdefault(name, []).append((step, update))
+        self._travelling = set(items)
+        self._flight = len(steps) if items else 0
+        for name, pushes in items.items():
+            self._push(name, tuple(pushes), now, eff)
+
     def _landed(self, name: str, now: float, eff: Effects) -> None:
-        """An overlapped push was answered: the held pushes go once all are, and a peer
-        ``stop`` ended is DONE then."""
+        """A pipelined push was answered: once the whole batch is, the waiting updates go as
+        the next batch, and a peer ``stop`` ended is DONE once none are left."""
         self._travelling.discard(name)
         if self._travelling or self.stopped:
             return
-        if self._held:
-            self._held = False
-            self._push_overlapped(now, eff)
+        self._flight = 0
+        if self._batch:
+            self._send_batch(now, eff)
+            if self._full:
+                self._full = False
+                self._done_sending(now, eff)
         elif self._finishing:
             self._finishing = False
             self.phase = Phase.DONE
 
-    def _push(self, name: str, update: Any, step: int, now: float, eff: Effects) -> None:
+    def _push(self, name: str, pushes: tuple[tuple[int, Any], ...], now: float,
+              eff: Effects) -> None:
+        """Push ``name``'s updates of one step or more ((step, update) pairs, in order)."""
         def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
             if status == Status.OK:
                 self.pushed += 1
@@ -333,9 +364,12 @@ class PeerRunner:
                 if not self._outstanding:
                     self._step_done(when, e)
             elif not self.stopped:
-                self._retry(lambda t, ef: self._push(name, update, step, t, ef), status,
-                            when, e)
-        self._ask(name, Method.PUSH, update, now, eff, acked, step)
+                self._retry(lambda t, ef: self._push(name, pushes, t, ef), status, when, e)
+        if len(pushes) == 1:
+            self._ask(name, Method.PUSH, pushes[0][1], now, eff, acked, pushes[0][0])
+        else:
+            self._ask(name, Method.PUSH, stacked([u for _, u in pushes]), now, eff, acked,
+                      tuple(s for s, _ in pushes))
 
     def _repush(self, name: str, update: Any, now: float, eff: Effects) -> None:
         """Push an update again that this peer, as ``name``'s owner, applied and answered at
@@ -365,11 +399,12 @@ class PeerRunner:
             return
         self.step += 1
         self.node.step = self.step
+        stopped = self._stopped(now)
         for watcher in self.node.take_watchers():
-            # it asked for our step while ahead of us: a STEP tells it the new one, so a
-            # barrier waiting on us re-checks now instead of at its next poll
+            # it asked for our step while ahead of us: a STEP tells it the new one (or that
+            # we stopped), so a barrier waiting on us re-checks now, not at its next poll
             eff.sends.append(self.node.tell_step(watcher))
-        if self._stopped(now):
+        if stopped:
             return
         self.phase = Phase.BARRIER
         self._check_barrier(now, eff)
@@ -414,7 +449,11 @@ class PeerRunner:
             return True
         if stop:
             self.finished_s = now
-            if self._travelling:    # still WORKING: it pushes (and retries) until they land
+            # others learn it from our next messages, or from a PING when they wait on us:
+            # their stops may say otherwise, and a barrier waiting on a peer that stopped
+            # would wait for good
+            self.node.step = FINISHED
+            if self._travelling or self._batch:   # WORKING: it pushes until all land
                 self.phase, self._finishing = Phase.WORKING, True
             else:
                 self.phase = Phase.DONE
@@ -443,9 +482,10 @@ class PeerRunner:
 
     def _ask(self, name: str, method: Method, update: Any, now: float, eff: Effects,
              answer: Callable[[Status, int, Any, float, Effects], None],
-             step: int | None = None) -> None:
+             step: int | tuple[int, ...] | None = None) -> None:
         """Send ``method`` for ``name`` to its owner (looked up if unknown), or run it here;
-        ``step``: the step it is of (default: this peer's; -1: none)."""
+        ``step``: the step it is of (default: this peer's; -1: none), or the steps of a
+        batch whose updates ``update`` stacks."""
         step = self.step if step is None else step
         kid = key_id(name)
         cached = self.owners.get(name)
@@ -484,7 +524,8 @@ class PeerRunner:
                     self._serving_here = serving
 
             me = Contact(self.node.node_id, self.node.address)
-            got = self.owner.serve(me, name, kid, method, step, update, now, eff, served)
+            items = pushed_items(step, update) if method == Method.PUSH else ()
+            got = self.owner.serve(me, name, kid, method, items, now, eff, served)
             if got is not None:                 # else answered once the write is durable
                 served(got, now, eff)
             return
@@ -509,7 +550,8 @@ class PeerRunner:
             clock = reply.args[0] if reply is not None and reply.args else 0
             answer(status, clock, value, when, e)
 
-        args = (name, step, self.spec.run)
+        args = (name, step, self.spec.run) if type(step) is int else \
+            (name, step[0], self.spec.run, *step[1:])
         self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
                        replied, eff)
 

@@ -163,8 +163,8 @@ class SimRun:
                 if a in self.net.alive and p.runner is not None}
 
     def _observe(self, address: str, record: CheckRecord) -> None:
-        truth = {a: self.peers[a].runner.step for a in record.seen  # type: ignore[union-attr]
-                 if a in self.peers}
+        # the step each peer reports: its runner's, or FINISHED once its stop said so
+        truth = {a: self.peers[a].node.step for a in record.seen if a in self.peers}
         self.truth.append((record, truth))
 
     def _trace(self) -> None:

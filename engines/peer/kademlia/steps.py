@@ -17,6 +17,11 @@ from dataclasses import dataclass
 
 from .ids import KadId
 
+#: the step a peer whose job ended for it reports (its ``stop`` said so): it will not move
+#: again, so nobody waits on it (a barrier would wait forever), and it is no step to catch
+#: up with or to balance against
+FINISHED = (1 << 63) - 1
+
 
 @dataclass(frozen=True)
 class StepSeen:
