@@ -119,7 +119,7 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
     ``cluster`` is a cluster, or an ``OverlayClient`` of standalone peers."""
     job = peer.Job(f"p2p-sgd-{args.model}", barrier=barrier, replication=args.replication,
                    seed=args.seed, rpc_timeout_s=args.rpc_timeout, batch=args.batch,
-                   balance=args.balance)
+                   balance=args.balance, overlap=args.overlap)
     job.register_schedule(lambda ctx: ["w"])
     w_star = true_weights(args.seed, args.features, args.model)
     push = Push(args.model, w_star if args.target is not None else None)
@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--balance", action="store_true",
                         help="a peer the others wait on takes fewer samples (down to a "
                              "quarter of --batch); ssp and pssp only")
+    parser.add_argument("--overlap", type=apputil.non_negative_int, default=1,
+                        help="steps that may compute while a push travels (default 1; at "
+                             "most the staleness; 0: each step waits for its answers)")
     parser.add_argument("--replication", type=int, default=3,
                         help="peers holding each key (default 3)")
     parser.add_argument("--rpc-timeout", type=apputil.positive_float, default=0.5,
@@ -228,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.balance and peer.balance_bound(barrier) is None:
         raise ConfigError(f"--balance needs a barrier with a staleness of 1 or more (ssp, "
                           f"pssp with --staleness >= 1), not {label}")
+    if args.overlap > peer.MAX_OVERLAP:
+        raise ConfigError(f"--overlap {args.overlap} is more than {peer.MAX_OVERLAP}")
     check_plot_path(args.plot)
     with (OverlayClient(args.bootstrap, secret_file=args.secret_file) if args.bootstrap
           else apputil.connect_from_args(args, task_threads=2)) as cluster:

@@ -27,8 +27,8 @@ Files:
 from __future__ import annotations
 
 from .context import OwnerStore, PeerContext, balance_bound
-from .job import Job
+from .job import MAX_OVERLAP, Job
 from .peer import Peer
 from .simrun import SimResult, SimRun
 
-__all__ = ["Job", "OwnerStore", "Peer", "PeerContext", "SimResult", "SimRun", "balance_bound"]
+__all__ = ["MAX_OVERLAP", "Job", "OwnerStore", "Peer", "PeerContext", "SimResult", "SimRun", "balance_bound"]

@@ -40,6 +40,10 @@ from .context import JobSpec, Pull, Push, Schedule, Stop
 from .kademlia.events import KademliaConfig
 from .owner import MAX_BATCH
 
+#: the deepest pipeline a job may ask for (``Job(overlap=...)``): a batch of pushes is the
+#: steps computed while one travels, and a PUSH carries ``MAX_BATCH`` steps at most
+MAX_OVERLAP = MAX_BATCH - 1
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Overlay settings for training (virtual or real seconds): short timeouts suit a cluster's
@@ -115,9 +119,9 @@ class Job:
         if not isinstance(balance, bool):
             raise ConfigError(f"balance must be True or False, got {balance!r}")
         self.batch, self.balance = batch, balance
-        if not isinstance(overlap, int) or overlap < 0 or overlap > MAX_BATCH - 1:
-            raise ConfigError(f"overlap must be True, False or an int in 0..{MAX_BATCH - 1}"
-                              f", got {overlap!r}")
+        if not isinstance(overlap, int) or not 0 <= overlap <= MAX_OVERLAP:
+            raise ConfigError(f"overlap must be True, False or an int in 0..{MAX_OVERLAP}, "
+                              f"got {overlap!r}")
         self.overlap = overlap
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
                                         "alpha": alpha, "replication": replication})

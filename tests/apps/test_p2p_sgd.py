@@ -24,6 +24,15 @@ class TestCli:
         assert out["updates"] == 4 * 150            # each push folded into w once
         assert out["weight_error"] < 0.05 and out["seconds"] > 0
 
+    def test_a_deeper_overlap_trains_the_same_and_a_bad_one_is_refused(self, capsys):
+        assert p2p_sgd.main(["--peers", "3", "--steps", "150", "--barrier", "pssp",
+                             "--overlap", "3", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["steps_per_worker"] == [150] * 3 and out["updates"] == 3 * 150
+        assert out["weight_error"] < 0.05
+        with pytest.raises(ConfigError, match="--overlap 99 is more than 13"):
+            p2p_sgd.main(["--overlap", "99", "--workers", "0"])
+
     def test_target_stops_the_peers_early(self, capsys):
         assert p2p_sgd.main(["--peers", "3", "--steps", "5000", "--target", "0.02",
                              "--barrier", "asp", "--json"]) == 0
