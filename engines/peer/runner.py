@@ -345,7 +345,8 @@ class PeerRunner:
             if self._full:
                 self._full = False
                 self._done_sending(now, eff)
-        elif self._finishing:
+        if self._finishing and not self._travelling and not self._batch:
+            # (a batch of steps that updated nothing sends nothing: none to wait for)
             self._finishing = False
             self.phase = Phase.DONE
 

@@ -430,6 +430,18 @@ class TestFailures:
         assert set(result.steps.values()) == {5} and result.updates == 0
         assert all(np.array_equal(result.model[n], v) for n, v in init().items())
 
+    def test_a_pipelined_peer_whose_last_steps_update_nothing_still_stops(self) -> None:
+        """overlap=3, pushes slower than steps: steps 1 and 2 return {} and the peers stop
+        at 3, while step 0's pushes travel; once they land the two steps send nothing, and
+        nothing is left to wait for (a peer so waited for good, WORKING, until the timeout)."""
+        job = linreg(ASP(), steps=3)
+        job.overlap = 3
+        push = job.spec({}).push
+        job.register_push(lambda ctx, values: push(ctx, values) if ctx.step == 0 else {})
+        _, result = run(job, peers=3, max_s=60, compute_s=lambda index, step: 0.001,
+                        latency_s=(0.002, 0.003))
+        assert set(result.steps.values()) == {3} and result.updates == 3 * KEYS
+
     @pytest.mark.parametrize("bad, error", [
         (lambda ctx: ["nokey"], "schedule named 'nokey', which is not a key of the model"),
         (lambda ctx: "w0", "schedule returned str; it must return a list of keys"),
