@@ -34,8 +34,11 @@ class TestCli:
             p2p_sgd.main(["--overlap", "99", "--workers", "0"])
 
     def test_target_stops_the_peers_early(self, capsys):
+        # pssp, not asp: under ASP a peer slow to begin (1 and 3 steps while the key's
+        # owner ran 47, traced) pushed gradients of a w read 40 updates earlier onto the
+        # converged one, 0.17 from w* in about 1 run in 10; a staleness bound keeps them fresh
         assert p2p_sgd.main(["--peers", "3", "--steps", "5000", "--target", "0.02",
-                             "--barrier", "asp", "--json"]) == 0
+                             "--barrier", "pssp", "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert max(out["steps_per_worker"]) < 5000     # stopped on the target, not steps
         assert out["weight_error"] < 0.03               # the model read after they stopped
