@@ -70,6 +70,20 @@ def weight_error(model: dict[str, np.ndarray]) -> float:
     return float(np.linalg.norm(w - W_STAR) / np.linalg.norm(W_STAR))
 
 
+def record_folds(job: Job) -> dict[tuple[str, str], list[int]]:
+    """Wrap ``job``'s pull to record each fold: (key, pusher) -> the pusher's steps, in the
+    order the owner folded them."""
+    folded: dict[tuple[str, str], list[int]] = {}
+    pull = job.spec({}).pull
+
+    @job.register_pull
+    def recording(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
+        for name in updates:
+            folded.setdefault((name, store.sender), []).append(store.sender_step)
+        pull(store, updates)
+    return folded
+
+
 def run(job: Job, peers: int = 8, **options: object) -> tuple[SimRun, object]:
     sim = SimRun(job, peers, init(), data=shard, **options)  # type: ignore[arg-type]
     return sim, sim.run()
@@ -110,15 +124,7 @@ class TestTraining:
     @pytest.mark.parametrize("barrier", [ASP(), SSP(2), PSP(2, 1)], ids=["asp", "ssp2", "pssp"])
     def test_with_staleness_a_step_computes_while_its_pushes_travel(self, barrier: Policy):
         job = linreg(barrier, steps=30)
-        folded: dict[tuple[str, str], list[int]] = {}
-        pull = job.spec({}).pull
-
-        @job.register_pull
-        def recording(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
-            for name in updates:
-                folded.setdefault((name, store.sender), []).append(store.sender_step)
-            pull(store, updates)
-
+        folded = record_folds(job)
         # 5 ms of compute a step, a push answered in 1 ms at least (latency 0.5-1 ms a way):
         # one after the other, 30 steps take 180 ms at least
         _, result = run(job, compute_s=lambda index, step: 0.005, latency_s=(0.0005, 0.001))
@@ -141,15 +147,7 @@ class TestTraining:
         one, in step order, each once. (At lr 0.05 updates missing up to 3 of their peer's
         own overshoot: 0.06-0.07 from w* where overlap=1 gets 0.0006.)"""
         job = linreg(barrier, steps=30, lr=0.02)
-        folded: dict[tuple[str, str], list[int]] = {}
-        pull = job.spec({}).pull
-
-        @job.register_pull
-        def recording(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
-            for name in updates:
-                folded.setdefault((name, store.sender), []).append(store.sender_step)
-            pull(store, updates)
-
+        folded = record_folds(job)
         runs = {}
         for depth in (1, 3):
             folded.clear()
