@@ -66,8 +66,9 @@ def secret_error(cls: type[E], text: str) -> E:
     ``cli_message`` naming the command line's flags.
 
     >>> err = secret_error(ConfigError, "give it with {how}")
-    >>> str(err), err.cli_message
-    ('give it with secret=/secret_file= (or ACTORPY_SECRET)', 'give it with --secret-file (or ACTORPY_SECRET)')
+    >>> print(err, "|", err.cli_message)
+    give it with secret=/secret_file= (or ACTORPY_SECRET) | give it with --secret-file
+    (or ACTORPY_SECRET)
     """
     err = cls(text.format(how=SECRET_PARAMS))
     err.cli_message = text.format(how=SECRET_FLAGS)
