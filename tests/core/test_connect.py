@@ -86,3 +86,13 @@ def test_a_missing_secret_is_asked_for_in_the_callers_terms(monkeypatch, capsys)
     assert cli.main(["status", "--manager", "tcp://127.0.0.1:1"]) == 2
     said = capsys.readouterr().err
     assert "give it with --secret-file (or ACTORPY_SECRET)" in said and "secret=" not in said
+
+
+def test_an_unreadable_secret_file_is_named_as_the_caller_gave_it(tmp_path, capsys):
+    # before: "cannot read --secret-file F" from connect(secret_file=F) too
+    missing = tmp_path / "no.secret"
+    with pytest.raises(ConfigError, match=f"cannot read secret_file {missing}: "):
+        actorpy.connect("tcp://127.0.0.1:1", secret_file=str(missing))
+    assert cli.main(["status", "--manager", "tcp://127.0.0.1:1",
+                     "--secret-file", str(missing)]) == 2
+    assert f"cannot read --secret-file {missing}: " in capsys.readouterr().err
