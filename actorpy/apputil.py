@@ -150,7 +150,10 @@ def embedded_workers(args: argparse.Namespace) -> int:
 
 def error_line(exc: ActorpyError) -> str:
     """An error as a command-line user wants it: a remote failure without its remote
-    traceback, unless logging is at DEBUG (where the traceback helps)."""
+    traceback, unless logging is at DEBUG (where the traceback helps); the command line's
+    own wording where the error has one (``cli_message``)."""
+    if exc.cli_message is not None:
+        return exc.cli_message
     if isinstance(exc, RemoteError) and not logging.getLogger().isEnabledFor(logging.DEBUG):
         return (f"{exc.remote_type}: {exc.remote_message} (on node {exc.node_id}; "
                 "--log-level DEBUG shows the remote traceback)")

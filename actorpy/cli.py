@@ -322,7 +322,7 @@ def _run(command: str, fn: Any) -> int:
     try:
         return fn()
     except ConfigError as exc:
-        print(f"actorpy {command}: {exc}", file=sys.stderr)
+        print(f"actorpy {command}: {apputil.error_line(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader of stdout left: main() exits quietly
         raise

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 
 class ActorpyError(Exception):
-    """Base of all actorpy errors."""
+    """Base of all actorpy errors.
+
+    ``cli_message``, where set, says the same for the command line (which names its flags,
+    not ``connect()``'s parameters); the ``actorpy`` command prints it instead."""
+
+    cli_message: str | None = None
 
 
 class ConfigError(ActorpyError, ValueError):

@@ -20,7 +20,7 @@ import numpy as np
 from actorpy import apputil
 from actorpy.errors import ConfigError
 from apps.training import (add_barrier_arguments, barriers_from_args, check_batch,
-                           check_memory, run_barriers)
+                           check_batch_on_workers, check_memory, run_barriers)
 from engines import param
 
 NOISE = 0.1
@@ -197,9 +197,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_memory(data_bytes(0 if args.manager else args.rows, args.features),
                  "--rows and --features")
     check_batch(args.batch, sample_bytes(args.features), apputil.embedded_workers(args))
-    return run_barriers(args, train, lambda r: f"loss {r['loss']:.4g}  weight error "
-                                               f"{r['weight_error']:.4f}", "loss", "held-out loss")
 
+    def on_workers(cluster: Any) -> None:   # --manager: their machines, once connected
+        check_batch_on_workers(cluster, args.batch, sample_bytes(args.features))
+    return run_barriers(args, train, lambda r: f"loss {r['loss']:.4g}  weight error "
+                                               f"{r['weight_error']:.4f}", "loss", "held-out loss",
+                        check_cluster=on_workers if args.manager else None)
 
 def demo() -> None:
     """`actorpy demo`: the same regression under three barriers."""

@@ -3,15 +3,19 @@ one training run per barrier, and training-curve plots."""
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import sys
+import time
 from typing import Any, Callable, Sequence
 
 from actorpy import apputil
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.barrier.plot import check_plot_path
-from actorpy.errors import ConfigError
+from actorpy.errors import ActorpyError, ConfigError
 from engines import param
+
+log = logging.getLogger(__name__)
 
 BARRIERS = ("bsp", "ssp", "asp", "pbsp", "pssp", "dssp")
 
@@ -71,6 +75,21 @@ def barriers_from_args(args: argparse.Namespace) -> list[tuple[str, Any]]:
     return [(spec, parse_barrier(spec))]
 
 
+#: how long --manager runs wait for a worker to say how much memory it has (a worker busy
+#: with another job's tasks answers after them: the check is then skipped)
+ASK_MEMORY_S = 5.0
+
+
+def available_bytes() -> int | None:
+    """This machine's available memory (Linux's ``MemAvailable``; None elsewhere)."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def check_memory(need_bytes: int, what: str) -> None:
     """Refuse a run whose arrays cannot fit in this machine's available memory (Linux's
     ``MemAvailable``; elsewhere nothing is checked): allocations that the kernel overcommits
@@ -79,15 +98,13 @@ def check_memory(need_bytes: int, what: str) -> None:
     Raises:
         ConfigError: ``what`` needs more than is available.
     """
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return
-    if need_bytes > available:
+    _check_fits(need_bytes, available_bytes(), what, "here")
+
+
+def _check_fits(need_bytes: int, available: int | None, what: str, where: str) -> None:
+    if available is not None and need_bytes > available:
         raise ConfigError(f"{what} need about {need_bytes / 2**30:.1f} GiB of memory, more than "
-                          f"the {available / 2**30:.1f} GiB available here")
+                          f"the {available / 2**30:.1f} GiB available {where}")
 
 
 def check_batch(batch: int, sample_bytes: int, processes: int) -> None:
@@ -101,6 +118,30 @@ def check_batch(batch: int, sample_bytes: int, processes: int) -> None:
     """
     check_memory(processes * batch * sample_bytes,
                  f"--batch {batch} ({processes} minibatches at once)")
+
+
+def check_batch_on_workers(cluster: Any, batch: int, sample_bytes: int) -> None:
+    """``check_batch`` on an existing cluster (``--manager``), where the minibatches are
+    gathered: one worker on each host is asked for that host's available memory.
+
+    Raises:
+        ConfigError: some host cannot hold the minibatches of its workers.
+    """
+    hosts: dict[str, list[str]] = {}
+    for row in cluster.nodes():
+        if row["role"] == "worker" and row["state"] in ("joining", "alive", "suspect"):
+            hosts.setdefault(row["host"], []).append(row["node_id"])
+    asked = {host: cluster.submit_to(ids[0], available_bytes) for host, ids in hosts.items()}
+    deadline = time.monotonic() + ASK_MEMORY_S
+    for host, fut in asked.items():
+        try:
+            available = fut.result(max(0.0, deadline - time.monotonic()))
+        except ActorpyError as exc:   # busy, or gone: the run itself will tell
+            log.info("could not ask %s for its memory: %s", host, exc)
+            continue
+        n = len(hosts[host])
+        _check_fits(n * batch * sample_bytes, available,
+                    f"--batch {batch} ({n} minibatches at once)", f"on {host}")
 
 
 def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], metric: str,
@@ -150,10 +191,12 @@ def warn_if_diverged(name: str, result: dict[str, Any]) -> None:
 def run_barriers(args: argparse.Namespace,
                  train: Callable[[Any, argparse.Namespace, Any], tuple[dict[str, Any], list]],
                  describe: Callable[[dict[str, Any]], str], metric: str, label: str, *,
-                 log_scale: bool = True) -> int:
+                 log_scale: bool = True,
+                 check_cluster: Callable[[Any], None] | None = None) -> int:
     """Train once per barrier the flags name, on the cluster they name: a line per run
     (``describe(result)``), or with ``--json`` the result (``{"runs": [...]}`` with
-    ``--compare``); with ``--plot`` the curves of ``metric``. Returns the exit status."""
+    ``--compare``); with ``--plot`` the curves of ``metric``. ``check_cluster(cluster)``
+    runs once connected, before any training. Returns the exit status."""
     barriers = barriers_from_args(args)  # bad specs fail before a cluster starts
     if getattr(args, "balance", False):   # not after the runs before it trained
         for name, barrier in barriers:
@@ -165,6 +208,8 @@ def run_barriers(args: argparse.Namespace,
     check_plot_path(args.plot)
     runs = []
     with apputil.connect_from_args(args) as cluster:
+        if check_cluster is not None:
+            check_cluster(cluster)
         for name, barrier in barriers:
             result, trace = train(cluster, args, barrier)
             runs.append((name, result, trace))

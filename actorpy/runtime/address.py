@@ -6,8 +6,9 @@ import os
 import re
 import socket
 import stat
+from typing import TypeVar
 
-from actorpy.errors import ConfigError
+from actorpy.errors import ActorpyError, ConfigError
 from actorpy.wire import auth
 from actorpy.wire.auth import Security
 
@@ -49,10 +50,29 @@ def security_for(address: str, *, secret: str | bytes | None = None,
         return Security.ipc()
     key = auth.read_secret(secret_file, secret)
     if key is None:
-        raise ConfigError("tcp needs the cluster secret: pass --secret-file F (or secret=/"
-                          "secret_file=), or set ACTORPY_SECRET; make one with "
-                          "`actorpy secret --out F`")
+        raise secret_error(ConfigError, "tcp needs the cluster secret: give it with {how}; "
+                                        "make one with `actorpy secret --out F`")
     return Security.curve(key)
+
+
+#: how a caller gives the cluster secret: to ``connect()``, and on the command line
+SECRET_PARAMS = "secret=/secret_file= (or ACTORPY_SECRET)"
+SECRET_FLAGS = "--secret-file (or ACTORPY_SECRET)"
+E = TypeVar("E", bound=ActorpyError)
+
+
+def secret_error(cls: type[E], text: str) -> E:
+    """``cls(text)`` with its ``{how}`` naming ``connect()``'s parameters, and a
+    ``cli_message`` naming the command line's flags.
+
+    >>> err = secret_error(ConfigError, "give it with {how}")
+    >>> print(err, "|", err.cli_message)
+    give it with secret=/secret_file= (or ACTORPY_SECRET) | give it with --secret-file
+    (or ACTORPY_SECRET)
+    """
+    err = cls(text.format(how=SECRET_PARAMS))
+    err.cli_message = text.format(how=SECRET_FLAGS)
+    return err
 
 
 def refuse_ipv6(address: str) -> None:

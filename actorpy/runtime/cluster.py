@@ -115,7 +115,7 @@ class Cluster(Caller):
             if local is not None:
                 self._wait_for_workers(local.worker_ids, config.start_timeout_s)
         except BaseException:
-            self.node.close()
+            self.node.close(linger_ms=0)  # nothing worth flushing to a cluster not joined
             raise
         # Runs at terminate(), when the Cluster is collected, or at interpreter exit.
         self._finalizer = weakref.finalize(self, Cluster._cleanup, self.node, local,

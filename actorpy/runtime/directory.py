@@ -46,7 +46,8 @@ MAX_PARKED_NODES = 1_000
 RETRY_S = 0.005
 _MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_CONNECTED
+                   | zmq.EVENT_CONNECT_RETRIED)
 _EVENT = struct.Struct("=HI")  # a monitor event's first frame: event id, value
 
 

@@ -168,6 +168,13 @@ class ServiceHost:
         for sid in sids:
             self.stop(sid, f"node {self.node.node_id} is closing")
 
+    def gone_error(self, reason: str) -> ActorpyError:
+        """What a caller of a service that is gone gets: ``NodeLost`` (naming this node)
+        once this node is closing, as the node is going away with it; else ServiceDead."""
+        if self._closed:
+            return NodeLost(self.node.node_id, reason)
+        return ServiceDead(reason)
+
     # ------------------------------------------------------------------ deaths
     def runner_failed(self, runner: ServiceRunner) -> None:
         """The factory failed: the id goes back, nobody knew it."""
@@ -226,7 +233,7 @@ class ServiceHost:
             if reason is None:
                 return False  # never heard of it: the node reports an unknown service
             # A cast to a service stopped on purpose (a job ended) is normal: not a warning.
-            self._refuse(msg, sid, ServiceDead(reason), quiet=_STOPPED in reason)
+            self._refuse(msg, sid, self.gone_error(reason), quiet=_STOPPED in reason)
             return True
         if runner.run_here(msg):
             return True
@@ -238,8 +245,8 @@ class ServiceHost:
                 f"(high-water marks {box.max_items} messages / {box.max_bytes} bytes); retry "
                 "later or slow down"))
         elif outcome is Offer.CLOSED:
-            self._refuse(msg, sid, ServiceDead(runner.reason
-                                               or f"service {runner.label} is stopping"))
+            self._refuse(msg, sid, self.gone_error(runner.reason
+                                                   or f"service {runner.label} is stopping"))
         return True
 
     def _refuse(self, msg: wm.Message, sid: int, exc: Exception, quiet: bool = False) -> None:

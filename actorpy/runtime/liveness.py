@@ -32,6 +32,9 @@ _HANGUPS = frozenset({errno.EPIPE, errno.ECONNRESET})
 #: handshakes the peer must cut off in a row before we call it an authentication failure
 #: (one could be a peer dying at that very moment)
 AUTH_HANGUPS = 2
+#: how long every dial of a link never up must be refused before nothing is taken to listen
+#: there (a manager that is just starting gets this long to bind)
+REFUSED_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Verdict(enum.Enum):
 
     AUTH_FAILED = "auth"          # the peer refused our handshake: not our cluster's secret
     PROTOCOL_MISMATCH = "proto"   # the peer speaks another security mechanism
+    NOT_LISTENING = "refused"     # never reached: every dial refused (or host unreachable)
 
 
 class LinkWatch:
@@ -83,7 +87,7 @@ class LinkWatch:
     1.5
     """
 
-    __slots__ = ("up", "since", "ever_up", "hangups", "verdict")
+    __slots__ = ("up", "since", "ever_up", "hangups", "verdict", "refused_since")
 
     def __init__(self, now: float) -> None:
         self.up = False
@@ -91,6 +95,8 @@ class LinkWatch:
         self.ever_up = False
         self.hangups = 0
         self.verdict: Verdict | None = None
+        #: since when no dial has reached a listener (None: the last one did)
+        self.refused_since: float | None = now
 
     def on_event(self, event: int, value: int, now: float) -> Verdict | None:
         """Apply one monitor event; returns a verdict the first time one is proven."""
@@ -111,6 +117,15 @@ class LinkWatch:
             self.hangups += 1
             if self.hangups >= AUTH_HANGUPS:
                 return self._prove(Verdict.AUTH_FAILED)
+        elif event == zmq.EVENT_CONNECTED:
+            self.refused_since = None
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            # A retry with no CONNECTED since the last one: the TCP dial itself failed.
+            # Once the link has been up, the peer died or restarts (judged by its downtime).
+            if self.refused_since is None:
+                self.refused_since = now
+            elif not self.ever_up and now - self.refused_since >= REFUSED_GRACE_S:
+                return self._prove(Verdict.NOT_LISTENING)
         return None
 
     def _prove(self, verdict: Verdict) -> Verdict | None:

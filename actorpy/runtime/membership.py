@@ -18,9 +18,10 @@ import time
 from typing import Any, Callable
 
 from actorpy.config import Config
-from actorpy.errors import ActorpyError, ActorpyTimeout, ProtocolError
+from actorpy.errors import ActorpyError, ActorpyTimeout, AuthError, NodeLost, ProtocolError
 from actorpy.ids import NodeId
-from actorpy.runtime.liveness import StallGuard
+from actorpy.runtime.address import secret_error
+from actorpy.runtime.liveness import StallGuard, Verdict
 from actorpy.runtime.node import Node, decode_payload
 from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
@@ -69,19 +70,29 @@ class Membership:
         """Register and wait for the directory.
 
         Raises:
-            ActorpyTimeout: no manager answered.
+            NodeLost: nothing listens at the manager's address (known within about
+                ``REFUSED_GRACE_S``).
             AuthError: the manager refused our handshake (the cluster secret differs).
+            ActorpyTimeout: no manager answered (e.g. a listener that is not one).
         """
         info = {"role": self.role, "address": self.node.address, "pid": os.getpid(),
                 "host": socket.gethostname(), "slots": self.slots}
+        peer = self.node.peer(MANAGER_ID)
+        address = peer.address if peer else "?"
         try:
             directory = self.node.call(MANAGER_ID, CORE_SERVICE, Kind.REGISTER, info,
                                        timeout_s=timeout_s, what="registration")
         except ActorpyTimeout:
-            peer = self.node.peer(MANAGER_ID)
-            raise ActorpyTimeout(f"no manager answered at {peer.address if peer else '?'} "
-                                 f"within {timeout_s} s; is `actorpy manager` running there?"
-                                 ) from None
+            raise ActorpyTimeout(f"no manager answered at {address} within {timeout_s} s; "
+                                 "is `actorpy manager` running there?") from None
+        except NodeLost as exc:
+            raise NodeLost(MANAGER_ID, f"{exc}; is `actorpy manager` running there, on that "
+                                       "port?") from None
+        except AuthError:
+            if self.node.link_verdict(MANAGER_ID) is not Verdict.AUTH_FAILED:
+                raise
+            raise secret_error(AuthError, f"the manager at {address} refused this client's "
+                                          "key: is the secret from {how} the cluster's?") from None
         for node_id, address, role, slots in directory:
             if node_id != self.node.node_id:
                 self.node.add_peer(node_id, address, role, slots)

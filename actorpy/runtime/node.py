@@ -259,6 +259,10 @@ class Node:
         """Whether the watched link to ``node_id`` has completed a handshake yet."""
         return self._dir.link_ever_up(node_id)
 
+    def link_verdict(self, node_id: NodeId) -> Verdict | None:
+        """What the watched link to ``node_id`` has proven, if anything (see liveness)."""
+        return self._dir.verdict(node_id)
+
     def on_link_up(self, callback: Callable[[NodeId], None]) -> None:
         """Call ``callback(node_id)`` on the I/O thread whenever a watched link completes
         a handshake (the first time, and again after each reconnection)."""
@@ -300,10 +304,16 @@ class Node:
         self._dir.on_unknown = callback
 
     def _verdict(self, node_id: NodeId, verdict: Verdict, address: str) -> None:
+        if verdict is Verdict.NOT_LISTENING:
+            # Not recorded: the link's own watch forgets it once a handshake succeeds.
+            log.info("%s", _not_listening(node_id, address))
+            self._requests.fail_dest(node_id, lambda f: NodeLost(
+                node_id, _not_listening(node_id, address)))
+            return
         if verdict is Verdict.AUTH_FAILED:
             text = (f"authentication with {node_id} at {address} failed: it refused our CURVE "
-                    "handshake, so the cluster secret differs; use the same --secret-file "
-                    "(or ACTORPY_SECRET) on every node")
+                    "handshake, so the cluster secret differs; use the same secret on every "
+                    "node")
         else:
             text = (f"authentication with {node_id} at {address} failed: it speaks another "
                     "security mechanism (CURVE on one side only?); check the address and "
@@ -406,6 +416,11 @@ class Node:
             return fut
         if dest in self._auth_failures:
             self._requests.fail(fut, AuthError(self._auth_failures[dest]))
+            return fut
+        if self.link_verdict(dest) is Verdict.NOT_LISTENING:
+            peer = self._dir.peer(dest)
+            self._requests.fail(fut, NodeLost(dest, _not_listening(
+                dest, peer.address if peer else "?")))
             return fut
         if deadline is not None:
             self._deadline_added(deadline)
@@ -532,3 +547,8 @@ def _default_liveness() -> LivenessTimes:
     defaults = Config()
     return LivenessTimes.of(defaults.heartbeat_interval_s, defaults.dead_after_s,
                             defaults.silent_dead_after_s)
+
+
+def _not_listening(node_id: NodeId, address: str) -> str:
+    return (f"nothing is listening at {address} (connections to {node_id} are refused, or "
+            "its host is unreachable)")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import cloudpickle
 
-from actorpy.errors import RemoteError
+from actorpy.errors import NodeLost, RemoteError
 from actorpy.wire import serde
 
 
@@ -19,6 +19,8 @@ class RemoteFailure:
     traceback: str
     node_id: str
     pickled: bytes | None  # the exception itself, when it pickles
+    #: the node a NodeLost names (read by the caller's I/O thread, which unpickles nothing)
+    lost_node: str | None = None
 
 
 def capture(exc: BaseException, node_id: str) -> RemoteFailure:
@@ -33,7 +35,8 @@ def capture(exc: BaseException, node_id: str) -> RemoteFailure:
         pickled: bytes | None = cloudpickle.dumps(exc, protocol=5)
     except Exception:  # an exception holding unpicklable state still reports its text
         pickled = None
-    return RemoteFailure(name, str(exc), text, node_id, pickled)
+    return RemoteFailure(name, str(exc), text, node_id, pickled,
+                         exc.node_id if isinstance(exc, NodeLost) else None)
 
 
 def rebuild(failure: RemoteFailure, with_cause: bool = True) -> RemoteError:

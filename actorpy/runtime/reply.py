@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
-from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, ProtocolError,
+from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, NodeLost, ProtocolError,
                             RemoteError, SerializationError)
 from actorpy.ids import NodeId
 from actorpy.runtime import remote
@@ -39,8 +39,9 @@ def wait_limit(timeout: float | None) -> float | None:
 
 class ReplyFuture(Future):
     """A reply on its way. ``result()`` unpickles it in the calling thread and raises
-    ``RemoteError`` when the remote side failed (``NodeLost`` if the node died,
-    ``ActorpyTimeout`` at the request's deadline or the caller's timeout)."""
+    ``RemoteError`` when the remote side failed (``NodeLost`` if the node died or answered
+    that it is closing, ``ActorpyTimeout`` at the request's deadline or the caller's
+    timeout)."""
 
     def __init__(self, dest: NodeId, what: str, io_thread: threading.Thread | None = None,
                  timeout_s: float | None = None) -> None:
@@ -73,9 +74,13 @@ class ReplyFuture(Future):
             failure = msg.payload()
         except Exception as exc:  # noqa: BLE001 - anything a bad pickle raises
             failure = exc
-        if isinstance(failure, remote.RemoteFailure):
+        error: BaseException
+        if isinstance(failure, remote.RemoteFailure) and failure.lost_node == self.dest:
+            # the node asked answers that it is going away (closing): a loss, as a death is
+            error = NodeLost(self.dest, failure.message)
+        elif isinstance(failure, remote.RemoteFailure):
             self._failure = failure
-            error: BaseException = remote.rebuild(failure, with_cause=False)
+            error = remote.rebuild(failure, with_cause=False)
         else:
             error = ProtocolError(f"{self.dest} answered {self.what} with a malformed error "
                                   f"({type(failure).__name__})")

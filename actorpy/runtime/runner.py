@@ -108,7 +108,7 @@ class ServiceRunner:
         except BaseException as exc:  # SystemExit in a handler, a bug here: never silent
             self._die(exc, current)
             return
-        self._finish(self.reason or f"service {self.label} was stopped")
+        self._finish(self.host.gone_error(self.reason or f"service {self.label} was stopped"))
 
     def _construct(self) -> bool:
         try:
@@ -122,7 +122,7 @@ class ServiceRunner:
         except BaseException as exc:  # reported to whoever asked, even a SystemExit
             log.info("service %s failed to start: %s: %s", self.label, type(exc).__name__, exc)
             self.host.runner_failed(self)
-            self._finish(f"service {self.label} failed to start")
+            self._finish(ServiceDead(f"service {self.label} failed to start"))
             self._started(exc)
             return False
         log.info("service %s started for %s", self.label, self.owner)
@@ -174,17 +174,18 @@ class ServiceRunner:
         except Exception:
             reason = f"service {self.label} died: {type(exc).__name__}"
         self.reason = reason
+        err = ServiceDead(reason)
         try:
             log.error("%s", reason, exc_info=exc)
             if current is not None and current.header.request_id:
-                self._quiet_error(current, ServiceDead(reason))
+                self._quiet_error(current, err)
             self.host.runner_died(self, reason)
         finally:
-            self._finish(reason)
+            self._finish(err)
 
-    def _finish(self, reason: str) -> None:
-        """The service is over: answer what waits for it, drop its timers and listeners."""
-        err = ServiceDead(reason)
+    def _finish(self, err: ActorpyError) -> None:
+        """The service is over: answer what waits for it with ``err``, drop its timers and
+        listeners."""
         for item in self.mailbox.close():
             if isinstance(item, wm.Message) and item.header.request_id:
                 self._quiet_error(item, err)

@@ -67,7 +67,9 @@ def read_secret(secret_file: str | None = None, secret: str | bytes | None = Non
                 check_private_file(secret_file, os.fstat(f.fileno()).st_mode)
                 value = f.read().strip()
         except OSError as exc:
-            raise ConfigError(f"cannot read --secret-file {secret_file}: {exc}") from exc
+            err = ConfigError(f"cannot read secret_file {secret_file}: {exc}")
+            err.cli_message = f"cannot read --secret-file {secret_file}: {exc}"
+            raise err from exc
     elif env.get("ACTORPY_SECRET"):
         value = env["ACTORPY_SECRET"].encode().strip()
     else:

@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, RemoteError
+from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import NodeEvent, NodeEventKind
@@ -104,10 +104,10 @@ class Conductor(Service):
         try:
             result: WorkerResult = fut.result(0)
         except Exception as exc:
-            # a worker task that failed because its node is leaving the cluster (its
-            # services, a shard among them, were stopped) is a loss too, told as one when the
-            # node is (a driver that lost the manager as well learns it then, and says so)
-            if isinstance(exc, NodeLost) or _node_closing(exc):
+            # a worker task lost with its node (dead, or closing: the shard it called there
+            # answered NodeLost) is a loss, told as one when the node is (a driver that lost
+            # the manager as well learns it then, and says so)
+            if isinstance(exc, NodeLost):
                 self._statuses[worker] = "LOST"
                 self._free_slots.append(self._slots[worker])
             else:
@@ -290,17 +290,3 @@ class Conductor(Service):
                              float(coordinator.get("train_seconds") or 0.0),
                              dict(self._statuses), self._restarts,
                              coordinator.get("first_push_wall"), shard_stats, trace)
-
-
-def _node_closing(exc: BaseException) -> bool:
-    """Whether a worker task failed because its own node is closing: a service it called
-    there was stopped with the node (``ServiceDead``, "node ... is closing").
-
-    >>> _node_closing(RemoteError("actorpy.errors.ServiceDead", "service 'j/shard0' (id 1) "
-    ...                           "on w-1 was stopped (node w-1 is closing)", "", "w-1"))
-    True
-    >>> _node_closing(RemoteError("ValueError", "bad update", "", "w-1"))
-    False
-    """
-    return isinstance(exc, RemoteError) and exc.remote_type.endswith("ServiceDead") \
-        and "is closing" in exc.remote_message

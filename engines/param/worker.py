@@ -182,7 +182,8 @@ class _Loop:
                 try:
                     raw = fut.result(0)
                 except NodeLost as exc:
-                    if exc.node_id == self.task.conductor.node:
+                    # the driver gone, or this node closing (its shard went with it)
+                    if exc.node_id in (self.task.conductor.node, self.ctx.node_id):
                         raise
                     futures[self._rejoin(i, step)] = i
                     continue

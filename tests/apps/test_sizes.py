@@ -2,8 +2,11 @@
 this machine's memory, negative barrier numbers, more peers than workers can hold."""
 from __future__ import annotations
 
+import socket
+
 import pytest
 
+import actorpy
 from actorpy.errors import ConfigError
 from apps import p2p_sgd, sgd
 
@@ -22,6 +25,18 @@ def test_an_absurd_batch_is_refused_before_a_cluster_starts(app):
     with pytest.raises(ConfigError, match=r"--batch 1000000000 .*need about .* GiB of memory, "
                                           r"more than the .* GiB available"):
         main(["--batch", str(10**9), "--workers", "1", "--steps", "1", "--timeout", "3"])
+
+
+def test_an_absurd_batch_is_refused_by_the_workers_machines_with_manager():
+    # before: --manager skipped the check (its workers run elsewhere) and the run went on
+    # until --timeout, every worker stuck allocating
+    with actorpy.connect(workers=1) as cluster:
+        address = cluster.local.manager_address
+        with pytest.raises(ConfigError, match=rf"--batch 1000000000 \(1 minibatches at once\) "
+                                              rf"need about .* GiB of memory, more than the .* "
+                                              rf"GiB available on {socket.gethostname()}"):
+            sgd.main(["--manager", address, "--batch", str(10**9), "--steps", "1",
+                      "--timeout", "3"])
 
 
 def test_a_network_beyond_memory_is_refused_before_a_cluster_starts():

@@ -208,9 +208,10 @@ class TestSecret:
             auth.read_secret(**kwargs)
         assert auth.read_secret(secret="x" * auth.MIN_SECRET_BYTES) == b"x" * 16
 
-    def test_unreadable_file_names_the_flag(self, tmp_path):
-        with pytest.raises(ConfigError, match="--secret-file"):
+    def test_unreadable_file_names_the_parameter_or_the_flag(self, tmp_path):
+        with pytest.raises(ConfigError, match="cannot read secret_file .*missing") as info:
             auth.read_secret(str(tmp_path / "missing"))
+        assert info.value.cli_message.startswith(f"cannot read --secret-file {tmp_path}")
 
     @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660])
     def test_file_open_to_other_users_is_refused_with_the_fix(self, tmp_path, mode):

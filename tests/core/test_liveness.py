@@ -11,8 +11,8 @@ import time
 import zmq
 
 import actorpy
-from actorpy.runtime.liveness import (AUTH_HANGUPS, LinkWatch, LivenessTimes, StallGuard,
-                                      Verdict, judge)
+from actorpy.runtime.liveness import (AUTH_HANGUPS, REFUSED_GRACE_S, LinkWatch, LivenessTimes,
+                                      StallGuard, Verdict, judge)
 from actorpy.runtime.node import NodeEvent, NodeEventKind
 from tests.conftest import wait_until
 
@@ -45,6 +45,26 @@ class TestLinkWatch:
         assert refused is Verdict.AUTH_FAILED
         assert LinkWatch(0.0).on_event(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, 0, 0.1) \
             is Verdict.PROTOCOL_MISMATCH
+
+
+    def test_dials_refused_for_the_grace_on_a_link_never_up_mean_nothing_listens(self):
+        w = LinkWatch(now=0.0)
+        early = [w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=t) for t in (0.1, 0.5, 0.9)]
+        assert early == [None, None, None]  # a manager still starting gets REFUSED_GRACE_S
+        assert w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=REFUSED_GRACE_S) \
+            is Verdict.NOT_LISTENING
+
+    def test_a_dial_that_connects_or_a_link_once_up_is_not_refused(self):
+        w = LinkWatch(now=0.0)
+        w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=0.5)
+        w.on_event(zmq.EVENT_CONNECTED, 9, now=0.6)  # a listener (that may never answer)
+        assert w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=1.6) is None
+        assert w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=2.0) is None  # streak from 1.6
+        up = LinkWatch(now=0.0)
+        up.on_event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0, now=0.1)
+        up.on_event(zmq.EVENT_DISCONNECTED, 0, now=1.0)  # died: judged by its downtime
+        assert [up.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=t) for t in (1.1, 5.0)] \
+            == [None, None]
 
 
 class TestJudge:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from actorpy.config import Config
-from actorpy.errors import (ActorpyError, ActorpyTimeout, RemoteError, ServiceDead,
+from actorpy.errors import (ActorpyError, ActorpyTimeout, NodeLost, RemoteError, ServiceDead,
                             ServiceOverloaded)
 from actorpy.ids import NodeId
 from actorpy.runtime.context import Caller, ServiceRef
@@ -309,6 +309,38 @@ class TestDeferredReplies:
         with pytest.raises(RemoteError, match="was stopped") as info:
             fut.result(10)
         assert isinstance(info.value.__cause__, ServiceDead)
+
+
+    def test_a_service_stopped_as_its_node_closes_is_a_lost_node_to_callers(self, pair):
+        # before: RemoteError from ServiceDead("... was stopped (node b is closing)")
+        a, b = pair
+        barrier = b.start(Holder)
+        fut = a.call_async(barrier, HOLD)
+        wait_until(lambda: b.services.mailbox(barrier.service) is not None
+                   and len(b.services.mailbox(barrier.service)) == 0, 5, "HOLD handled")
+        b.services.close()
+        with pytest.raises(NodeLost, match="node b is closing") as waited:
+            fut.result(10)
+        with pytest.raises(NodeLost, match="node b is closing") as later:
+            a.call(barrier, PING, "late", timeout_s=10)
+        assert waited.value.node_id == later.value.node_id == B
+
+
+class Loser(Service):
+    @handles(DIE)
+    def lose(self, node: str, env: Envelope) -> None:
+        raise NodeLost(NodeId(node), f"node {node} is closing")
+
+
+def test_only_a_node_answering_its_own_loss_is_lost_to_the_caller(pair):
+    a, b = pair
+    ref = b.start(Loser)
+    with pytest.raises(NodeLost) as own:
+        a.call(ref, DIE, B, timeout_s=10)
+    assert own.value.node_id == B
+    with pytest.raises(RemoteError) as other:   # b's service failed: a third node went
+        a.call(ref, DIE, "c", timeout_s=10)
+    assert isinstance(other.value.__cause__, NodeLost) and other.value.__cause__.node_id == "c"
 
 
 class TestTimersAndEvents:

@@ -1,0 +1,98 @@
+"""connect() to a wrong address says what is wrong, and soon: nothing listening there, a
+manager of another cluster, a listener that never answers. Loopback, in-process manager."""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+import actorpy
+from actorpy import apputil, cli
+from actorpy.config import Config
+from actorpy.errors import ActorpyTimeout, AuthError, ConfigError, NodeLost
+from actorpy.runtime.manager import Manager
+from actorpy.wire.auth import Security
+
+SECRET = "the-cluster-secret-for-tests-0001"
+OTHER_SECRET = "some-other-secret-not-the-cluster"
+
+
+@pytest.fixture
+def manager_address():
+    manager = Manager("tcp://127.0.0.1:*", Security.curve(SECRET.encode()), Config()).start()
+    yield manager.address
+    manager.stop(tell_nodes=False)
+
+
+@pytest.fixture
+def closed_port():
+    """A port nothing listens on: bound (so no one else takes it) but not listening, so
+    every connection to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def connect_error(address: str, secret: str, start_timeout_s: float = 30.0
+                  ) -> tuple[BaseException, float]:
+    t0 = time.monotonic()
+    with pytest.raises(actorpy.ActorpyError) as info:
+        actorpy.connect(address, secret=secret, start_timeout_s=start_timeout_s)
+    return info.value, time.monotonic() - t0
+
+
+def test_nothing_listening_is_said_within_seconds(closed_port):
+    # before: "no manager answered at ... within 30.0 s", after the full 30 s
+    err, took = connect_error(closed_port, SECRET)
+    assert isinstance(err, NodeLost), err
+    assert f"nothing is listening at {closed_port}" in str(err)
+    assert "`actorpy manager`" in str(err)
+    assert took < 5.0, f"took {took:.1f} s"
+
+
+def test_a_manager_with_another_secret_is_said_within_seconds(manager_address):
+    err, took = connect_error(manager_address, OTHER_SECRET)
+    assert isinstance(err, AuthError), err
+    assert f"the manager at {manager_address} refused this client's key" in str(err)
+    # the library names connect()'s parameters, the command line its flag
+    assert "secret=/secret_file=" in str(err) and "--secret-file" not in str(err)
+    assert "--secret-file" in apputil.error_line(err)
+    assert "secret=/secret_file=" not in apputil.error_line(err)
+    assert took < 5.0, f"took {took:.1f} s"
+
+
+def test_a_listener_that_never_answers_times_out():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        err, took = connect_error(address, SECRET, start_timeout_s=2.0)
+    assert isinstance(err, ActorpyTimeout), err
+    assert f"no manager answered at {address} within 2.0 s" in str(err)
+
+
+def test_the_right_secret_still_connects(manager_address):
+    with actorpy.connect(manager_address, secret=SECRET) as cluster:
+        assert [r["role"] for r in cluster.nodes()] == ["driver"]
+
+
+def test_a_missing_secret_is_asked_for_in_the_callers_terms(monkeypatch, capsys):
+    monkeypatch.delenv("ACTORPY_SECRET", raising=False)
+    with pytest.raises(ConfigError) as info:
+        actorpy.connect("tcp://127.0.0.1:1")
+    assert "give it with secret=/secret_file= (or ACTORPY_SECRET)" in str(info.value)
+    assert "--secret-file" not in str(info.value)
+    assert cli.main(["status", "--manager", "tcp://127.0.0.1:1"]) == 2
+    said = capsys.readouterr().err
+    assert "give it with --secret-file (or ACTORPY_SECRET)" in said and "secret=" not in said
+
+
+def test_an_unreadable_secret_file_is_named_as_the_caller_gave_it(tmp_path, capsys):
+    # before: "cannot read --secret-file F" from connect(secret_file=F) too
+    missing = tmp_path / "no.secret"
+    with pytest.raises(ConfigError, match=f"cannot read secret_file {missing}: "):
+        actorpy.connect("tcp://127.0.0.1:1", secret_file=str(missing))
+    assert cli.main(["status", "--manager", "tcp://127.0.0.1:1",
+                     "--secret-file", str(missing)]) == 2
+    assert f"cannot read --secret-file {missing}: " in capsys.readouterr().err
