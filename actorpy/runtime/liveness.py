@@ -33,8 +33,9 @@ _HANGUPS = frozenset({errno.EPIPE, errno.ECONNRESET})
 #: (one could be a peer dying at that very moment)
 AUTH_HANGUPS = 2
 #: how long every dial of a link never up must be refused before nothing is taken to listen
-#: there (a manager that is just starting gets this long to bind)
-REFUSED_GRACE_S = 1.0
+#: there: a manager started beside its workers (a script, a loaded machine) gets this long
+#: to bind, and a wrong address is still said well before the 30 s join timeout
+REFUSED_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
