@@ -1,8 +1,10 @@
 """Shared test hygiene: conditions waited on with timeouts (never sleep), no child
-process left behind by any test, no per-example deadline for Hypothesis."""
+process left behind by any test, no per-example deadline for Hypothesis, Ctrl-C delivered
+even when the suite runs as a background job."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from typing import Callable
@@ -15,6 +17,12 @@ from hypothesis import settings
 # No test here means it: examples are bounded by their count and pytest-timeout instead.
 settings.register_profile("actorpy", deadline=None)
 settings.load_profile("actorpy")
+
+# A suite started as a background job (`cmd &`, nohup) inherits SIGINT ignored, and Python
+# then raises no KeyboardInterrupt, here or in the drivers the tests start: the Ctrl-C
+# tests waited out their timeouts. They test Ctrl-C as a terminal delivers it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str,
