@@ -301,29 +301,32 @@ class TestDeferredReplies:
 
     def test_stopping_fails_replies_still_deferred(self, pair):
         a, b = pair
-        barrier = b.start(Holder)
-        fut = a.call_async(barrier, HOLD)
-        wait_until(lambda: b.services.mailbox(barrier.service) is not None
-                   and len(b.services.mailbox(barrier.service)) == 0, 5, "HOLD handled")
+        barrier, fut = held_call(a, b)
         assert a.stop_service(barrier) is True
         with pytest.raises(RemoteError, match="was stopped") as info:
             fut.result(10)
         assert isinstance(info.value.__cause__, ServiceDead)
 
-
     def test_a_service_stopped_as_its_node_closes_is_a_lost_node_to_callers(self, pair):
         # before: RemoteError from ServiceDead("... was stopped (node b is closing)")
         a, b = pair
-        barrier = b.start(Holder)
-        fut = a.call_async(barrier, HOLD)
-        wait_until(lambda: b.services.mailbox(barrier.service) is not None
-                   and len(b.services.mailbox(barrier.service)) == 0, 5, "HOLD handled")
+        barrier, fut = held_call(a, b)
         b.services.close()
         with pytest.raises(NodeLost, match="node b is closing") as waited:
             fut.result(10)
         with pytest.raises(NodeLost, match="node b is closing") as later:
             a.call(barrier, PING, "late", timeout_s=10)
         assert waited.value.node_id == later.value.node_id == B
+
+
+def held_call(a, b):
+    """A Holder started on ``b`` and a HOLD from ``a`` it has taken and defers: (its ref,
+    the call's future)."""
+    barrier = b.start(Holder)
+    fut = a.call_async(barrier, HOLD)
+    wait_until(lambda: b.services.mailbox(barrier.service) is not None
+               and len(b.services.mailbox(barrier.service)) == 0, 5, "HOLD handled")
+    return barrier, fut
 
 
 class Loser(Service):
