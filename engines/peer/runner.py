@@ -32,6 +32,7 @@ from .kademlia.routing import Contact
 from .kademlia.steps import FINISHED
 from .kademlia.values import Blob
 from .owner import KeyOwner, Method, Status, pushed_items
+from .pipeline import Pipeline, Pushes
 
 log = logging.getLogger(__name__)
 
@@ -89,17 +90,10 @@ class PeerRunner:
         self._keys: list[str] = []
         self._updates: dict[str, Any] = {}
         self._outstanding: set[str] = set()
-        #: the next steps compute while a batch of pushes travels (``pipeline_depth``): one
-        #: batch is out at most (``_travelling``: its keys; ``_flight``: its steps); the
-        #: updates of the steps computed meanwhile wait in ``_batch``; a step that would
-        #: leave more than ``_depth`` steps unanswered is done only once its updates go
-        #: (``_full``); a peer ``stop`` ended is DONE once all are answered (``_finishing``)
-        self._depth = pipeline_depth(spec.policy, spec.overlap)
-        self._overlap = self._depth > 0
-        self._travelling: set[str] = set()
-        self._flight = 0
-        self._batch: list[tuple[int, dict[str, Any]]] = []
-        self._full = False
+        #: the next steps compute while a batch of pushes travels (``pipeline.py``); a peer
+        #: ``stop`` ended is DONE once all its updates are answered (``_finishing``)
+        self._pipe = Pipeline(pipeline_depth(spec.policy, spec.overlap))
+        self._overlap = self._pipe.depth > 0
         self._finishing = False
         self._serving_here = False      # inside a push or get this peer serves itself
         self._answering = False         # inside a message another peer awaits an answer to
@@ -151,7 +145,7 @@ class PeerRunner:
     def answered(self) -> int:
         """Steps whose pushes were all answered: ``step``, less those whose pushes travel or
         wait (``pipeline_depth``; a peer that died then lost them unacknowledged)."""
-        return self.step + self._full - self._flight - len(self._batch)
+        return self.step - self._pipe.unanswered
 
     @property
     def stopped(self) -> bool:
@@ -302,17 +296,14 @@ class PeerRunner:
     def _push_overlapped(self, now: float, eff: Effects) -> None:
         """Queue this step's updates, send them unless a batch travels, and count the step
         done while the pipeline has room: the next one computes meanwhile, on values that
-        miss at most ``_depth`` updates of this peer's own, which the policy's staleness
-        allows (``pipeline_depth``). With values that do not stack (bytes) a batch holds
-        one step at most."""
-        self._batch.append((self.step, self._updates))
-        if not self._travelling:
-            self._send_batch(now, eff)
+        miss at most the pipeline's depth of this peer's own updates, which the policy's
+        staleness allows (``pipeline_depth``)."""
         stacks = all(is_array(value) for value, _ in self.values.values())
-        if self._flight + len(self._batch) > (self._depth if stacks else 1):
-            self._full = True       # done once its updates go (``_landed``)
-            return
-        self._done_sending(now, eff)
+        room = self._pipe.queue(self.step, self._updates, stacks)
+        if not self._pipe.travelling:
+            self._send_batch(now, eff)
+        if room:                    # else done once its updates go (``_landed``)
+            self._done_sending(now, eff)
 
     def _done_sending(self, now: float, eff: Effects) -> None:
         sending, self._sending = self._sending, True
@@ -323,35 +314,26 @@ class PeerRunner:
 
     def _send_batch(self, now: float, eff: Effects) -> None:
         """Send the waiting steps' updates, each key's in one push, in step order."""
-        steps, self._batch = self._batch, []
-        items: dict[str, list[tuple[int, Any]]] = {}
-        for step, updates in steps:
-            for name, update in updates.items():
-                items.setdefault(name, []).append((step, update))
-        self._travelling = set(items)
-        self._flight = len(steps) if items else 0
-        for name, pushes in items.items():
-            self._push(name, tuple(pushes), now, eff)
+        for name, pushes in self._pipe.take().items():
+            self._push(name, pushes, now, eff)
 
     def _landed(self, name: str, now: float, eff: Effects) -> None:
         """A pipelined push was answered: once the whole batch is, the waiting updates go as
         the next batch, and a peer ``stop`` ended is DONE once none are left."""
-        self._travelling.discard(name)
-        if self._travelling or self.stopped:
+        if not self._pipe.landed(name) or self.stopped:
             return
-        self._flight = 0
-        if self._batch:
+        if self._pipe.waiting:
+            full = self._pipe.full
             self._send_batch(now, eff)
-            if self._full:
-                self._full = False
+            if full:
+                self._pipe.full = False
                 self._done_sending(now, eff)
-        if self._finishing and not self._travelling and not self._batch:
+        if self._finishing and not self._pipe.busy:
             # (a batch of steps that updated nothing sends nothing: none to wait for)
             self._finishing = False
             self.phase = Phase.DONE
 
-    def _push(self, name: str, pushes: tuple[tuple[int, Any], ...], now: float,
-              eff: Effects) -> None:
+    def _push(self, name: str, pushes: Pushes, now: float, eff: Effects) -> None:
         """Push ``name``'s updates of one step or more ((step, update) pairs, in order)."""
         def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
             if status == Status.OK:
@@ -454,7 +436,7 @@ class PeerRunner:
             # their stops may say otherwise, and a barrier waiting on a peer that stopped
             # would wait for good
             self.node.step = FINISHED
-            if self._travelling or self._batch:   # WORKING: it pushes until all land
+            if self._pipe.busy:     # still WORKING: it pushes until all land
                 self.phase, self._finishing = Phase.WORKING, True
             else:
                 self.phase = Phase.DONE

@@ -1,0 +1,63 @@
+"""A peer's pushes in flight and waiting (``Job(overlap=n)``, ``barrier.pipeline_depth``).
+
+One batch is out at most. The updates of the steps computed while it travels wait, and
+go together once all of it was answered: each key's as one push, in step order. So an
+owner folds each peer's steps in order, each once, however deep the pipeline. A step that
+would leave more than ``depth`` steps' updates unanswered is done only once they go
+(``full``). Pure bookkeeping: the runner sends and counts the steps.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+Pushes = tuple[tuple[int, Any], ...]   # (step, update) pairs of one key, in step order
+
+
+class Pipeline:
+    """The batch out and the steps waiting.
+
+    Args:
+        depth: steps whose updates may be unanswered when the next one begins (0: the
+            runner waits for every answer and does not use this).
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.travelling: set[str] = set()      # the keys of the batch out
+        self.waiting: list[tuple[int, dict[str, Any]]] = []
+        self.full = False
+        self._flight = 0                        # the steps of the batch out
+
+    @property
+    def busy(self) -> bool:
+        """Whether some update is out or waiting."""
+        return bool(self.travelling or self.waiting)
+
+    @property
+    def unanswered(self) -> int:
+        """Steps done whose updates are out or waiting (a full step is not done yet)."""
+        return (self._flight if self.travelling else 0) + len(self.waiting) - self.full
+
+    def queue(self, step: int, updates: dict[str, Any], stacks: bool) -> bool:
+        """Queue a computed step's updates; whether the step may count as done now. With
+        updates that do not stack (bytes) a batch holds one step at most."""
+        self.waiting.append((step, updates))
+        lag = (self._flight if self.travelling else 0) + len(self.waiting)
+        self.full = lag > (self.depth if stacks else 1)
+        return not self.full
+
+    def take(self) -> dict[str, Pushes]:
+        """The waiting steps' updates, each key's in step order; they travel from now."""
+        steps, self.waiting = self.waiting, []
+        items: dict[str, list[tuple[int, Any]]] = {}
+        for step, updates in steps:
+            for name, update in updates.items():
+                items.setdefault(name, []).append((step, update))
+        self.travelling = set(items)
+        self._flight = len(steps)
+        return {name: tuple(pushes) for name, pushes in items.items()}
+
+    def landed(self, name: str) -> bool:
+        """``name``'s push of the batch out was answered; whether all of it was."""
+        self.travelling.discard(name)
+        return not self.travelling
