@@ -18,7 +18,7 @@ import numpy as np
 
 from actorpy.barrier import ASP, PSP, SSP, Policy
 from actorpy.errors import ConfigError
-from actorpy.values import check_model, describe, fits
+from actorpy.values import check_model, describe, family, fits
 
 
 class Timer(IntEnum):
@@ -220,14 +220,6 @@ def balance_bound(policy: Policy) -> int | None:
     return None
 
 
-def is_array(value: Any) -> bool:
-    """Whether ``value`` is a numpy array or a torch tensor (updates of it stack)."""
-    if isinstance(value, np.ndarray):
-        return True
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 def stacked(updates: list[Any]) -> Any:
     """One array of ``updates`` (arrays of one key: the same type, shape and dtype) along a
     new first axis, so a batch of them travels as one value.
@@ -235,7 +227,7 @@ def stacked(updates: list[Any]) -> Any:
     >>> stacked([np.zeros(2), np.ones(2)]).tolist()
     [[0.0, 0.0], [1.0, 1.0]]
     """
-    if isinstance(updates[0], np.ndarray):
+    if family(updates[0]) == "numpy":
         return np.stack(updates)
     return sys.modules["torch"].stack(updates)
 

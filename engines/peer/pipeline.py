@@ -57,6 +57,12 @@ class Pipeline:
         self._flight = len(steps)
         return {name: tuple(pushes) for name, pushes in items.items()}
 
+    def release(self) -> bool:
+        """Whether a full step waited for the batch just taken to go: it may count as done
+        now (and the pipeline is no longer full)."""
+        held, self.full = self.full, False
+        return held
+
     def landed(self, name: str) -> bool:
         """``name``'s push of the batch out was answered; whether all of it was."""
         self.travelling.discard(name)

@@ -21,10 +21,11 @@ from typing import Any, Callable
 import numpy as np
 
 from actorpy.barrier import Decision
+from actorpy.values import family
 
 from .barrier import OverlayBarrier, balanced_batch, pipeline_depth
 from .context import (JobSpec, PeerContext, Timer, balance_bound, checked_updates,
-                      is_array, scheduled_keys, stacked)
+                      scheduled_keys, stacked)
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
@@ -298,7 +299,7 @@ class PeerRunner:
         done while the pipeline has room: the next one computes meanwhile, on values that
         miss at most the pipeline's depth of this peer's own updates, which the policy's
         staleness allows (``pipeline_depth``)."""
-        stacks = all(is_array(value) for value, _ in self.values.values())
+        stacks = all(family(value) is not None for value, _ in self.values.values())
         room = self._pipe.queue(self.step, self._updates, stacks)
         if not self._pipe.travelling:
             self._send_batch(now, eff)
@@ -323,10 +324,8 @@ class PeerRunner:
         if not self._pipe.landed(name) or self.stopped:
             return
         if self._pipe.waiting:
-            full = self._pipe.full
             self._send_batch(now, eff)
-            if full:
-                self._pipe.full = False
+            if self._pipe.release():
                 self._done_sending(now, eff)
         if self._finishing and not self._pipe.busy:
             # (a batch of steps that updated nothing sends nothing: none to wait for)
