@@ -65,13 +65,17 @@ class OwnerStore:
     Attributes:
         sender: the address of the peer whose updates these are.
         sender_step: the steps that peer had completed when it pushed.
+        private: True when a pipelined peer folds its own updates not answered yet into its
+            private copy of the values, to compute its next step from (``read_own``):
+            nothing set there is stored. A ``pull`` that keeps counts or logs may skip them.
     """
 
     def __init__(self, read: Callable[[str], tuple[Any, int] | None], sender: str,
-                 sender_step: int) -> None:
+                 sender_step: int, private: bool = False) -> None:
         self._read = read
         self.sender = sender
         self.sender_step = sender_step
+        self.private = private
         self.written: dict[str, Any] = {}
 
     def get(self, key: str) -> tuple[Any, int]:
@@ -209,6 +213,49 @@ class JobSpec:
                 f"balance=True needs a barrier with a staleness of 1 or more (SSP(s), "
                 f"PSP(sample, s)), not {self.policy!r}: a peer tells that faster peers wait "
                 f"on it by how far ahead of it they are, up to that bound")
+
+
+def read_own(pull: Pull, values: Mapping[str, tuple[Any, int]],
+             pending: Iterable[tuple[int, str, Any]], sender: str) -> dict[str, Any]:
+    """Read-your-writes for a pipelined peer: ``values`` (key -> (value, clock), as the owners
+    last answered) with this peer's ``pending`` updates ((step, key, update), in step order:
+    out or waiting, not answered yet) folded in by ``pull``, as the owners will fold them.
+    ``pull`` runs on a private view (``OwnerStore.private``): arrays read-only, tensors
+    cloned, nothing stored. So a step that computes while its peer's pushes travel misses
+    only the others' updates meanwhile, not its own.
+
+    Raises:
+        whatever ``pull`` raises there (a ``pull`` that writes in place, or reads a key
+        this peer does not hold): the caller then reads ``values`` as they are.
+
+    >>> def pull(store, updates):
+    ...     for k, u in updates.items():
+    ...         store.set(k, store.get(k)[0] - u)
+    >>> read_own(pull, {"w": (np.zeros(2), 3)}, [(3, "w", np.ones(2)), (4, "w", np.ones(2))],
+    ...          "me")["w"].tolist()
+    [-2.0, -2.0]
+    """
+    view = {key: (_private(value), clock) for key, (value, clock) in values.items()}
+    for step, key, update in pending:
+        if key not in view:
+            continue
+        store = OwnerStore(view.get, sender, step, private=True)
+        pull(store, {key: _private(update)})
+        for written, value in store.written.items():
+            view[written] = (value, view[written][1] + 1)
+    return {key: value for key, (value, _) in view.items()}
+
+
+def _private(value: Any) -> Any:
+    """``value`` as a private pull may read it: a read-only view of an array (no copy), a
+    clone of a tensor (which has no read-only flag)."""
+    if isinstance(value, np.ndarray):
+        view = value.view()
+        view.flags.writeable = False
+        return view
+    if family(value) == "torch":
+        return value.clone()
+    return value
 
 
 def balance_bound(policy: Policy) -> int | None:

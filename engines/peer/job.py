@@ -85,9 +85,12 @@ class Job:
             An int n >= 1: the next n steps may compute so (at most the staleness; ASP: n),
             with up to n steps' updates unanswered; those computed meanwhile go to each
             owner together, as one push (``barrier.pipeline_depth``). More is faster per
-            step, but each update may then miss n of the peer's own: too stale for a large
-            learning rate. False or 0: each step waits for its pushes' answers first (it
-            reads its own last update).
+            step; from 2 on a step reads the values with the peer's own unanswered updates
+            folded in by ``pull`` on a private view (``OwnerStore.private``; a ``pull``
+            that writes in place falls back to the values as answered), but more steps on
+            one answer are staler for the others: too stale for a large learning rate.
+            False or 0: each step waits for its pushes' answers first (it reads its own
+            last update).
         **overlay: any other ``KademliaConfig`` field (e.g. ``rpc_timeout_s``).
 
     Raises:

@@ -4,7 +4,9 @@ One batch is out at most. The updates of the steps computed while it travels wai
 go together once all of it was answered: each key's as one push, in step order. So an
 owner folds each peer's steps in order, each once, however deep the pipeline. A step that
 would leave more than ``depth`` steps' updates unanswered is done only once they go
-(``full``). Pure bookkeeping: the runner sends and counts the steps.
+(``full``). Deeper than one step, a step reads the values with the peer's own updates not
+answered yet folded in (``pending``, ``context.read_own``), so it misses only the others'
+updates meanwhile. Pure bookkeeping: the runner sends and counts the steps.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class Pipeline:
         self.waiting: list[tuple[int, dict[str, Any]]] = []
         self.full = False
         self._flight = 0                        # the steps of the batch out
+        self._out: dict[str, Pushes] = {}       # its keys' updates not answered yet
 
     @property
     def busy(self) -> bool:
@@ -55,7 +58,16 @@ class Pipeline:
                 items.setdefault(name, []).append((step, update))
         self.travelling = set(items)
         self._flight = len(steps)
-        return {name: tuple(pushes) for name, pushes in items.items()}
+        self._out = {name: tuple(pushes) for name, pushes in items.items()}
+        return dict(self._out)
+
+    def pending(self) -> list[tuple[int, str, Any]]:
+        """The updates not answered yet, (step, key, update) in step order: those of the
+        batch out whose keys were not answered, then the waiting steps'."""
+        out = sorted(((step, name, update) for name, pushes in self._out.items()
+                      for step, update in pushes), key=lambda item: item[:2])
+        return out + [(step, name, update) for step, updates in self.waiting
+                      for name, update in updates.items()]
 
     def release(self) -> bool:
         """Whether a full step waited for the batch just taken to go: it may count as done
@@ -66,4 +78,5 @@ class Pipeline:
     def landed(self, name: str) -> bool:
         """``name``'s push of the batch out was answered; whether all of it was."""
         self.travelling.discard(name)
+        self._out.pop(name, None)
         return not self.travelling

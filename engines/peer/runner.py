@@ -8,14 +8,14 @@ Under a policy with staleness the next steps compute while a step's pushes trave
 (``barrier.pipeline_depth``): their updates wait and go to each owner together, as one
 batch, once those are answered (one batch per key out at most, so owners fold them in order).
 
-The owner side (serving GET / PUSH, running ``pull``, replicating) is ``owner.py``.
+The owner side (serving GET / PUSH, running ``pull``, replicating) is ``owner.py``; the calls to
+owners (lookups, retries) are ``calls.py``.
 """
 from __future__ import annotations
 
 import logging
 import random
 import traceback
-from enum import IntEnum
 from typing import Any, Callable
 
 import numpy as np
@@ -24,32 +24,21 @@ from actorpy.barrier import Decision
 from actorpy.values import family
 
 from .barrier import OverlayBarrier, balanced_batch, pipeline_depth
-from .context import (JobSpec, PeerContext, Timer, balance_bound, checked_updates,
+from .calls import OwnerCalls, Phase
+from .context import (JobSpec, PeerContext, Timer, balance_bound, checked_updates, read_own,
                       scheduled_keys, stacked)
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
-from .kademlia.routing import Contact
 from .kademlia.steps import FINISHED
 from .kademlia.values import Blob
-from .owner import KeyOwner, Method, Status, pushed_items
+from .owner import KeyOwner, Method, Status
 from .pipeline import Pipeline, Pushes
 
 log = logging.getLogger(__name__)
 
 
-class Phase(IntEnum):
-    IDLE = 0
-    WORKING = 1       # fetching, computing or pushing
-    BARRIER = 2
-    DONE = 3
-    FAILED = 4
-
-
-Then = Callable[[Done, float, Effects], None]
-
-
-class PeerRunner:
+class PeerRunner(OwnerCalls):
     """Runs ``spec`` on one peer.
 
     Args:
@@ -63,8 +52,7 @@ class PeerRunner:
 
     def __init__(self, spec: JobSpec, node: KademliaNode, index: int, data: Any = None,
                  compute_s: Callable[[int, int], float] | None = None) -> None:
-        self.spec = spec
-        self.node = node
+        super().__init__(spec, node)
         self.index = index
         self.data = data
         self.compute_s = compute_s
@@ -74,7 +62,6 @@ class PeerRunner:
         self.step = 0
         self.first_step: int | None = None  # the step it began at (a joiner: caught up to)
         self.values: dict[str, tuple[Any, int]] = {}
-        self.owners: dict[str, Contact | None] = {}   # None: this peer owns the key
         self.pushed = 0
         self.waits = 0
         self.finished_s: float | None = None           # when stop() said so
@@ -85,8 +72,6 @@ class PeerRunner:
         self.batch = float(spec.batch)
         self._bound = balance_bound(spec.policy) if spec.balance else None
         self._floor = max(1.0, spec.batch / 4)
-        self._ops: dict[int, Then] = {}
-        self._retries: dict[int, Callable[[float, Effects], None]] = {}
         self._epoch = 0
         self._keys: list[str] = []
         self._updates: dict[str, Any] = {}
@@ -95,11 +80,10 @@ class PeerRunner:
         #: ``stop`` ended is DONE once all its updates are answered (``_finishing``)
         self._pipe = Pipeline(pipeline_depth(spec.policy, spec.overlap))
         self._overlap = self._pipe.depth > 0
+        self._read_own = self._pipe.depth > 1     # a step reads its own pending updates
         self._finishing = False
-        self._serving_here = False      # inside a push or get this peer serves itself
         self._answering = False         # inside a message another peer awaits an answer to
         self._sending = False           # this call's effects hold pushes not sent yet
-        self._next_token = 0
         #: set by a shell while it handles a message on its node's I/O thread: a step is
         #: then begun and computed from timers (on the service's thread), never there
         self.on_io_thread = False
@@ -271,6 +255,8 @@ class PeerRunner:
             eff.timers.append(SetTimer(0.0, Timer.COMPUTE, self._epoch))
             return
         values = {k: self.values[k][0] for k in self._keys}
+        if self._read_own and self._pipe.busy:
+            values = self._own_view(values)
         try:
             self._updates = checked_updates(self.spec.push(self._ctx(), values), values,
                                             self.node.address)
@@ -282,6 +268,20 @@ class PeerRunner:
             eff.timers.append(SetTimer(delay, Timer.COMPUTED, self._epoch))
         else:
             self._push_all(now, eff)
+
+    def _own_view(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` with this peer's updates not answered yet folded in (``read_own``);
+        as they are, from now on, if ``pull`` cannot run on a private view."""
+        try:
+            view = read_own(self.spec.pull, self.values, self._pipe.pending(),
+                            self.node.address)
+        except Exception as exc:  # user code: the owners' pull is what counts
+            self._read_own = False
+            log.info("peer %s: pull cannot fold this peer's own updates into its view "
+                     "(%s: %s); its steps read the values as last answered",
+                     self.node.address, type(exc).__qualname__, exc)
+            return values
+        return {k: view[k] for k in values}
 
     def _push_all(self, now: float, eff: Effects) -> None:
         if self._overlap:
@@ -445,95 +445,3 @@ class PeerRunner:
         self.error = (type(exc).__qualname__, str(exc), traceback.format_exc())
         self.phase = Phase.FAILED
         log.error("peer %s: job %s failed: %s", self.node.address, self.spec.name, exc)
-
-    # ------------------------------------------------------------------ talking to owners
-    def _start_op(self, started: tuple[int, Effects], then: Then, eff: Effects) -> None:
-        op_id, more = started
-        self._ops[op_id] = then
-        eff.extend(more)
-
-    def _retry(self, again: Callable[[float, Effects], None], status: Status, now: float,
-               eff: Effects) -> None:
-        if status == Status.MISSING:            # give the owner time to fetch or receive it
-            self._next_token += 1
-            token = self._next_token
-            self._retries[token] = again
-            eff.timers.append(SetTimer(self.spec.retry_s, Timer.RETRY, token))
-        else:
-            again(now, eff)                     # the owner moved or died: look it up again
-
-    def _ask(self, name: str, method: Method, update: Any, now: float, eff: Effects,
-             answer: Callable[[Status, int, Any, float, Effects], None],
-             step: int | tuple[int, ...] | None = None) -> None:
-        """Send ``method`` for ``name`` to its owner (looked up if unknown), or run it here;
-        ``step``: the step it is of (default: this peer's; -1: none), or the steps of a
-        batch whose updates ``update`` stacks."""
-        step = self.step if step is None else step
-        kid = key_id(name)
-        cached = self.owners.get(name)
-        if cached is not None and self.node.is_gone(cached.node_id, now):
-            del self.owners[name]               # it left (or died): look the owner up again
-        if name not in self.owners:
-            def located(done: Done, when: float, e: Effects) -> None:
-                # The lookup skips suspects, but a suspect owns its keys until it is evicted
-                # (``KeyOwner.closest_known``), so it is asked: it answers or times out. Were
-                # we to serve the key, our own check would answer NOT_OWNER at once, and the
-                # retry's lookup, seeded with no suspect, end at once: a loop on this thread
-                # that nothing could end (a loaded peer whose contacts all missed a reply
-                # answered nothing more, not even STATUS).
-                found = [c for c in (*done.contacts[:1], self.owner.closest_known(kid))
-                         if c is not None]
-                closest = min(found, key=lambda c: c.node_id ^ kid, default=None)
-                mine = closest is None or self.node.node_id ^ kid < closest.node_id ^ kid
-                self.owners[name] = None if mine else closest
-                self._ask(name, method, update, when, e, answer, step)
-            self._start_op(self.node.find_node(kid, now), located, eff)
-            return
-        owner = self.owners[name]
-        if owner is None:
-            def served(got: tuple[int, tuple[Any, ...], Any], when: float, e: Effects) -> None:
-                status, args, value = got
-                if status != Status.OK:
-                    self.owners.pop(name, None)
-                if status == Status.ERROR:
-                    self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
-                    return
-                serving, self._serving_here = self._serving_here, True
-                try:
-                    answer(Status(status), args[0] if args else 0,
-                           value.to_value() if value else None, when, e)
-                finally:
-                    self._serving_here = serving
-
-            me = Contact(self.node.node_id, self.node.address)
-            items = pushed_items(step, update) if method == Method.PUSH else ()
-            got = self.owner.serve(me, name, kid, method, items, now, eff, served)
-            if got is not None:                 # else answered once the write is durable
-                served(got, now, eff)
-            return
-
-        def replied(done: Done, when: float, e: Effects) -> None:
-            reply = done.reply
-            if reply is not None and reply.status == Status.OK and method == Method.PUSH \
-                    and owner is not None and self.owner.fenced(owner, kid):
-                # a stale owner's answer (we know a peer closer to the key): taken as
-                # NOT_OWNER, as our node would refuse its STORE, which the owner's round may
-                # have skipped (``KeyOwner._skip``); the push goes to the owner found now
-                reply = None
-            if reply is None or reply.status not in (Status.OK, Status.MISSING):
-                self.owners.pop(name, None)     # dead, or not the owner: look it up again
-            if reply is not None and reply.status == Status.ERROR:
-                args = reply.args + ("", "")
-                self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
-                return
-            status = Status(reply.status) if reply is not None and reply.status in (
-                1, 2, 3) else Status.NOT_OWNER
-            value = reply.value.to_value() if reply is not None and reply.value else None
-            clock = reply.args[0] if reply is not None and reply.args else 0
-            answer(status, clock, value, when, e)
-
-        args = (name, step, self.spec.run) if type(step) is int else \
-            (name, step[0], self.spec.run, *step[1:])
-        self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
-                       replied, eff)
-

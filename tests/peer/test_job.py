@@ -71,15 +71,16 @@ def weight_error(model: dict[str, np.ndarray]) -> float:
 
 
 def record_folds(job: Job) -> dict[tuple[str, str], list[int]]:
-    """Wrap ``job``'s pull to record each fold: (key, pusher) -> the pusher's steps, in the
-    order the owner folded them."""
+    """Wrap ``job``'s pull to record each fold on an owner: (key, pusher) -> the pusher's
+    steps, in the order the owner folded them (not a pusher's private folds of its own)."""
     folded: dict[tuple[str, str], list[int]] = {}
     pull = job.spec({}).pull
 
     @job.register_pull
     def recording(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
         for name in updates:
-            folded.setdefault((name, store.sender), []).append(store.sender_step)
+            if not store.private:
+                folded.setdefault((name, store.sender), []).append(store.sender_step)
         pull(store, updates)
     return folded
 

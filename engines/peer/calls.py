@@ -1,0 +1,140 @@
+"""A peer runner's calls to the owners of keys: each key's owner looked up once and cached
+(``None``: this peer owns it, and serves the call itself), a call retried when its owner
+had moved, died or did not hold the key yet, and the node operations awaiting their ``Done``.
+``PeerRunner`` (``runner.py``) is one of these; its steps are the rest.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any, Callable
+
+from .context import JobSpec, Timer
+from .kademlia.events import Done, Effects, SetTimer
+from .kademlia.ids import key_id
+from .kademlia.node import KademliaNode
+from .kademlia.routing import Contact
+from .owner import KeyOwner, Method, Status, pushed_items
+
+
+class Phase(IntEnum):
+    IDLE = 0
+    WORKING = 1       # fetching, computing or pushing
+    BARRIER = 2
+    DONE = 3
+    FAILED = 4
+
+
+Then = Callable[[Done, float, Effects], None]
+
+
+class OwnerCalls:
+    """GET and PUSH to key owners for a runner (``_ask``), with their retries (``_retry``).
+
+    The runner provides ``step`` (the step a call is of by default), ``phase`` and
+    ``error`` (an owner's ERROR answer fails it) and ``owner``, its own ``KeyOwner``.
+    """
+
+    step: int
+    phase: Phase
+    error: tuple[str, str, str] | None
+    owner: KeyOwner
+
+    def __init__(self, spec: JobSpec, node: KademliaNode) -> None:
+        self.spec = spec
+        self.node = node
+        self.owners: dict[str, Contact | None] = {}   # None: this peer owns the key
+        self._ops: dict[int, Then] = {}
+        self._retries: dict[int, Callable[[float, Effects], None]] = {}
+        self._next_token = 0
+        self._serving_here = False      # inside a push or get this peer serves itself
+
+    def _start_op(self, started: tuple[int, Effects], then: Then, eff: Effects) -> None:
+        op_id, more = started
+        self._ops[op_id] = then
+        eff.extend(more)
+
+    def _retry(self, again: Callable[[float, Effects], None], status: Status, now: float,
+               eff: Effects) -> None:
+        if status == Status.MISSING:            # give the owner time to fetch or receive it
+            self._next_token += 1
+            token = self._next_token
+            self._retries[token] = again
+            eff.timers.append(SetTimer(self.spec.retry_s, Timer.RETRY, token))
+        else:
+            again(now, eff)                     # the owner moved or died: look it up again
+
+    def _ask(self, name: str, method: Method, update: Any, now: float, eff: Effects,
+             answer: Callable[[Status, int, Any, float, Effects], None],
+             step: int | tuple[int, ...] | None = None) -> None:
+        """Send ``method`` for ``name`` to its owner (looked up if unknown), or run it here;
+        ``step``: the step it is of (default: this peer's; -1: none), or the steps of a
+        batch whose updates ``update`` stacks."""
+        step = self.step if step is None else step
+        kid = key_id(name)
+        cached = self.owners.get(name)
+        if cached is not None and self.node.is_gone(cached.node_id, now):
+            del self.owners[name]               # it left (or died): look the owner up again
+        if name not in self.owners:
+            def located(done: Done, when: float, e: Effects) -> None:
+                # The lookup skips suspects, but a suspect owns its keys until it is evicted
+                # (``KeyOwner.closest_known``), so it is asked: it answers or times out. Were
+                # we to serve the key, our own check would answer NOT_OWNER at once, and the
+                # retry's lookup, seeded with no suspect, end at once: a loop on this thread
+                # that nothing could end (a loaded peer whose contacts all missed a reply
+                # answered nothing more, not even STATUS).
+                found = [c for c in (*done.contacts[:1], self.owner.closest_known(kid))
+                         if c is not None]
+                closest = min(found, key=lambda c: c.node_id ^ kid, default=None)
+                mine = closest is None or self.node.node_id ^ kid < closest.node_id ^ kid
+                self.owners[name] = None if mine else closest
+                self._ask(name, method, update, when, e, answer, step)
+            self._start_op(self.node.find_node(kid, now), located, eff)
+            return
+        owner = self.owners[name]
+        if owner is None:
+            def served(got: tuple[int, tuple[Any, ...], Any], when: float, e: Effects) -> None:
+                status, args, value = got
+                if status != Status.OK:
+                    self.owners.pop(name, None)
+                if status == Status.ERROR:
+                    self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
+                    return
+                serving, self._serving_here = self._serving_here, True
+                try:
+                    answer(Status(status), args[0] if args else 0,
+                           value.to_value() if value else None, when, e)
+                finally:
+                    self._serving_here = serving
+
+            me = Contact(self.node.node_id, self.node.address)
+            items = pushed_items(step, update) if method == Method.PUSH else ()
+            got = self.owner.serve(me, name, kid, method, items, now, eff, served)
+            if got is not None:                 # else answered once the write is durable
+                served(got, now, eff)
+            return
+
+        def replied(done: Done, when: float, e: Effects) -> None:
+            reply = done.reply
+            if reply is not None and reply.status == Status.OK and method == Method.PUSH \
+                    and owner is not None and self.owner.fenced(owner, kid):
+                # a stale owner's answer (we know a peer closer to the key): taken as
+                # NOT_OWNER, as our node would refuse its STORE, which the owner's round may
+                # have skipped (``KeyOwner._skip``); the push goes to the owner found now
+                reply = None
+            if reply is None or reply.status not in (Status.OK, Status.MISSING):
+                self.owners.pop(name, None)     # dead, or not the owner: look it up again
+            if reply is not None and reply.status == Status.ERROR:
+                args = reply.args + ("", "")
+                self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
+                return
+            status = Status(reply.status) if reply is not None and reply.status in (
+                1, 2, 3) else Status.NOT_OWNER
+            value = reply.value.to_value() if reply is not None and reply.value else None
+            clock = reply.args[0] if reply is not None and reply.args else 0
+            answer(status, clock, value, when, e)
+
+        args = (name, step, self.spec.run) if type(step) is int else \
+            (name, step[0], self.spec.run, *step[1:])
+        self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
+                       replied, eff)
+
