@@ -232,7 +232,7 @@ class Conductor(Service):
         left = max(1.0, run.t0 + o.timeout_s - self.ctx.clock.now())
         task = WorkerTask(run.job.push, run.job.data, tuple(run.shards), run.key_map,
                           self.ctx.ref, self._generation, slot, self._slots_total,
-                          run.job.seed, o.batch, left)
+                          run.job.seed, o.batch, left, o.overlap)
         try:
             fut = run.cluster.submit_task(task, worker, what=f"worker task of job {self.name!r}")
         except ActorpyError as exc:   # it died meanwhile: its DEAD event follows

@@ -47,6 +47,7 @@ class RunOptions:
     straggler_patience: int = 100
     workers: tuple[NodeId, ...] | None = None
     server_nodes: tuple[NodeId, ...] | None = None
+    overlap: bool = False          # workers compute a step ahead (``job.overlaps``)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ class Run:
                            aggregate=self.job.aggregate, expected=frozenset(pool), batch=o.batch,
                            balance=o.balance, straggler_factor=o.straggler_factor,
                            straggler_patience=o.straggler_patience,
-                           checkpoint_every=o.checkpoint_every, seed=self.job.seed)
+                           checkpoint_every=o.checkpoint_every, seed=self.job.seed,
+                           lookahead=int(o.overlap))
         self.base_spec = ShardSpec(base, Callbacks(self.job.pull, self.job.schedule,
                                                    self.job.stop),
                                    self.key_map, self.checkpoint_dir, o.resume)

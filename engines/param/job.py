@@ -60,6 +60,25 @@ def balances(barrier: Any) -> bool:
     policy."""
     return isinstance(barrier, (SSP, PSP, DSSP))
 
+
+def overlaps(barrier: Any, schedule: Any) -> bool:
+    """Whether ``overlap=True`` lets a worker compute its next step while its push travels
+    under ``barrier``: a policy with a staleness of 1 or more (ASP, SSP(s), PSP(β, s),
+    DSSP(low, high) with low >= 1), whose bound the step computed ahead keeps (it reads
+    values missing only the worker's own last update), and the default schedule (with
+    ``register_schedule`` the step ahead would work on the keys named for the step before).
+
+    >>> [overlaps(p, None) for p in (ASP(), SSP(1), PSP(2, 1), DSSP(1, 4), BSP(), SSP(0))]
+    [True, True, True, True, False, False]
+    """
+    if schedule is not None:
+        return False
+    if isinstance(barrier, ASP):
+        return True
+    if isinstance(barrier, (SSP, PSP)):
+        return barrier.staleness >= 1
+    return isinstance(barrier, DSSP) and barrier.low >= 1
+
 class Job:
     """A parameter-server job: callbacks plus the barrier, the seed and per-worker data.
 
@@ -141,7 +160,7 @@ class Job:
               checkpoint_every: int = 0, resume: bool = False, balance: bool = False,
               batch: int = 32, straggler_factor: float | None = None,
               straggler_patience: int = 100, workers: Sequence[NodeId] | None = None,
-              server_nodes: Sequence[NodeId] | None = None) -> Any:
+              server_nodes: Sequence[NodeId] | None = None, overlap: bool = True) -> Any:
         """Start the job and return its :class:`~engines.param.driver.Run` at once (see
         :meth:`run` for the arguments); ``Run.result(timeout_s)`` gives the model."""
         from engines.param.driver import Run, RunOptions
@@ -161,7 +180,8 @@ class Job:
                              straggler_patience=straggler_patience,
                              workers=tuple(workers) if workers is not None else None,
                              server_nodes=(tuple(server_nodes) if server_nodes is not None
-                                           else None))
+                                           else None),
+                             overlap=bool(overlap) and overlaps(self.barrier, self.schedule))
         return Run(self, cluster, dict(init), options).start()
 
     def run(self, cluster: Any, init: Mapping[str, Any], *, servers: int = 1,
@@ -170,7 +190,8 @@ class Job:
             batch: int = 32, straggler_factor: float | None = None,
             straggler_patience: int = 100,
             workers: Sequence[NodeId] | None = None,
-            server_nodes: Sequence[NodeId] | None = None) -> dict[str, Any]:
+            server_nodes: Sequence[NodeId] | None = None,
+            overlap: bool = True) -> dict[str, Any]:
         """Train on ``cluster`` until the stop condition holds; returns the final model.
 
         Args:
@@ -202,6 +223,13 @@ class Job:
                 ``i`` on ``server_nodes[i % len]``), as a PS with server processes of its
                 own; by default shard ``i`` lives on the ``i``-th training worker, which
                 then shares its process with it. A lost one is replaced like any shard host.
+            overlap: under a barrier with a staleness (ASP, SSP(s), PSP(β, s) with s >= 1,
+                DSSP with low >= 1) and the default schedule, a worker computes its next step
+                while its push travels, on the values its last reply carried (missing only
+                its own last update, as ps-lite's bounded delay), and the server releases it
+                once it may begin the step after (so no worker begins one more than the
+                staleness ahead). A step then costs about the longer of its compute and
+                its round trip, not both. False: each step waits for its reply.
 
         Raises:
             RemoteError: a callback raised (remote type, message, traceback, node id).
@@ -217,7 +245,7 @@ class Job:
                          resume=resume, balance=balance, batch=batch,
                          straggler_factor=straggler_factor,
                          straggler_patience=straggler_patience, workers=workers,
-                         server_nodes=server_nodes)
+                         server_nodes=server_nodes, overlap=overlap)
         return run.result()
 
     def __repr__(self) -> str:

@@ -54,6 +54,10 @@ class ShardConfig:
     straggler_patience: int = 100
     checkpoint_every: int = 0          # pulls between checkpoints; 0: never
     seed: int = 0
+    #: 1 when workers compute their next step while their push travels (``overlap``): a
+    #: worker is released once it may start the step after the next, which it computes
+    #: before the reply comes
+    lookahead: int = 0
 
     @property
     def is_coordinator(self) -> bool:
@@ -189,7 +193,8 @@ class ServerCore:
                 self._recheck(flush=True)
                 return self._flush_out()
         try:
-            advance = self.gate.on_push(w, push.step, self._clock.now(), self.progress.steps)
+            advance = self.gate.on_push(w, push.step + self.config.lookahead,
+                                        self._clock.now(), self.progress.steps)
         except Exception as exc:
             raise self._barrier_failed(exc, w) from exc
         self._recheck(flush=True, first=w if advance else None)
@@ -287,7 +292,8 @@ class ServerCore:
         w = first
         try:
             for w in sorted(self.held):
-                if w != first and self.gate.recheck(w, self.held[w], steps):
+                if w != first and self.gate.recheck(w, self.held[w] + self.config.lookahead,
+                                                    steps):
                     ready.append(w)
         except Exception as exc:
             raise self._barrier_failed(exc, w) from exc

@@ -94,6 +94,8 @@ class WorkerTask:
     seed: int
     batch: int
     timeout_s: float
+    #: compute the next step while a push travels (``Job.run(overlap=...)``)
+    overlap: bool = False
 
     def run(self, ctx: Any) -> WorkerResult:
         return _Loop(self, ctx).run()
@@ -107,70 +109,91 @@ class _Loop:
         self.refs = list(task.shards)
         self.generation = task.generation
         self.deadline = time.monotonic() + task.timeout_s
+        self.t0 = time.perf_counter()
 
     def run(self) -> WorkerResult:
         t = self.task
         me = NodeId(self.ctx.node_id)
-        t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
         rng = np.random.default_rng([t.seed, t.slot])
         data = None
         if t.data is not None:
             data_rng = np.random.default_rng([t.seed, t.slot, 1])
             data = t.data(DataContext(t.slot, t.slots, t.seed, data_rng, me))
         wctx = WorkerContext(me, t.slot, data, rng, t.batch)
-        shards = len(self.refs)
-        key_map = t.key_map
-        push = t.push
-        clock = time.perf_counter
-        replies = self._exchange([(ParamKind.JOIN, (0, t.slot))] * shards)
+        replies = self._exchange([(ParamKind.JOIN, (0, t.slot))] * len(self.refs))
+        ahead: list[tuple[int, Any]] | None = None   # the next step, computed meanwhile
         while True:
-            if shards == 1:
-                status, step, values, batch, stopped_at = replies[0]
-                if status != Status.GO:   # the server's count: a push after the stop is not one
-                    return WorkerResult(me, t.slot, step, Status(status), clock() - t0,
-                                        stopped_at)
+            values = self._values(replies, wctx)
+            if isinstance(values, WorkerResult):   # a step computed ahead is dropped
+                return values
+            requests = ahead if ahead is not None else self._step(wctx, values)
+            if not t.overlap:
+                replies = self._exchange(requests, step=wctx.step)
+                continue
+            # the next step computes while this one's push travels, on the values this
+            # push was computed from (so missing this update); the server released us
+            # only once it may begin (ShardConfig.lookahead)
+            futures = self._start(requests)
+            ahead = self._step(wctx, values)
+            replies = self._collect(futures, len(requests), step=wctx.step - 1)
+
+    def _values(self, replies: list[tuple], wctx: WorkerContext) -> Any:
+        """The values the shards' replies carry (and the batch LB-BSP set), or the
+        ``WorkerResult`` a reply that is not GO ends this worker with."""
+        t = self.task
+        for status, step, _, _, stopped_at in replies:
+            if status != Status.GO:   # the server's count: a push after the stop is not one
+                return WorkerResult(wctx.worker, t.slot, step, Status(status),
+                                    time.perf_counter() - self.t0, stopped_at)
+        if len(replies) == 1:
+            values = replies[0][2] or {}
+            wctx.step = max(wctx.step, replies[0][1])
+        else:
+            values = {}
+            for _, step, part, _, _ in replies:
+                values.update(part or {})
                 wctx.step = max(wctx.step, step)
-                values = values or {}
-            else:
-                end = next((r for r in replies if r[0] != Status.GO), None)
-                if end is not None:
-                    return WorkerResult(me, t.slot, end[1], Status(end[0]), clock() - t0,
-                                        end[4])
-                values = {}
-                for _, step, part, _, _ in replies:
-                    values.update(part or {})
-                    wctx.step = max(wctx.step, step)
-                batch = replies[0][3]
-            if batch is not None:   # LB-BSP: the coordinator's new batch for this worker
-                wctx.batch_size = batch
-            started = clock()
-            updates = push(wctx, values)
-            if updates is None:   # a missing `return`: a step with no update would hide it
-                raise TypeError(f"push on worker {me} returned None; return a dict of key -> "
-                                "update, or {} for no update this step")
-            compute_s = clock() - started
-            wctx.step += 1
-            if shards == 1:   # every key (an unknown one too, which the shard refuses)
-                requests = [(ParamKind.PUSH, (wctx.step, updates, wctx.batch_size, compute_s))]
-            else:
-                parts: list[dict[str, Any]] = [{} for _ in range(shards)]
-                for key, value in updates.items():   # an unknown key goes to shard 0
-                    parts[key_map.get(key, 0)][key] = value
-                requests = [(ParamKind.PUSH, (wctx.step, part, wctx.batch_size, compute_s))
-                            for part in parts]
-            replies = self._exchange(requests, step=wctx.step)
+        batch = replies[0][3]
+        if batch is not None:   # LB-BSP: the coordinator's new batch for this worker
+            wctx.batch_size = batch
+        return values
+
+    def _step(self, wctx: WorkerContext, values: dict[str, Any]) -> list[tuple[int, Any]]:
+        """Compute a step's updates from ``values``: its PUSH request to each shard."""
+        started = time.perf_counter()
+        updates = self.task.push(wctx, values)
+        if updates is None:   # a missing `return`: a step with no update would hide it
+            raise TypeError(f"push on worker {wctx.worker} returned None; return a dict of "
+                            "key -> update, or {} for no update this step")
+        compute_s = time.perf_counter() - started
+        wctx.step += 1
+        if len(self.refs) == 1:   # every key (an unknown one too, which the shard refuses)
+            return [(ParamKind.PUSH, (wctx.step, updates, wctx.batch_size, compute_s))]
+        parts: list[dict[str, Any]] = [{} for _ in self.refs]
+        for key, value in updates.items():   # an unknown key goes to shard 0
+            parts[self.task.key_map.get(key, 0)][key] = value
+        return [(ParamKind.PUSH, (wctx.step, part, wctx.batch_size, compute_s))
+                for part in parts]
 
     def _exchange(self, requests: list[tuple[int, Any]], step: int = 0) -> list[tuple]:
-        """Send one request per shard and wait for every reply (raw reply tuples, by
-        shard), or for the first reply that ends this worker (alone in the list). A lost
-        shard is looked up again at the conductor and rejoined.
+        """Send one request per shard and wait for every reply (``_collect``)."""
+        return self._collect(self._start(requests), len(requests), step)
+
+    def _start(self, requests: list[tuple[int, Any]]) -> dict[cf.Future, int]:
+        """Send one request per shard; the futures of their replies, by shard."""
+        return {self._send(i, kind, payload): i for i, (kind, payload) in enumerate(requests)}
+
+    def _collect(self, futures: dict[cf.Future, int], count: int, step: int) -> list[tuple]:
+        """Wait for every reply (raw reply tuples, by shard), or for the first reply that
+        ends this worker (alone in the list). A lost shard is looked up again at the
+        conductor and rejoined at ``step``.
 
         The requests are direct (``Node.request(..., direct=True)``): a remote shard's reply
         comes to this thread's own socket and this thread reads it while it waits, with no
         other thread in between (a lost shard still fails the future from the I/O thread,
         which wakes this one)."""
-        futures = {self._send(i, kind, payload): i for i, (kind, payload) in enumerate(requests)}
-        replies: list[Any] = [None] * len(requests)
+        replies: list[Any] = [None] * count
         while futures:
             left = self.deadline - time.monotonic()
             if left <= 0:
