@@ -280,7 +280,7 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
     job.register_stop(Monitor(args.data, args.hidden, args.model, args.steps, args.target,
                               max(1, args.steps // 50)))
     run = job.start(cluster, init=init, batch=args.batch, balance=args.balance,
-                    timeout_s=args.timeout)
+                    timeout_s=args.timeout, overlap=not args.no_overlap)
     values = run.result()
     accuracy, loss = evaluate(values, x_test, y_test, args.hidden, args.model)
     stats = run.stats
@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--balance", action="store_true",
                         help="balanced batch sizes (LB-BSP under bsp; also ssp, pbsp, pssp, "
                              "dssp)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="each step waits for its push's reply (default: with a "
+                             "staleness, the next step computes while the push travels)")
     parser.add_argument("--target", type=float, default=None,
                         help="stop early at this test accuracy")
     parser.add_argument("--seed", type=int, default=0)

@@ -147,7 +147,8 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
     job.register_stop(Monitor(args.seed, args.features, args.model, args.steps, args.target,
                               max(1, args.steps // 100)))
     run = job.start(cluster, init={"w": np.zeros(args.features, dtype=np.float32)},
-                    balance=args.balance, batch=args.batch, timeout_s=args.timeout)
+                    balance=args.balance, batch=args.batch, timeout_s=args.timeout,
+                    overlap=not args.no_overlap)
     w = run.result()["w"]
     w_star = true_weights(args.seed, args.features, args.model)
     x, y = generate(np.random.default_rng([args.seed, 1299709]), 5000, w_star, args.model)
@@ -174,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--balance", action="store_true",
                         help="resize each worker's batch from its measured step times so that "
                              "all keep pace (LB-BSP under bsp; also ssp, pbsp, pssp, dssp)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="each step waits for its push's reply (default: with a "
+                             "staleness, the next step computes while the push travels)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
     parser.add_argument("--features", type=int, default=100, help="default 100")

@@ -123,6 +123,23 @@ class TestSGD:
         assert "training diverged" in err and "--lr" in err and "RuntimeWarning" not in err
 
 
+    @pytest.mark.parametrize("flags, overlap", [([], True), (["--no-overlap"], False)])
+    def test_no_overlap_makes_each_step_wait_for_its_reply(self, monkeypatch, capsys, flags,
+                                                          overlap):
+        from engines import param
+        seen = []
+        start = param.Job.start
+
+        def spy(job, *args, **kwargs):
+            seen.append(kwargs.get("overlap"))
+            return start(job, *args, **kwargs)
+
+        monkeypatch.setattr(param.Job, "start", spy)
+        assert sgd.main(["--barrier", "ssp", "--staleness", "2", "--steps", "20",
+                         "--workers", "1", "--json", *flags]) == 0
+        assert seen == [overlap]
+        assert json.loads(capsys.readouterr().out)["weight_error"] < 0.5
+
     def test_a_run_that_diverged_to_finite_numbers_says_so(self, capsys):
         # before: one row at lr 0.1 ended at weight error 1.5e8, loss 2.2e18 after 10 steps,
         # printed as a result with no word on stderr
