@@ -4,7 +4,8 @@ Each step is one PUSH request to every server shard (this shard's updates, the s
 the batch used and the compute time) and one reply from each, which the shard defers while
 the barrier holds the worker and which carries the fresh values of the keys scheduled next.
 Values arrive as read-only arrays on the received frames (no copy); updates leave the same
-way.
+way. With ``overlap`` (``WorkerTask.overlap``) the next step computes while a push travels,
+on the values the reply before carried.
 """
 from __future__ import annotations
 
@@ -131,9 +132,9 @@ class _Loop:
             if not t.overlap:
                 replies = self._exchange(requests, step=wctx.step)
                 continue
-            # the next step computes while this one's push travels, on the values this
-            # push was computed from (so missing this update); the server released us
-            # only once it may begin (ShardConfig.lookahead)
+            # the next step computes while this push travels, on the values the last reply
+            # carried (so missing this push's update); the server released us only once
+            # that step may begin (ShardConfig.lookahead)
             futures = self._start(requests)
             ahead = self._step(wctx, values)
             replies = self._collect(futures, len(requests), step=wctx.step - 1)
