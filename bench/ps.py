@@ -40,16 +40,16 @@ rate >= 0.8x plain; with the straggler, pSSP, DSSP and LB-BSP lose < 25 % agains
 no-straggler time (BSP about 70 %); start-up < 1.5 s. (Plain pSSP and DSSP cannot with 2
 workers: a bounded lead moves at the slowest worker's pace, docs/param.md; LB-pSSP and
 LB-DSSP are the same policies with balanced batches.)
+
+Files: this one has the actorpy callbacks and runs, the report and main; Job A's problem
+is in bench/ps_problem.py, the plain-pyzmq PS and single-process SGD in bench/ps_plain.py.
 """
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,33 +78,18 @@ def _blas_threads(argv: list[str]) -> None:
 
 _blas_threads(sys.argv[1:])
 
+import cloudpickle  # noqa: E402
 import numpy as np  # noqa: E402
-import zmq  # noqa: E402
 
-NOISE = 0.1
+import ps_problem  # noqa: E402  (bench/ is this script's directory)
+from ps_plain import plain_run, single_process  # noqa: E402
+from ps_problem import error, gradient, half, w_star  # noqa: E402  (also bench/peer.py's)
+
+# The callbacks below use the problem on the workers, which cannot import bench/.
+cloudpickle.register_pickle_by_value(ps_problem)
+
 #: the row suffix of runs whose shard has a worker of its own (--server-node)
 ON_SERVER_NODE = ", shard on a server node"
-
-
-# ------------------------------------------------------------------ the problem
-def w_star(seed: int, features: int) -> np.ndarray:
-    return np.random.default_rng([seed, 7]).standard_normal(features).astype(np.float32)
-
-
-def half(seed: int, slot: int, rows: int, features: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows worker ``slot`` holds (the same for actorpy and plain pyzmq)."""
-    rng = np.random.default_rng([seed, slot, 1])
-    x = rng.standard_normal((rows, features), dtype=np.float32)
-    y = x @ w_star(seed, features) + np.float32(NOISE) * rng.standard_normal(rows, dtype=np.float32)
-    return x, y
-
-
-def gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return (x.T @ (x @ w - y)) * np.float32(1.0 / len(y))
-
-
-def error(w: np.ndarray, ws: np.ndarray) -> float:
-    return float(np.linalg.norm(w - ws) / np.linalg.norm(ws))
 
 
 # ------------------------------------------------------------------ actorpy callbacks
@@ -227,136 +212,6 @@ def startup(repeat: int) -> list[float]:
             run.result()
             times.append(run.stats.first_push_wall - t0)
     return times
-
-
-# ------------------------------------------------------------------ plain pyzmq PS
-def plain_server(address: str, mode: str, workers: int, features: int, lr: float,
-                 seed: int, target: float, max_updates: int, conn: Any) -> None:
-    """ROUTER: gradients in, fresh weights out; BSP averages a round, ASP applies each."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.linger = 0
-    sock.bind(address)
-    conn.send("bound")
-    ws = w_star(seed, features) if target > 0 else None
-    w = np.zeros(features, dtype=np.float32)
-    lr32 = np.float32(lr)
-    ready = [sock.recv_multipart()[0] for _ in range(workers)]   # the start barrier
-    t0 = time.perf_counter()
-    for ident in ready:
-        sock.send_multipart([ident, b"go", w], copy=False)
-    updates, stopped, round_ = 0, 0, []
-    done = False
-    while stopped < workers:
-        ident, frame = sock.recv_multipart(copy=False)
-        ident = ident.bytes
-        if done:
-            sock.send_multipart([ident, b"stop", w])
-            stopped += 1
-            continue
-        g = np.frombuffer(frame.buffer, dtype=np.float32)
-        if mode == "asp":
-            w = w - lr32 * g
-            updates += 1
-            done = (ws is not None and error(w, ws) < target) or updates >= max_updates
-            sock.send_multipart([ident, b"stop" if done else b"go", w], copy=False)
-            stopped += done
-            continue
-        round_.append((ident, g))
-        if len(round_) < workers:
-            continue
-        w = w - lr32 * (sum(gi for _, gi in round_) * np.float32(1.0 / workers))
-        updates += workers
-        done = (ws is not None and error(w, ws) < target) or updates >= max_updates
-        for rid, _ in round_:
-            sock.send_multipart([rid, b"stop" if done else b"go", w], copy=False)
-        stopped += workers if done else 0
-        round_ = []
-    seconds = time.perf_counter() - t0
-    conn.send((seconds, updates, error(w, ws) if ws is not None else 0.0))
-    sock.close()
-    ctx.term()
-
-
-def plain_worker(address: str, slot: int, rows: int, features: int, batch: int, seed: int,
-                 straggle: bool, rate_floats: int) -> None:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(address)
-    if rate_floats:
-        update = np.full(rate_floats, 1e-6, dtype=np.float32)
-    else:
-        x, y = half(seed, slot, rows, features)
-    rng = np.random.default_rng([seed, slot])
-    sock.send(b"ready")
-    while True:
-        kind, frame = sock.recv_multipart(copy=False)
-        if kind.bytes == b"stop":
-            break
-        w = np.frombuffer(frame.buffer, dtype=np.float32)
-        if rate_floats:
-            sock.send(update, copy=False)
-            continue
-        t0 = time.perf_counter()
-        i = rng.integers(0, len(y), batch)
-        g = gradient(w, x[i], y[i])
-        if straggle and slot == 1:
-            time.sleep(2 * (time.perf_counter() - t0))
-        sock.send(g, copy=False)
-    sock.close()
-    ctx.term()
-
-
-def plain_run(args: argparse.Namespace, mode: str, straggle: bool, workers: int = 2,
-              rate_floats: int = 0, max_updates: int = 10**9) -> tuple[float, int, float]:
-    spawn = mp.get_context("spawn")
-    tmp = tempfile.mkdtemp(prefix="bench-ps-")
-    os.chmod(tmp, 0o700)
-    address = f"ipc://{tmp}/server"
-    features = rate_floats or args.features
-    parent, child = spawn.Pipe()
-    server = spawn.Process(target=plain_server, args=(
-        address, mode, workers, features, args.lr, args.seed,
-        0.0 if rate_floats else args.target, max_updates, child))
-    server.start()
-    procs: list[Any] = []
-    try:
-        assert parent.poll(60) and parent.recv() == "bound"
-        procs += [spawn.Process(target=plain_worker, args=(
-            address, slot, args.rows // 2, features, args.batch, args.seed, straggle,
-            rate_floats)) for slot in range(workers)]
-        for p in procs:
-            p.start()
-        if not parent.poll(args.timeout):
-            raise TimeoutError(f"plain {mode} did not finish within {args.timeout} s")
-        result = parent.recv()
-        for p in procs:
-            p.join(30)
-        return result
-    finally:
-        for p in [server, *procs]:
-            if p.is_alive():
-                p.kill()
-            p.join(10)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def single_process(args: argparse.Namespace) -> tuple[float, int, float]:
-    parts = [half(args.seed, s, args.rows // 2, args.features) for s in (0, 1)]
-    x = np.concatenate([p[0] for p in parts])
-    y = np.concatenate([p[1] for p in parts])
-    del parts
-    ws, w = w_star(args.seed, args.features), np.zeros(args.features, dtype=np.float32)
-    rng, lr = np.random.default_rng([args.seed, 0]), np.float32(args.lr)
-    t0, updates = time.perf_counter(), 0
-    while error(w, ws) >= args.target:
-        i = rng.integers(0, len(y), args.batch)
-        w = w - lr * gradient(w, x[i], y[i])
-        updates += 1
-        if time.perf_counter() - t0 > args.timeout:
-            raise TimeoutError("single-process SGD did not reach the target")
-    return time.perf_counter() - t0, updates, error(w, ws)
 
 
 # ------------------------------------------------------------------ report

@@ -1,7 +1,9 @@
 """The process runtime.
 
 Files:
-    node.py         one process's endpoint (facade): send/request/on/call_later/add_peer...
+    node.py         one process's endpoint (facade): sockets, lifecycle, on/call_later, the tick
+    node_peers.py   Node's directory calls: add_peer, links' verdicts, mark_dead, subscribe
+    node_messages.py  Node's messaging calls: send, request (deadlines), wait, call, reply
     directory.py    peers, the dead, parked messages, one DEALER link per peer, backpressure
     events.py       Peer records, membership events (JOINED/LEFT/DEAD) and their listeners
     requests.py     the request/reply table: pending requests by id, destination, deadline

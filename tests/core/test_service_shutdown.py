@@ -17,7 +17,7 @@ from actorpy.runtime.node import Node
 from actorpy.runtime.service import Envelope, Service, ServiceContext, handles
 from actorpy.wire.auth import Security, private_dir
 from tests.conftest import wait_until
-from tests.core.test_services import Side
+from tests.core.service_pair import Side
 
 KICK, LATE = 1, 2
 
