@@ -79,6 +79,7 @@ def overlaps(barrier: Any, schedule: Any) -> bool:
         return barrier.staleness >= 1
     return isinstance(barrier, DSSP) and barrier.low >= 1
 
+
 class Job:
     """A parameter-server job: callbacks plus the barrier, the seed and per-worker data.
 
