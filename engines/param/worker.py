@@ -136,6 +136,10 @@ class _Loop:
             # carried (so missing this push's update); the server released us only once
             # that step may begin (ShardConfig.lookahead)
             futures = self._start(requests)
+            if all(f.done() for f in futures):   # answered at once (its shard is here and
+                ahead = None                      # was idle): the next step reads the reply
+                replies = self._collect(futures, len(requests), step=wctx.step)
+                continue
             ahead = self._step(wctx, values)
             replies = self._collect(futures, len(requests), step=wctx.step - 1)
 
