@@ -39,6 +39,18 @@ def test_an_absurd_batch_is_refused_by_the_workers_machines_with_manager():
                       "--timeout", "3"])
 
 
+def test_p2p_sgd_refuses_an_absurd_batch_on_the_workers_machines_with_manager():
+    # before: p2p-sgd --manager skipped the check that sgd --manager makes, and the peers
+    # went on allocating 1e9-row minibatches until --timeout; 3 peers on 1 worker: 3 at once
+    with actorpy.connect(workers=1) as cluster:
+        address = cluster.local.manager_address
+        with pytest.raises(ConfigError, match=rf"--batch 1000000000 \(3 minibatches at once\) "
+                                              rf"need about .* GiB of memory, more than the .* "
+                                              rf"GiB available on {socket.gethostname()}"):
+            p2p_sgd.main(["--manager", address, "--peers", "3", "--batch", str(10**9),
+                          "--steps", "1", "--timeout", "3"])
+
+
 def test_a_network_beyond_memory_is_refused_before_a_cluster_starts():
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
