@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import select
 import signal
 import sys
 import threading
@@ -80,8 +81,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker = Worker(node_id, args.manager, node_bind(args.manager, node_id, args.host),
                     security, config)
     try:
-        worker.start(config.start_timeout_s)
-        _serve_until_stopped(worker.stopped, args.lifeline_fd, worker.node, worker.stop)
+        try:
+            worker.start(config.start_timeout_s)
+        except ActorpyError:
+            if not _driver_gone(args.lifeline_fd):
+                raise
+            # its driver stopped (a Ctrl-C as the cluster started) and took the manager with
+            # it: nobody waits for this worker, and "nothing is listening" would mislead
+            worker.stop(DRIVER_GONE)
+        else:
+            _serve_until_stopped(worker.stopped, args.lifeline_fd, worker.node, worker.stop)
     finally:
         worker.stop()
         _leave_if_stuck(args, CLOSE_DEADLINE_S)
@@ -91,6 +100,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # is over, so leave now rather than wait for it (no orphan outlives its cluster).
     logging.shutdown()
     os._exit(1 if worker.stop_reason.startswith(IO_FAILED) else 0)
+
+
+def _driver_gone(lifeline_fd: int | None) -> bool:
+    """Whether an embedded cluster's driver is gone: its lifeline pipe, never written to,
+    reads as closed (readable at once)."""
+    if not lifeline_fd:
+        return False
+    try:
+        return bool(select.select([lifeline_fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 #: How long a stopping worker may take to close before it leaves without finishing: with a

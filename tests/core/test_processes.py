@@ -245,3 +245,18 @@ def test_a_worker_whose_closing_hangs_still_exits():
             proc.kill()
             proc.wait(10)
             proc.stderr.close()
+
+
+def test_a_worker_whose_driver_went_while_it_joined_leaves_without_a_word(tmp_path):
+    # before: a Ctrl-C as an embedded cluster started took the driver and its manager, and
+    # each worker still joining printed "nothing is listening at ipc://..." on the terminal
+    read, write = os.pipe()
+    os.close(write)   # the driver is gone
+    try:
+        proc = subprocess.run(
+            [PY, "-m", "actorpy", "worker", "--manager", f"ipc://{tmp_path}/manager",
+             "--lifeline-fd", str(read)], pass_fds=(read,), capture_output=True, text=True,
+            timeout=60)
+    finally:
+        os.close(read)
+    assert (proc.returncode, proc.stderr) == (0, "")
