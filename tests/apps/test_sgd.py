@@ -102,6 +102,12 @@ class TestSGD:
                 main(["--plot", str(tmp_path / "x.jpgz"), "--workers", "0"])
         assert list(tmp_path.iterdir()) == []
 
+    def test_an_empty_plot_path_is_refused_before_training(self):
+        # before: `--plot "$UNSET"` trained, drew nothing and said nothing (exit 0)
+        for main in (sgd.main, p2p_sgd.main):
+            with pytest.raises(ConfigError, match="--plot needs a file name"):
+                main(["--plot", "", "--workers", "0"])
+
     @pytest.mark.parametrize("main, flags", [(sgd.main, []), (p2p_sgd.main, ["--peers", "1"])],
                              ids=["sgd", "p2p-sgd"])
     def test_a_plot_that_cannot_be_written_keeps_the_results(self, tmp_path, capsys, main,
