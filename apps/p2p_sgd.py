@@ -237,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with (OverlayClient(args.bootstrap, secret_file=args.secret_file) if args.bootstrap
           else apputil.connect_from_args(args, task_threads=2)) as cluster:
         if args.manager:   # its workers' machines, once connected, as `actorpy sgd` does
+            if not cluster.workers():   # else "add some (cluster.add_workers)", exit 1
+                raise ConfigError("the cluster has no live workers to train on; start some "
+                                  "with `actorpy worker --manager ...`")
             check_batch_on_workers(cluster, args.batch, sample_bytes(args.features),
                                    peers=args.peers)
         result, trace = train(cluster, args, barrier)
