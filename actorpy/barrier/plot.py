@@ -25,8 +25,8 @@ def _pyplot():
 
 def check_plot_path(path: str | None) -> None:
     """Refuse a ``--plot FILE`` that cannot be written before training, not after: its
-    directory does not exist, it is a directory, or matplotlib writes no such format; or
-    it is empty (``--plot "$UNSET"``: no plot, and no word of it).
+    directory does not exist, it is a directory or a device, or matplotlib writes no such
+    format; or it is empty (``--plot "$UNSET"``: no plot, and no word of it).
 
     Raises:
         ConfigError: which of those, and what to pass instead.
@@ -40,6 +40,11 @@ def check_plot_path(path: str | None) -> None:
         if os.path.isdir(path):   # matplotlib would write PATH.png beside it
             raise ConfigError(f"--plot {path} is a directory; name a file in it, such as "
                               f"{os.path.join(path, 'curves.png')}")
+        if os.path.exists(path) and not os.path.isfile(path):
+            # a FIFO failed after training ("not seekable"); /dev/full had it written to
+            # /dev/full.png, a file in /dev
+            raise ConfigError(f"--plot {path} is not a regular file (a pipe, a device); "
+                              "name a file, such as curves.png")
         suffix = os.path.splitext(path)[1][1:].lower()
         if suffix and suffix not in _plot_formats():
             raise ConfigError(f"--plot {path}: matplotlib writes no .{suffix} files; use "

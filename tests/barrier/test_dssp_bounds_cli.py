@@ -122,7 +122,9 @@ class TestCLI:
         (["--workers", "5", "--seconds", "5", "--plot", "/nonexistent-dir/x.png"], "no directory"),
         (["--workers", "5", "--seconds", "5", "--plot", "steps.txt"], "no .txt files"),
         # before: an empty --plot (an unset variable) drew nothing and said nothing
-        (["--workers", "5", "--seconds", "5", "--plot", ""], "--plot needs a file name")])
+        (["--workers", "5", "--seconds", "5", "--plot", ""], "--plot needs a file name"),
+        # before: matplotlib wrote /dev/full.png, a file in /dev
+        (["--workers", "5", "--seconds", "5", "--plot", "/dev/full"], "not a regular file")])
     def test_bad_arguments_exit_2_with_a_message(self, capsys, argv, message):
         assert main(argv) == 2
         err = capsys.readouterr().err
