@@ -58,7 +58,7 @@ def cmd_manager(args: argparse.Namespace) -> int:
     security = security_for(args.bind, secret_file=args.secret_file)
     manager = Manager(args.bind, security, Config.from_env()).start()
     launch.tell_ready(args.ready_fd)
-    if not args.lifeline_fd:
+    if args.lifeline_fd is None:
         print(f"actorpy manager listening at {manager.address}", flush=True)
     _serve_until_stopped(manager.stopped, args.lifeline_fd, manager.node,
                          lambda reason: manager.stop(tell_nodes=reason == "signal"))
@@ -105,7 +105,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _driver_gone(lifeline_fd: int | None) -> bool:
     """Whether an embedded cluster's driver is gone: its lifeline pipe, never written to,
     reads as closed (readable at once)."""
-    if not lifeline_fd:
+    if lifeline_fd is None:
         return False
     try:
         return bool(select.select([lifeline_fd], [], [], 0)[0])
@@ -305,7 +305,24 @@ def _apps() -> dict[str, Any]:
     return {e.name: e for e in entry_points(group="actorpy.apps")}
 
 
+def _open_standard_streams() -> None:
+    """Give a closed stdin, stdout or stderr (``actorpy sgd <&-``, a daemon's) /dev/null.
+    Else the cluster's first pipe takes the free number: a lifeline read from fd 0, which
+    a child's stdin replaces (its manager stopped at once), and ``sys.stdout`` None."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)   # the lowest free number: ``fd``
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, mode, closefd=False))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _open_standard_streams()
     try:
         return _main(argv)
     except BrokenPipeError:  # `actorpy sim --json | head`: the reader left; not an error
