@@ -155,6 +155,9 @@ def error_line(exc: ActorpyError) -> str:
     if exc.cli_message is not None:
         return exc.cli_message
     if isinstance(exc, RemoteError) and not logging.getLogger().isEnabledFor(logging.DEBUG):
-        return (f"{exc.remote_type}: {exc.remote_message} (on node {exc.node_id}; "
-                "--log-level DEBUG shows the remote traceback)")
+        # actorpy's own errors are worded for the user: their class path adds nothing
+        own = exc.remote_type.startswith("actorpy.errors.")
+        what = exc.remote_message if own else f"{exc.remote_type}: {exc.remote_message}"
+        return (f"{what} (on node {exc.node_id}; --log-level DEBUG shows the remote "
+                "traceback)")
     return str(exc)

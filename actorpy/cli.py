@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import select
 import signal
 import sys
 import threading
@@ -57,7 +58,7 @@ def cmd_manager(args: argparse.Namespace) -> int:
     security = security_for(args.bind, secret_file=args.secret_file)
     manager = Manager(args.bind, security, Config.from_env()).start()
     launch.tell_ready(args.ready_fd)
-    if not args.lifeline_fd:
+    if args.lifeline_fd is None:
         print(f"actorpy manager listening at {manager.address}", flush=True)
     _serve_until_stopped(manager.stopped, args.lifeline_fd, manager.node,
                          lambda reason: manager.stop(tell_nodes=reason == "signal"))
@@ -80,8 +81,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker = Worker(node_id, args.manager, node_bind(args.manager, node_id, args.host),
                     security, config)
     try:
-        worker.start(config.start_timeout_s)
-        _serve_until_stopped(worker.stopped, args.lifeline_fd, worker.node, worker.stop)
+        try:
+            worker.start(config.start_timeout_s)
+        except ActorpyError:
+            if not _driver_gone(args.lifeline_fd):
+                raise
+            # its driver stopped (a Ctrl-C as the cluster started) and took the manager with
+            # it: nobody waits for this worker, and "nothing is listening" would mislead
+            worker.stop(DRIVER_GONE)
+        else:
+            _serve_until_stopped(worker.stopped, args.lifeline_fd, worker.node, worker.stop)
     finally:
         worker.stop()
         _leave_if_stuck(args, CLOSE_DEADLINE_S)
@@ -91,6 +100,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # is over, so leave now rather than wait for it (no orphan outlives its cluster).
     logging.shutdown()
     os._exit(1 if worker.stop_reason.startswith(IO_FAILED) else 0)
+
+
+def _driver_gone(lifeline_fd: int | None) -> bool:
+    """Whether an embedded cluster's driver is gone: its lifeline pipe, never written to,
+    reads as closed (readable at once)."""
+    if lifeline_fd is None:
+        return False
+    try:
+        return bool(select.select([lifeline_fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 #: How long a stopping worker may take to close before it leaves without finishing: with a
@@ -285,7 +305,24 @@ def _apps() -> dict[str, Any]:
     return {e.name: e for e in entry_points(group="actorpy.apps")}
 
 
+def _open_standard_streams() -> None:
+    """Give a closed stdin, stdout or stderr (``actorpy sgd <&-``, a daemon's) /dev/null.
+    Else the cluster's first pipe takes the free number: a lifeline read from fd 0, which
+    a child's stdin replaces (its manager stopped at once), and ``sys.stdout`` None."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)   # the lowest free number: ``fd``
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, mode, closefd=False))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _open_standard_streams()
     try:
         return _main(argv)
     except BrokenPipeError:  # `actorpy sim --json | head`: the reader left; not an error

@@ -100,6 +100,9 @@ def read_mnist(split: str, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
                  if os.path.exists(os.path.join(data_dir, name + ext))]
         if not found:
             raise ConfigError(f"--data {data_dir}: {name}[.gz] is missing")
+        if not os.path.isfile(found[0]):   # a FIFO's read waits for ever, /dev/zero's fills
+            raise ConfigError(f"--data {data_dir}: {os.path.basename(found[0])} is not a "
+                              "regular file (a pipe, a device, a directory)")
         paths.append(found[0])
     images, labels = read_idx(paths[0]), read_idx(paths[1])
     # what would fail on every worker in torch's words (or train on a wrong pairing)
@@ -107,6 +110,9 @@ def read_mnist(split: str, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
         raise ConfigError(f"--data {data_dir}: {os.path.basename(paths[0])} holds images of "
                           f"shape {images.shape} and {os.path.basename(paths[1])} labels of "
                           f"shape {labels.shape}: need N images and N labels")
+    if images.size == 0:   # none, or of no pixels: reshaping them fails in numpy's words
+        raise ConfigError(f"--data {data_dir}: {os.path.basename(paths[0])} holds no pixels "
+                          f"(images of shape {images.shape}); nothing to train or test on")
     if labels.size and labels.max() > 9:
         raise ConfigError(f"--data {data_dir}: {os.path.basename(paths[1])} holds label "
                           f"{labels.max()}; the networks here tell the digits 0-9 apart")

@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.bootstrap == args.bind:   # it would answer its own hello, not a join
             raise ConfigError("--bootstrap is this peer's own --bind: name another live peer, "
                               "or leave it out for the first peer")
-    if not args.timeout > 0:
+    if not 0 < args.timeout < float("inf"):   # inf: a silent --bootstrap held it for ever
         raise ConfigError("--timeout must be a positive number of seconds")
     if not 0 < args.driver_lease < float("inf"):
         raise ConfigError("--driver-lease must be a positive number of seconds")

@@ -28,8 +28,8 @@ from actorpy import apputil
 from actorpy.errors import ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
 from apps.sgd import Pull, data_bytes, generate, gradient, loss, sample_bytes, true_weights
-from apps.training import (barriers_from_args, check_batch, check_memory, check_plot_path,
-                           plot_curves, warn_if_diverged)
+from apps.training import (barriers_from_args, check_batch, check_batch_on_workers,
+                           check_memory, check_plot_path, plot_curves, warn_if_diverged)
 from engines import peer
 from engines.peer.overlay_run import OverlayClient, OverlayRun
 
@@ -236,6 +236,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_plot_path(args.plot)
     with (OverlayClient(args.bootstrap, secret_file=args.secret_file) if args.bootstrap
           else apputil.connect_from_args(args, task_threads=2)) as cluster:
+        if args.manager:   # its workers' machines, once connected, as `actorpy sgd` does
+            if not cluster.workers():   # else "add some (cluster.add_workers)", exit 1
+                raise ConfigError("the cluster has no live workers to train on; start some "
+                                  "with `actorpy worker --manager ...`")
+            check_batch_on_workers(cluster, args.batch, sample_bytes(args.features),
+                                   peers=args.peers)
         result, trace = train(cluster, args, barrier)
     warn_if_diverged(label, result)
     if args.json:

@@ -120,9 +120,12 @@ def check_batch(batch: int, sample_bytes: int, processes: int) -> None:
                  f"--batch {batch} ({processes} minibatches at once)")
 
 
-def check_batch_on_workers(cluster: Any, batch: int, sample_bytes: int) -> None:
+def check_batch_on_workers(cluster: Any, batch: int, sample_bytes: int,
+                           peers: int | None = None) -> None:
     """``check_batch`` on an existing cluster (``--manager``), where the minibatches are
-    gathered: one worker on each host is asked for that host's available memory.
+    gathered: one worker on each host is asked for that host's available memory. Each
+    worker trains once, or with ``peers`` (P2P peers round-robin over the workers) as many
+    of them as it may hold: ``ceil(peers / workers)``.
 
     Raises:
         ConfigError: some host cannot hold the minibatches of its workers.
@@ -132,6 +135,7 @@ def check_batch_on_workers(cluster: Any, batch: int, sample_bytes: int) -> None:
         if row["role"] == "worker" and row["state"] in ("joining", "alive", "suspect"):
             hosts.setdefault(row["host"], []).append(row["node_id"])
     asked = {host: cluster.submit_to(ids[0], available_bytes) for host, ids in hosts.items()}
+    each = 1 if peers is None else -(-peers // max(1, sum(map(len, hosts.values()))))
     deadline = time.monotonic() + ASK_MEMORY_S
     for host, fut in asked.items():
         try:
@@ -139,7 +143,7 @@ def check_batch_on_workers(cluster: Any, batch: int, sample_bytes: int) -> None:
         except ActorpyError as exc:   # busy, or gone: the run itself will tell
             log.info("could not ask %s for its memory: %s", host, exc)
             continue
-        n = len(hosts[host])
+        n = min(peers or len(hosts[host]), len(hosts[host]) * each)
         _check_fits(n * batch * sample_bytes, available,
                     f"--batch {batch} ({n} minibatches at once)", f"on {host}")
 

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.bounds:
             return _bounds(args)
-        if args.plot:
+        if args.plot is not None:
             from actorpy.barrier.plot import check_plot_path
             check_plot_path(args.plot)  # before the simulation, not after it
         workload = Workload(dist=args.dist, mean_s=args.mean, shape=args.shape,
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _print_table(results)
         if args.plot:
-            print(f"plot written to {args.plot}")
+            from actorpy.barrier.plot import plot_file
+            print(f"plot written to {plot_file(args.plot)}")
     return 0
 
 

@@ -25,11 +25,14 @@ def _pyplot():
 
 def check_plot_path(path: str | None) -> None:
     """Refuse a ``--plot FILE`` that cannot be written before training, not after: its
-    directory does not exist, it is a directory, or matplotlib writes no such format.
+    directory does not exist, it is a directory or a device, or matplotlib writes no such
+    format; or it is empty (``--plot "$UNSET"``: no plot, and no word of it).
 
     Raises:
         ConfigError: which of those, and what to pass instead.
     """
+    if path == "":
+        raise ConfigError("--plot needs a file name, such as curves.png")
     if path is not None:
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
@@ -37,10 +40,29 @@ def check_plot_path(path: str | None) -> None:
         if os.path.isdir(path):   # matplotlib would write PATH.png beside it
             raise ConfigError(f"--plot {path} is a directory; name a file in it, such as "
                               f"{os.path.join(path, 'curves.png')}")
+        if os.path.exists(path) and not os.path.isfile(path):
+            # a FIFO failed after training ("not seekable"); /dev/full had it written to
+            # /dev/full.png, a file in /dev
+            raise ConfigError(f"--plot {path} is not a regular file (a pipe, a device); "
+                              "name a file, such as curves.png")
         suffix = os.path.splitext(path)[1][1:].lower()
         if suffix and suffix not in _plot_formats():
             raise ConfigError(f"--plot {path}: matplotlib writes no .{suffix} files; use "
                               f"one of {', '.join(sorted(_plot_formats()))}")
+
+
+def plot_file(path: str) -> str:
+    """The file that matplotlib writes for ``path``: ``path`` itself, or with no suffix
+    ``path`` with its default format's (png) added, as ``savefig`` does.
+
+    >>> plot_file("steps.png"), plot_file("out/steps")
+    ('steps.png', 'out/steps.png')
+    """
+    if os.path.splitext(path)[1][1:]:
+        return path
+    import matplotlib
+
+    return f"{path.rstrip('.')}.{matplotlib.rcParams['savefig.format']}"
 
 
 def _plot_formats() -> set[str]:

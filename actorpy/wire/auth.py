@@ -63,9 +63,18 @@ def read_secret(secret_file: str | None = None, secret: str | bytes | None = Non
         value = (secret.encode() if isinstance(secret, str) else bytes(secret)).strip()
     elif secret_file:
         try:
-            with open(secret_file, "rb") as f:
-                check_private_file(secret_file, os.fstat(f.fileno()).st_mode)
-                value = f.read().strip()
+            # O_NONBLOCK: a FIFO's open would wait for a writer, for ever
+            fd = os.open(secret_file, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                mode = os.fstat(fd).st_mode
+                if not stat.S_ISREG(mode):   # /dev/zero would be read until memory ran out
+                    raise ConfigError(f"the secret file {secret_file} is not a regular file "
+                                      "(a pipe, a device, a directory); make one with "
+                                      "`actorpy secret --out F`")
+                check_private_file(secret_file, mode)
+                value = b"".join(iter(lambda: os.read(fd, 1 << 16), b"")).strip()
+            finally:
+                os.close(fd)
         except OSError as exc:
             err = ConfigError(f"cannot read secret_file {secret_file}: {exc}")
             err.cli_message = f"cannot read --secret-file {secret_file}: {exc}"

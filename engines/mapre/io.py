@@ -104,6 +104,8 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
             raise InputNotFound(f"input path {path!r} reports a size of 0 but holds data (a "
                                 "/proc or /sys file): it cannot be cut into byte ranges; copy "
                                 "it to a regular file first")
+    if all(os.path.isabs(f) for f in files):   # from a deleted directory too: getcwd fails
+        return files
     cwd = os.getcwd()  # joined, not normalised: "link/.." must stay what it is
     return [f if os.path.isabs(f) else os.path.join(cwd, f) for f in files]
 

@@ -170,10 +170,14 @@ class Conductor(Service):
                 "manager, so the job cannot go on; is `actorpy manager` still running?"))
             return
         if run.checkpoint_dir is None:
-            self._fail(JobFailed(f"server shard {i} of job {self.name!r} was lost with its "
-                                 f"node {run.hosts[i]} and there is no checkpoint to restart "
-                                 "it from; pass checkpoint_dir= (and checkpoint_every=) to "
-                                 "survive this"))
+            lost = (f"server shard {i} of job {self.name!r} was lost with its node "
+                    f"{run.hosts[i]} and there is no checkpoint to restart it from")
+            failed = JobFailed(f"{lost}; pass checkpoint_dir= (and checkpoint_every=) to "
+                               "survive this")
+            # the apps (`actorpy sgd`, `actorpy dnn`) have no flag for it: say so there
+            failed.cli_message = (f"{lost} (the command-line apps keep none; from Python, "
+                                  "Job.run(checkpoint_dir=...) survives this)")
+            self._fail(failed)
             return
         # A live worker that neither trains nor hosts a shard, else one that hosts none.
         live = [w for w in self.ctx.workers() if w != run.hosts[i]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import numpy as np
 import pytest
@@ -80,6 +81,9 @@ class TestDNN:
         ("a header of 255 dimensions", "its header says 255 dimensions in 8 bytes"),
         ("test images of another size", "training images have 784 pixels, test images 400"),
         ("images 10x20 for the cnn", "--model cnn needs square images, and 200 pixels"),
+        ("a FIFO for the training labels", "train-labels-idx1-ubyte is not a regular file"),
+        ("no test images", "t10k-images-idx3-ubyte holds no pixels \\(images of shape "
+                           "\\(0, 28, 28\\)\\); nothing to train or test on"),
     ])
     def test_a_bad_data_dir_is_refused_before_anything_starts(self, tmp_path, case, words):
         # before: each failed on every worker in torch's or gzip's words (exit 1), or, with
@@ -96,6 +100,12 @@ class TestDNN:
             files["train-labels-idx1-ubyte"] = _idx(np.full(20, 200))
         elif case == "a header of 255 dimensions":
             files["train-images-idx3-ubyte"] = bytes([0, 0, 0x08, 255, 0, 0, 0, 1])
+        elif case == "no test images":   # before: a ValueError traceback from reshape
+            files["t10k-images-idx3-ubyte"] = _idx(np.zeros((0, 28, 28), dtype=np.uint8))
+            files["t10k-labels-idx1-ubyte"] = _idx(np.zeros(0, dtype=np.uint8))
+        elif case == "a FIFO for the training labels":
+            os.mkfifo(tmp_path / "train-labels-idx1-ubyte")   # before: read, waiting for ever
+            del files["train-labels-idx1-ubyte"]
         elif case == "test images of another size":
             files["t10k-images-idx3-ubyte"] = _idx(rng.integers(0, 256, (5, 20, 20)))
         for name, data in files.items():

@@ -15,8 +15,10 @@ import time
 
 import pytest
 
+from actorpy.errors import ConfigError
 from actorpy.runtime.context import ServiceRef
 from actorpy.wire import auth
+from apps import p2p_peer
 from engines.peer.dialer import PEER_SERVICE
 from engines.peer.overlay_run import OverlayClient
 from engines.peer.shell import PeerKind
@@ -139,3 +141,13 @@ def test_clear_one_line_errors(secret_file, tmp_path):
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(20)
+
+
+@pytest.mark.parametrize("timeout", ["inf", "nan", "0", "-1"])
+def test_a_timeout_that_never_ends_is_refused(timeout, monkeypatch):
+    # before: --timeout inf was taken, and a --bootstrap that never answered held the peer
+    # for ever (every other app refuses a timeout that is not finite)
+    monkeypatch.delenv("ACTORPY_SECRET", raising=False)
+    with pytest.raises(ConfigError, match="--timeout must be a positive number of seconds"):
+        p2p_peer.main(["--bind", "tcp://127.0.0.1:0", "--bootstrap", "tcp://127.0.0.1:9",
+                       "--timeout", timeout])

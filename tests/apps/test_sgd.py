@@ -102,6 +102,18 @@ class TestSGD:
                 main(["--plot", str(tmp_path / "x.jpgz"), "--workers", "0"])
         assert list(tmp_path.iterdir()) == []
 
+    def test_a_plot_path_that_is_a_fifo_is_refused_before_training(self, tmp_path):
+        # before: trained, then "--plot F: cannot write it: File or stream is not seekable"
+        os.mkfifo(tmp_path / "curves.png")
+        with pytest.raises(ConfigError, match="curves.png is not a regular file"):
+            sgd.main(["--plot", str(tmp_path / "curves.png"), "--workers", "0"])
+
+    def test_an_empty_plot_path_is_refused_before_training(self):
+        # before: `--plot "$UNSET"` trained, drew nothing and said nothing (exit 0)
+        for main in (sgd.main, p2p_sgd.main):
+            with pytest.raises(ConfigError, match="--plot needs a file name"):
+                main(["--plot", "", "--workers", "0"])
+
     @pytest.mark.parametrize("main, flags", [(sgd.main, []), (p2p_sgd.main, ["--peers", "1"])],
                              ids=["sgd", "p2p-sgd"])
     def test_a_plot_that_cannot_be_written_keeps_the_results(self, tmp_path, capsys, main,

@@ -7,7 +7,10 @@ import socket
 import pytest
 
 import actorpy
+from actorpy.config import Config
 from actorpy.errors import ConfigError
+from actorpy.runtime.manager import Manager
+from actorpy.wire.auth import Security
 from apps import p2p_sgd, sgd
 
 
@@ -37,6 +40,29 @@ def test_an_absurd_batch_is_refused_by_the_workers_machines_with_manager():
                                               rf"GiB available on {socket.gethostname()}"):
             sgd.main(["--manager", address, "--batch", str(10**9), "--steps", "1",
                       "--timeout", "3"])
+
+
+def test_p2p_sgd_refuses_an_absurd_batch_on_the_workers_machines_with_manager():
+    # before: p2p-sgd --manager skipped the check that sgd --manager makes, and the peers
+    # went on allocating 1e9-row minibatches until --timeout; 3 peers on 1 worker: 3 at once
+    with actorpy.connect(workers=1) as cluster:
+        address = cluster.local.manager_address
+        with pytest.raises(ConfigError, match=rf"--batch 1000000000 \(3 minibatches at once\) "
+                                              rf"need about .* GiB of memory, more than the .* "
+                                              rf"GiB available on {socket.gethostname()}"):
+            p2p_sgd.main(["--manager", address, "--peers", "3", "--batch", str(10**9),
+                          "--steps", "1", "--timeout", "3"])
+
+
+def test_p2p_sgd_on_a_cluster_with_no_workers_says_so_as_sgd_does(tmp_path):
+    # before: "the cluster has no workers: add some (cluster.add_workers)", exit 1
+    manager = Manager(f"ipc://{tmp_path}/manager", Security.ipc(), Config()).start()
+    try:
+        for main in (sgd.main, p2p_sgd.main):
+            with pytest.raises(ConfigError, match="the cluster has no live workers to train on"):
+                main(["--manager", manager.address, "--steps", "1", "--timeout", "5"])
+    finally:
+        manager.stop(tell_nodes=False)
 
 
 def test_a_network_beyond_memory_is_refused_before_a_cluster_starts():

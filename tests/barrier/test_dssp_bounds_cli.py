@@ -120,7 +120,11 @@ class TestCLI:
         (["--dist", "exp", "--mean", "-1"], "--mean"), (["--seconds", "inf"], "finite"),
         (["--mean", "inf"], "finite"), (["--seed", "-1"], "--seed must be an int >= 0"),
         (["--workers", "5", "--seconds", "5", "--plot", "/nonexistent-dir/x.png"], "no directory"),
-        (["--workers", "5", "--seconds", "5", "--plot", "steps.txt"], "no .txt files")])
+        (["--workers", "5", "--seconds", "5", "--plot", "steps.txt"], "no .txt files"),
+        # before: an empty --plot (an unset variable) drew nothing and said nothing
+        (["--workers", "5", "--seconds", "5", "--plot", ""], "--plot needs a file name"),
+        # before: matplotlib wrote /dev/full.png, a file in /dev
+        (["--workers", "5", "--seconds", "5", "--plot", "/dev/full"], "not a regular file")])
     def test_bad_arguments_exit_2_with_a_message(self, capsys, argv, message):
         assert main(argv) == 2
         err = capsys.readouterr().err
@@ -131,6 +135,12 @@ class TestCLI:
         assert main(["--workers", "5", "--seconds", "5", "--plot", str(tmp_path)]) == 2
         assert "is a directory" in capsys.readouterr().err
         assert not os.path.exists(f"{tmp_path}.png")
+
+    def test_a_plot_named_without_a_suffix_is_said_where_it_went(self, capsys, tmp_path):
+        # before: "plot written to DIR/steps", and matplotlib had written DIR/steps.png
+        assert main(["--workers", "5", "--seconds", "5", "--plot", str(tmp_path / "steps")]) == 0
+        assert capsys.readouterr().out.splitlines()[-1] == f"plot written to {tmp_path}/steps.png"
+        assert os.listdir(tmp_path) == ["steps.png"]
 
     def test_compare_sweep_and_plot(self, capsys, tmp_path):
         png = tmp_path / "cmp.png"

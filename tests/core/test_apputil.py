@@ -92,6 +92,14 @@ def test_remote_errors_are_one_line_unless_debugging(caplog):
     assert apputil.error_line(ConfigError("x")) == "x"
 
 
+def test_a_remote_actorpy_error_is_shown_without_its_class_path():
+    # before: "actorpy p2p-sgd: actorpy.errors.ActorpyError: peer p-1/1 is running job ..."
+    from actorpy.errors import RemoteError
+    exc = RemoteError("actorpy.errors.ActorpyError", "peer p-1/1 is busy", "Traceback", "p-1")
+    assert apputil.error_line(exc) == ("peer p-1/1 is busy (on node p-1; --log-level DEBUG "
+                                       "shows the remote traceback)")
+
+
 def test_running_out_of_memory_is_one_line(capsys):
     # `actorpy sgd --features 1000000000`: numpy's MemoryError was a traceback dump
     from actorpy.cli import _run

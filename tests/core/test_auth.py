@@ -213,6 +213,17 @@ class TestSecret:
             auth.read_secret(str(tmp_path / "missing"))
         assert info.value.cli_message.startswith(f"cannot read --secret-file {tmp_path}")
 
+    @pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+    def test_a_file_that_is_not_regular_is_refused_at_once(self, tmp_path, kind):
+        # before: a FIFO's open waited for a writer for ever; /dev/zero (mode 0666) was
+        # "open to other users. Run `chmod 600 /dev/zero`", and read without end at 0600
+        path = {"fifo": str(tmp_path / "secret.fifo"), "device": "/dev/null",
+                "directory": str(tmp_path)}[kind]
+        if kind == "fifo":
+            os.mkfifo(path, 0o600)
+        with pytest.raises(ConfigError, match=f"the secret file {path} is not a regular file"):
+            auth.read_secret(path, None, {})
+
     @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660])
     def test_file_open_to_other_users_is_refused_with_the_fix(self, tmp_path, mode):
         f = tmp_path / "cluster.secret"

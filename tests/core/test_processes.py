@@ -245,3 +245,32 @@ def test_a_worker_whose_closing_hangs_still_exits():
             proc.kill()
             proc.wait(10)
             proc.stderr.close()
+
+
+def test_a_worker_whose_driver_went_while_it_joined_leaves_without_a_word(tmp_path):
+    # before: a Ctrl-C as an embedded cluster started took the driver and its manager, and
+    # each worker still joining printed "nothing is listening at ipc://..." on the terminal
+    read, write = os.pipe()
+    os.close(write)   # the driver is gone
+    try:
+        proc = subprocess.run(
+            [PY, "-m", "actorpy", "worker", "--manager", f"ipc://{tmp_path}/manager",
+             "--lifeline-fd", str(read)], pass_fds=(read,), capture_output=True, text=True,
+            timeout=60)
+    finally:
+        os.close(read)
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("closed", [0, 1])
+def test_an_app_runs_with_stdin_or_stdout_closed(closed):
+    # before: with fd 0 closed the lifeline pipe took it, each child's stdin replaced it and
+    # the manager stopped at once ("nothing is listening", exit 1); with fd 1 closed the
+    # JSON went to sys.stdout, None: an AttributeError traceback
+    proc = subprocess.run([PY, "-m", "actorpy", "sgd", "--workers", "1", "--steps", "3",
+                           "--json"], preexec_fn=lambda: os.close(closed),
+                          stdout=None if closed == 1 else subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    if closed == 0:
+        assert "weight_error" in proc.stdout

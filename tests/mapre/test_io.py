@@ -162,6 +162,15 @@ class TestInputs:
         (tmp_path / "empty.txt").write_bytes(b"")  # an empty file is just empty
         assert io.list_inputs(str(tmp_path / "empty.txt")) == [str(tmp_path / "empty.txt")]
 
+    def test_absolute_paths_are_listed_from_a_deleted_directory(self, tmp_path, monkeypatch):
+        # before: `actorpy wordcount /abs/file` run from a removed directory failed with
+        # "[Errno 2] No such file or directory" (os.getcwd), naming nothing
+        (tmp_path / "a.txt").write_text("x\n")
+        (tmp_path / "gone").mkdir()
+        monkeypatch.chdir(tmp_path / "gone")
+        (tmp_path / "gone").rmdir()
+        assert io.list_inputs([str(tmp_path / "a.txt")]) == [str(tmp_path / "a.txt")]
+
     def test_double_star_spans_directories(self, tmp_path):
         for name in ("t.txt", "a/m.txt", "a/b/d.txt", "a/b/skip.log"):
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

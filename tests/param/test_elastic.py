@@ -91,8 +91,12 @@ class TestServerFaults:
             run = job.start(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
             wait_until(lambda: _pulls(run) >= 5, 30, "training to start")
             os.kill(_pid(cluster, run.shards[0].node), signal.SIGKILL)
-            with pytest.raises(param.JobFailed, match="pass checkpoint_dir="):
+            with pytest.raises(param.JobFailed, match="pass checkpoint_dir=") as info:
                 run.result()
+            # before: `actorpy sgd` too said "pass checkpoint_dir=", which it has no flag for
+            assert info.value.cli_message.endswith(
+                "no checkpoint to restart it from (the command-line apps keep none; from "
+                "Python, Job.run(checkpoint_dir=...) survives this)")
 
 
 DRIVER = """
