@@ -25,7 +25,8 @@ import numpy as np
 
 from actorpy import apputil
 from actorpy.errors import ConfigError
-from apps.training import add_barrier_arguments, check_memory, run_barriers
+from apps.training import (add_barrier_arguments, add_server_arguments, check_memory,
+                           run_barriers, start_options)
 from engines import param
 
 MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -286,7 +287,7 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
     job.register_stop(Monitor(args.data, args.hidden, args.model, args.steps, args.target,
                               max(1, args.steps // 50)))
     run = job.start(cluster, init=init, batch=args.batch, balance=args.balance,
-                    timeout_s=args.timeout, overlap=not args.no_overlap)
+                    timeout_s=args.timeout, **start_options(args))
     values = run.result()
     accuracy, loss = evaluate(values, x_test, y_test, args.hidden, args.model)
     stats = run.stats
@@ -301,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="MNIST idx files (train-images-idx3-ubyte[.gz] ...); default: "
                              "scikit-learn's bundled 8x8 digits")
     add_barrier_arguments(parser)
+    add_server_arguments(parser)
     parser.add_argument("--steps", type=int, default=600, help="steps per worker (default 600)")
     parser.add_argument("--lr", type=apputil.positive_float, default=0.1, help="default 0.1")
     parser.add_argument("--batch", type=int, default=32, help="default 32")
@@ -314,9 +316,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--balance", action="store_true",
                         help="balanced batch sizes (LB-BSP under bsp; also ssp, pbsp, pssp, "
                              "dssp)")
-    parser.add_argument("--no-overlap", action="store_true",
-                        help="each step waits for its push's reply (default: with a "
-                             "staleness, the next step computes while the push travels)")
     parser.add_argument("--target", type=float, default=None,
                         help="stop early at this test accuracy")
     parser.add_argument("--seed", type=int, default=0)

@@ -19,8 +19,9 @@ import numpy as np
 
 from actorpy import apputil
 from actorpy.errors import ConfigError
-from apps.training import (add_barrier_arguments, barriers_from_args, check_batch,
-                           check_batch_on_workers, check_memory, run_barriers)
+from apps.training import (add_barrier_arguments, add_server_arguments, barriers_from_args,
+                           check_batch, check_batch_on_workers, check_memory, run_barriers,
+                           start_options)
 from engines import param
 
 NOISE = 0.1
@@ -148,7 +149,7 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
                               max(1, args.steps // 100)))
     run = job.start(cluster, init={"w": np.zeros(args.features, dtype=np.float32)},
                     balance=args.balance, batch=args.batch, timeout_s=args.timeout,
-                    overlap=not args.no_overlap)
+                    **start_options(args))
     w = run.result()["w"]
     w_star = true_weights(args.seed, args.features, args.model)
     x, y = generate(np.random.default_rng([args.seed, 1299709]), 5000, w_star, args.model)
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description=apputil.summary(__doc__))
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
     add_barrier_arguments(parser)
+    add_server_arguments(parser)
     parser.add_argument("--steps", type=int, default=500, help="steps per worker (default 500)")
     parser.add_argument("--lr", type=apputil.positive_float, default=None,
                         help="learning rate (default 0.1 linear, 1.0 logistic)")
@@ -175,9 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--balance", action="store_true",
                         help="resize each worker's batch from its measured step times so that "
                              "all keep pace (LB-BSP under bsp; also ssp, pbsp, pssp, dssp)")
-    parser.add_argument("--no-overlap", action="store_true",
-                        help="each step waits for its push's reply (default: with a "
-                             "staleness, the next step computes while the push travels)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
     parser.add_argument("--features", type=int, default=100, help="default 100")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -34,6 +35,40 @@ def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--compare", nargs="+", metavar="SPEC",
                        help="train once per barrier and plot them together: bsp asp ssp:S "
                             "pbsp:B pssp:B:S dssp:LOW:HIGH")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--no-overlap``, ``--checkpoint-dir``, ``--checkpoint-every`` (``start_options``)."""
+    group = parser.add_argument_group("server")
+    group.add_argument("--no-overlap", action="store_true",
+                       help="each step waits for its push's reply (default: with a "
+                            "staleness, the next step computes while the push travels)")
+    group.add_argument("--checkpoint-dir", metavar="DIR", default=None,
+                       help="the server shard checkpoints the model and clocks there, so a "
+                            "shard whose worker dies restarts from it on another worker "
+                            "(with --manager: a directory every worker's host sees)")
+    group.add_argument("--checkpoint-every", type=apputil.non_negative_int, default=100,
+                       metavar="PULLS", help="pulls between checkpoints (default 100; 0: "
+                                             "only at start and end)")
+
+
+def start_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``Job.start`` keywords from ``add_server_arguments``' flags."""
+    every = args.checkpoint_every if args.checkpoint_dir is not None else 0
+    return {"overlap": not args.no_overlap, "checkpoint_dir": args.checkpoint_dir,
+            "checkpoint_every": every}
+
+
+def check_checkpoint_dir(args: argparse.Namespace) -> None:
+    """``--checkpoint-dir`` names a directory (checked here for an embedded cluster; on
+    ``--manager`` the shard's host checks its own, at start)."""
+    path = getattr(args, "checkpoint_dir", None)
+    if path is None:
+        return
+    if not path:
+        raise ConfigError("--checkpoint-dir '': name a directory")
+    if not args.manager and not os.path.isdir(path):
+        raise ConfigError(f"--checkpoint-dir {path}: not a directory (create it first)")
 
 
 def parse_barrier(spec: str) -> Any:
@@ -210,6 +245,7 @@ def run_barriers(args: argparse.Namespace,
                                   f"workers for slow ones (bsp, ssp, pbsp, pssp, dssp), not "
                                   f"{name}")
     check_plot_path(args.plot)
+    check_checkpoint_dir(args)
     runs = []
     with apputil.connect_from_args(args) as cluster:
         if check_cluster is not None:

@@ -174,9 +174,9 @@ class Conductor(Service):
                     f"{run.hosts[i]} and there is no checkpoint to restart it from")
             failed = JobFailed(f"{lost}; pass checkpoint_dir= (and checkpoint_every=) to "
                                "survive this")
-            # the apps (`actorpy sgd`, `actorpy dnn`) have no flag for it: say so there
-            failed.cli_message = (f"{lost} (the command-line apps keep none; from Python, "
-                                  "Job.run(checkpoint_dir=...) survives this)")
+            # the apps (`actorpy sgd`, `actorpy dnn`) name their flag
+            failed.cli_message = (f"{lost}; pass --checkpoint-dir DIR (on every worker's "
+                                  "host) to survive this")
             self._fail(failed)
             return
         # A live worker that neither trains nor hosts a shard, else one that hosts none.

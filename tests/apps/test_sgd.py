@@ -152,6 +152,16 @@ class TestSGD:
         assert seen == [overlap]
         assert json.loads(capsys.readouterr().out)["weight_error"] < 0.5
 
+    def test_checkpoint_dir_makes_the_shard_checkpoint_there(self, tmp_path, capsys):
+        """So that a shard whose worker dies restarts from it (tests/param/test_elastic.py);
+        before, the apps had no flag for it."""
+        assert sgd.main(["--steps", "30", "--workers", "1", "--json", "--checkpoint-dir",
+                         str(tmp_path), "--checkpoint-every", "10"]) == 0
+        assert [p.name for p in tmp_path.iterdir()] != []
+        assert json.loads(capsys.readouterr().out)["weight_error"] < 0.5
+        with pytest.raises(ConfigError, match="not a directory"):
+            sgd.main(["--steps", "5", "--checkpoint-dir", str(tmp_path / "none")])
+
     def test_a_run_that_diverged_to_finite_numbers_says_so(self, capsys):
         # before: one row at lr 0.1 ended at weight error 1.5e8, loss 2.2e18 after 10 steps,
         # printed as a result with no word on stderr

@@ -95,8 +95,8 @@ class TestServerFaults:
                 run.result()
             # before: `actorpy sgd` too said "pass checkpoint_dir=", which it has no flag for
             assert info.value.cli_message.endswith(
-                "no checkpoint to restart it from (the command-line apps keep none; from "
-                "Python, Job.run(checkpoint_dir=...) survives this)")
+                "no checkpoint to restart it from; pass --checkpoint-dir DIR (on every "
+                "worker's host) to survive this")
 
 
 DRIVER = """
