@@ -62,13 +62,16 @@ def connect_from_args(args: argparse.Namespace, **settings: Any) -> Any:
 
 def summary(doc: str | None) -> str:
     """An app's ``--help`` description from its module docstring: the first paragraph,
-    without the leading "``actorpy NAME``: ", as one sentence.
+    without the leading "``actorpy NAME``: ", as one sentence, its ``literals`` plain.
 
     >>> summary("``actorpy sgd``: regression by SGD, on\\ngenerated data.\\n\\n    actorpy sgd")
     'Regression by SGD, on generated data.'
+    >>> summary("``actorpy dnn``: digits or, with ``--data DIR``, MNIST.")
+    'Digits or, with --data DIR, MNIST.'
     """
     first = " ".join((doc or "").strip().split("\n\n")[0].split())
     first = re.sub(r"^``actorpy [\w-]+``: ", "", first)
+    first = first.replace("``", "")
     return first[:1].upper() + first[1:]
 
 
