@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import actorpy
-from actorpy.barrier import BSP
+from actorpy.barrier import BSP, SSP
 from engines import param
 from engines.param import checkpoint
 from tests.conftest import wait_until
@@ -22,8 +22,8 @@ SEED = 5
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _job(name="elastic"):
-    job = param.Job(name, barrier=BSP(), seed=SEED, data=pb.linear_data)
+def _job(name="elastic", barrier=BSP()):
+    job = param.Job(name, barrier=barrier, seed=SEED, data=pb.linear_data)
     job.register_push(pb.linear_push)
     job.register_pull(pb.SGDPull(0.05))
     return job
@@ -38,13 +38,16 @@ def _pulls(run):
 
 
 class TestWorkerFaults:
-    def test_sigkilled_worker_and_training_still_reaches_the_target(self):
+    @pytest.mark.parametrize("barrier", [BSP(), SSP(2)], ids=["bsp", "ssp-overlap"])
+    def test_sigkilled_worker_and_training_still_reaches_the_target(self, barrier):
         with actorpy.connect(workers=3, dead_after_s=1.0) as cluster:
-            job = _job()
+            job = _job(barrier=barrier)
             job.register_stop(pb.SlowErrorStop(SEED, 0.01, min_step=300))
             run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=60)
             victim = next(w for w in cluster.workers() if w != run.shards[0].node)
-            wait_until(lambda: _pulls(run) >= 20, 30, "20 BSP rounds")
+            # every worker 20 steps in (under SSP a pull is one worker's update, not a round)
+            wait_until(lambda: min(run.shard_stats()[0]["steps"].values(), default=0) >= 20,
+                       30, "20 steps of every worker")
             os.kill(_pid(cluster, victim), signal.SIGKILL)
             model = run.result()
             stats = run.stats
@@ -70,9 +73,12 @@ class TestWorkerFaults:
 
 
 class TestServerFaults:
-    def test_server_host_killed_shard_restarts_from_checkpoint(self, tmp_path):
+    # SSP(2): workers compute a step while their push travels (overlap), and rejoin the
+    # restarted shard from the push in flight
+    @pytest.mark.parametrize("barrier", [BSP(), SSP(2)], ids=["bsp", "ssp-overlap"])
+    def test_server_host_killed_shard_restarts_from_checkpoint(self, tmp_path, barrier):
         with actorpy.connect(workers=3, dead_after_s=1.0) as cluster:
-            job = _job("restart")
+            job = _job("restart", barrier)
             job.register_stop(pb.SlowErrorStop(SEED, 0.01, min_step=300))
             run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=60,
                             checkpoint_dir=str(tmp_path), checkpoint_every=10)

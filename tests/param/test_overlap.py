@@ -49,7 +49,7 @@ def watching_pull(store, updates):
             store.set(key, np.maximum(value, update))
 
 
-def _watch(cluster, barrier, overlap):
+def _watch(cluster, barrier, overlap, servers=1):
     job = param.Job("overlap", barrier=barrier, seed=SEED, data=pb.linear_data,
                     aggregate="each")
     job.register_push(watching_push)
@@ -57,13 +57,15 @@ def _watch(cluster, barrier, overlap):
     job.register_stop(pb.StepStop(60))
     model = job.run(cluster, init={"w": np.zeros(pb.D), "count": np.zeros(2),
                                    "seen": np.full((2, 2), -99.0)},
-                    batch=8, timeout_s=60, overlap=overlap)
+                    batch=8, timeout_s=60, overlap=overlap, servers=servers)
     return model["seen"]
 
 
-@pytest.mark.parametrize("barrier", [SSP(STALENESS), PSP(1, STALENESS)], ids=["ssp", "pssp"])
-def test_a_step_computed_ahead_misses_only_its_own_last_update(cluster, barrier):
-    seen = _watch(cluster, barrier, overlap=True)
+@pytest.mark.parametrize("barrier, servers", [(SSP(STALENESS), 1), (PSP(1, STALENESS), 1),
+                                             (SSP(STALENESS), 2)],
+                         ids=["ssp", "pssp", "ssp-2-shards"])
+def test_a_step_computed_ahead_misses_only_its_own_last_update(cluster, barrier, servers):
+    seen = _watch(cluster, barrier, overlap=True, servers=servers)
     own_missing, lead = seen[:, 0], seen[:, 1]
     assert own_missing.tolist() == [1.0, 1.0]    # each computed a step ahead, never two
     # no step began more than the staleness ahead of what it read of the other worker,
