@@ -30,6 +30,7 @@ class Timer(IntEnum):
     REPLICATE = 5     # an owner's write nobody waits on goes to the key's holders
     BEGIN = 7         # begin the next step from the shell's loop (see _begin_step)
     COMPUTE = 8       # compute the step on the service's thread (its keys came in there)
+    SENT = 9          # a full step's pushes went out from the I/O thread: count it done
 
 
 @dataclass

@@ -133,6 +133,14 @@ class PeerRunner(OwnerCalls):
         return self.step - self._pipe.unanswered
 
     @property
+    def awaits_answers(self) -> bool:
+        """A computed step waits for the pushes out to be answered (the pipeline is full):
+        a shell may hand their answers to this runner on its node's I/O thread, so that the
+        step's own pushes leave at once; the step is counted, and the next one computed, on
+        the service's thread (``Timer.SENT``: ``stop`` and the barrier are user code)."""
+        return self._pipe.full and self.phase == Phase.WORKING
+
+    @property
     def stopped(self) -> bool:
         """DONE or FAILED: nothing this runner does from now on may start a step or a push."""
         return self.phase in (Phase.DONE, Phase.FAILED)
@@ -167,6 +175,8 @@ class PeerRunner(OwnerCalls):
             self._begin_step(now, eff)
         elif kind == Timer.COMPUTE and token == self._epoch and self.phase == Phase.WORKING:
             self._compute(now, eff)
+        elif kind == Timer.SENT and token == self._epoch and self.phase == Phase.WORKING:
+            self._step_done(now, eff)
         elif kind == Timer.REPLICATE:
             eff.extend(self.owner.on_timer(token, now))
         elif kind == Timer.RETRY:
@@ -326,7 +336,10 @@ class PeerRunner(OwnerCalls):
         if self._pipe.waiting:
             self._send_batch(now, eff)
             if self._pipe.release():
-                self._done_sending(now, eff)
+                if self.on_io_thread:
+                    eff.timers.append(SetTimer(0.0, Timer.SENT, self._epoch))
+                else:
+                    self._done_sending(now, eff)
         if self._finishing and not self._pipe.busy:
             # (a batch of steps that updated nothing sends nothing: none to wait for)
             self._finishing = False

@@ -224,13 +224,15 @@ class PeerService(Service):
                                     "[, endpoint hints])")
             runner = self.peer.runner
             on_io_thread = runner is not None and threading.get_ident() != self._thread
-            if on_io_thread and _is_answer(payload[0]):
+            if on_io_thread and _is_answer(payload[0]) and not runner.awaits_answers:
                 # On the node's I/O thread (a quick kind, the peer idle). An answer goes on
                 # to the service's thread: it completes one of our operations (mostly a
                 # push, and the step after it begins there at once: handled here, that
-                # hand-off would only come later). A request (a push to us, a PING, a
-                # STORE) is handled here, and a step it lets begin begins from a timer, on
-                # the service's thread.
+                # hand-off would only come later), unless a computed step waits for it
+                # (``awaits_answers``): then its pushes leave from here, a wake-up sooner,
+                # and the step is counted on the service's thread (``Timer.SENT``). A
+                # request (a push to us, a PING, a STORE) is handled here, and a step it
+                # lets begin begins from a timer, on the service's thread.
                 self.ctx.post(self.overlay, payload, env)
                 return
             if len(payload) == 3 and self.dialer is not None:
