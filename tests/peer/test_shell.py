@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import actorpy
-from actorpy.barrier import ASP, PSP
+from actorpy.barrier import ASP, PSP, Policy
 from actorpy.errors import ActorpyError, ActorpyTimeout, RemoteError
 from engines import peer
 from engines.peer.cluster_run import ClusterRun, start_peers
@@ -309,9 +309,9 @@ def _on_service_thread() -> bool:
     return threading.current_thread().name.startswith("actorpy-service")
 
 
-def _threads_job() -> peer.Job:
-    """schedule and push fail unless on their peer's service thread; pull counts in "io" the
-    pushes it folded on the node's I/O thread."""
+def _threads_job(barrier: Policy) -> peer.Job:
+    """schedule, push and stop fail unless on their peer's service thread; pull counts in
+    "io" the pushes it folded on the node's I/O thread."""
     def schedule(ctx):
         if not _on_service_thread():
             raise RuntimeError(f"schedule ran on {threading.current_thread().name}")
@@ -330,22 +330,32 @@ def _threads_job() -> peer.Job:
             else:
                 store.set(key, value + update)
 
-    job = peer.Job("threads", barrier=PSP(1, 0), seed=0)
+    def stop(ctx):
+        if not _on_service_thread():
+            raise RuntimeError(f"stop ran on {threading.current_thread().name}")
+        return ctx.step >= 30
+
+    job = peer.Job("threads", barrier=barrier, seed=0)
     job.register_schedule(schedule)
     job.register_push(push)
     job.register_pull(pull)
-    job.register_stop(lambda ctx: ctx.step >= 30)
+    job.register_stop(stop)
     return job
 
 
+# pSSP(1, 2): a step computes while the last push travels, and the answer it waits for is
+# taken on the I/O thread (``awaits_answers``); its step is still counted, stop checked and
+# the next step computed on the service's thread
+@pytest.mark.parametrize("barrier", [PSP(1, 0), PSP(1, 2)], ids=["pbsp", "pssp"])
 @pytest.mark.parametrize("floats, quick", [(16, True), (300_000, False)])
 def test_user_steps_never_run_on_the_io_thread_and_a_big_models_pull_neither(cluster, floats,
-                                                                              quick):
+                                                                              quick, barrier):
     """A small model's overlay messages may be handled on the node's I/O thread while the
     peer is idle (one thread hand-off less per push an owner answers): its pull runs there
-    then, never schedule or push; a model over QUICK_MODEL_BYTES keeps pull off it too."""
+    then, never schedule, push or stop; a model over QUICK_MODEL_BYTES keeps pull off it
+    too."""
     init = {"w": np.zeros(floats, np.float32), "io": np.zeros(1)}
-    result = _threads_job().run(cluster, peers=2, init=init, timeout_s=60)
+    result = _threads_job(barrier).run(cluster, peers=2, init=init, timeout_s=60)
     assert result.updates == 2 * 60 and (result.model["w"] == 60).all()   # 2 keys a push
     io_pulls = int(result.model["io"][0])
     assert (io_pulls > 0) if quick else (io_pulls == 0), io_pulls
