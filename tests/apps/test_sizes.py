@@ -30,28 +30,20 @@ def test_an_absurd_batch_is_refused_before_a_cluster_starts(app):
         main(["--batch", str(10**9), "--workers", "1", "--steps", "1", "--timeout", "3"])
 
 
-def test_an_absurd_batch_is_refused_by_the_workers_machines_with_manager():
-    # before: --manager skipped the check (its workers run elsewhere) and the run went on
-    # until --timeout, every worker stuck allocating
+# before: --manager skipped the check (its workers run elsewhere) and the run went on until
+# --timeout, every worker stuck allocating; p2p-sgd --manager skipped it after sgd made it
+# (3 peers on 1 worker: 3 minibatches at once)
+@pytest.mark.parametrize("main, flags, count", [
+    (sgd.main, [], 1), (p2p_sgd.main, ["--peers", "3"], 3)], ids=["sgd", "p2p-sgd"])
+def test_an_absurd_batch_is_refused_by_the_workers_machines_with_manager(main, flags, count):
     with actorpy.connect(workers=1) as cluster:
         address = cluster.local.manager_address
-        with pytest.raises(ConfigError, match=rf"--batch 1000000000 \(1 minibatches at once\) "
-                                              rf"need about .* GiB of memory, more than the .* "
-                                              rf"GiB available on {socket.gethostname()}"):
-            sgd.main(["--manager", address, "--batch", str(10**9), "--steps", "1",
-                      "--timeout", "3"])
-
-
-def test_p2p_sgd_refuses_an_absurd_batch_on_the_workers_machines_with_manager():
-    # before: p2p-sgd --manager skipped the check that sgd --manager makes, and the peers
-    # went on allocating 1e9-row minibatches until --timeout; 3 peers on 1 worker: 3 at once
-    with actorpy.connect(workers=1) as cluster:
-        address = cluster.local.manager_address
-        with pytest.raises(ConfigError, match=rf"--batch 1000000000 \(3 minibatches at once\) "
-                                              rf"need about .* GiB of memory, more than the .* "
-                                              rf"GiB available on {socket.gethostname()}"):
-            p2p_sgd.main(["--manager", address, "--peers", "3", "--batch", str(10**9),
-                          "--steps", "1", "--timeout", "3"])
+        with pytest.raises(ConfigError, match=rf"--batch 1000000000 \({count} minibatches at "
+                                              rf"once\) need about .* GiB of memory, more "
+                                              rf"than the .* GiB available on "
+                                              rf"{socket.gethostname()}"):
+            main(["--manager", address, *flags, "--batch", str(10**9), "--steps", "1",
+                  "--timeout", "3"])
 
 
 def test_p2p_sgd_on_a_cluster_with_no_workers_says_so_as_sgd_does(tmp_path):
