@@ -25,11 +25,15 @@ class Pipeline:
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
-        self.travelling: set[str] = set()      # the keys of the batch out
         self.waiting: list[tuple[int, dict[str, Any]]] = []
         self.full = False
         self._flight = 0                        # the steps of the batch out
-        self._out: dict[str, Pushes] = {}       # its keys' updates not answered yet
+        self._out: dict[str, Pushes] = {}       # its keys not answered yet, their updates
+
+    @property
+    def travelling(self) -> bool:
+        """Whether some key of the batch out is not answered yet."""
+        return bool(self._out)
 
     @property
     def busy(self) -> bool:
@@ -56,7 +60,6 @@ class Pipeline:
         for step, updates in steps:
             for name, update in updates.items():
                 items.setdefault(name, []).append((step, update))
-        self.travelling = set(items)
         self._flight = len(steps)
         self._out = {name: tuple(pushes) for name, pushes in items.items()}
         return dict(self._out)
@@ -77,6 +80,5 @@ class Pipeline:
 
     def landed(self, name: str) -> bool:
         """``name``'s push of the batch out was answered; whether all of it was."""
-        self.travelling.discard(name)
         self._out.pop(name, None)
-        return not self.travelling
+        return not self._out
