@@ -22,12 +22,6 @@ SEED = 11
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with actorpy.connect(workers=2) as c:
-        yield c
-
-
 def _job(barrier, **kw):
     job = param.Job("lin", barrier=barrier, seed=SEED, data=pb.linear_data, **kw)
     job.register_push(pb.linear_push)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import actorpy
 from actorpy.barrier import ASP, BSP, PSP, SSP
 from engines import param
 from engines.param.job import overlaps
@@ -15,12 +14,6 @@ from tests.param import problems as pb
 
 SEED = 5
 STALENESS = 2
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with actorpy.connect(workers=2) as c:
-        yield c
 
 
 def watching_push(ctx, values):

@@ -1,6 +1,6 @@
 """P2P SGD on simulated peers: linear regression with a known w* under every barrier, the
 model's keys owned (pulled) by their closest peers, barriers keeping their bounds, peers
-killed or joining mid-run."""
+killed or joining mid-run. Bad input: ``test_job_failures.py``."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -8,86 +8,16 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from actorpy.barrier import ASP, BSP, PSP, SSP, Decision, Policy
-from actorpy.errors import ConfigError, RemoteError
-from engines.peer import Job, OwnerStore, PeerContext, SimRun
+from actorpy.barrier import ASP, BSP, PSP, SSP, Policy
+from actorpy.errors import ConfigError
+from engines.peer import Job, PeerContext, SimRun
 from engines.peer.kademlia.events import Effects
 from engines.peer.kademlia.ids import key_id
 from engines.peer.peer import Peer
 from engines.peer.runner import Phase
 
-D, KEYS, ROWS, BATCH = 16, 4, 400, 32
-W_STAR = np.random.default_rng(0).normal(size=D)
-CHUNKS = np.array_split(np.arange(D), KEYS)
-NAMES = [f"w{i}" for i in range(KEYS)]
-
-
-def shard(index: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(1000 + index)
-    x = rng.normal(size=(ROWS, D))
-    return x, x @ W_STAR + 0.01 * rng.normal(size=ROWS)
-
-
-def linreg(barrier: Policy, steps: int, lr: float = 0.05, seed: int = 3) -> Job:
-    """Linear regression with its weights split over 4 keys (so over several owners)."""
-    job = Job("linreg", barrier=barrier, seed=seed)
-
-    @job.register_schedule
-    def schedule(ctx: PeerContext) -> list[str]:
-        return NAMES
-
-    @job.register_push
-    def push(ctx: PeerContext, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        x, y = ctx.data
-        w = np.concatenate([values[n] for n in NAMES])
-        rows = ctx.rng.integers(0, ROWS, BATCH)
-        grad = x[rows].T @ (x[rows] @ w - y[rows]) / BATCH
-        return {n: grad[c] for n, c in zip(NAMES, CHUNKS)}
-
-    @job.register_pull
-    def pull(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
-        for name, grad in updates.items():
-            w, _clock = store.get(name)
-            store.set(name, w - lr * grad)
-
-    job.register_stop(lambda ctx: ctx.step >= steps)
-    return job
-
-
-class FailingPolicy:
-    """A custom barrier policy whose ``decide`` raises."""
-
-    def decide(self, me_step: int, view: object) -> Decision:
-        raise ZeroDivisionError("no view")
-
-
-def init() -> dict[str, np.ndarray]:
-    return {n: np.zeros(len(c)) for n, c in zip(NAMES, CHUNKS)}
-
-
-def weight_error(model: dict[str, np.ndarray]) -> float:
-    w = np.concatenate([model[n] for n in NAMES])
-    return float(np.linalg.norm(w - W_STAR) / np.linalg.norm(W_STAR))
-
-
-def record_folds(job: Job) -> dict[tuple[str, str], list[int]]:
-    """Wrap ``job``'s pull to record each fold on an owner: (key, pusher) -> the pusher's
-    steps, in the order the owner folded them (not a pusher's private folds of its own)."""
-    folded: dict[tuple[str, str], list[int]] = {}
-    pull = job.spec({}).pull
-
-    @job.register_pull
-    def recording(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
-        for name in updates:
-            if not store.private:
-                folded.setdefault((name, store.sender), []).append(store.sender_step)
-        pull(store, updates)
-    return folded
-
-
-def run(job: Job, peers: int = 8, **options: object) -> tuple[SimRun, object]:
-    sim = SimRun(job, peers, init(), data=shard, **options)  # type: ignore[arg-type]
-    return sim, sim.run()
+from .linreg import (BATCH, KEYS, NAMES, init, linreg, record_folds, run, shard,
+                     weight_error)
 
 
 class TestTraining:
@@ -383,142 +313,3 @@ class TestLeaving:
         runner = leaver.peer.runner
         assert runner is not None and runner.phase == Phase.DONE     # it stopped stepping
         assert all(steps == 60 for a, steps in result.steps.items() if a != sim.order[index])
-
-
-class TestFailures:
-    def test_a_barrier_that_raises_surfaces_as_a_remote_error(self) -> None:
-        # before: the bare exception came out of the simulator (and on a cluster the
-        # peer's handler died with it: tests/peer/test_shell.py)
-        job = linreg(FailingPolicy(), steps=5)
-        with pytest.raises(RemoteError, match="ZeroDivisionError: no view") as info:
-            run(job, peers=3, max_s=60)
-        assert info.value.node_id.startswith("n") and "in decide" in info.value.remote_traceback
-
-    def test_a_failing_pull_surfaces_as_a_remote_error(self) -> None:
-        job = linreg(ASP(), steps=5)
-
-        @job.register_pull
-        def pull(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
-            raise ValueError("bad update")
-
-        with pytest.raises(RemoteError, match="ValueError: bad update"):
-            run(job, peers=3)
-
-    @pytest.mark.parametrize("bad, error", [
-        (lambda ctx, values: None, r"push on peer n\d+ returned None; return a dict of key "
-                                   r"-> update, or \{\} for no update this step"),
-        (lambda ctx, values: {"nokey": np.ones(4)}, "update for 'nokey', which is not one"),
-        (lambda ctx, values: {"w0": np.ones(7)}, "shape \\(7,\\), where the model holds a "
-                                                 "float64 array of shape \\(4,\\)"),
-        (lambda ctx, values: {"w0": np.ones(4, np.float32)}, "a float32 array"),
-        (lambda ctx, values: {"w0": 1.0}, "key 'w0' a float, where"),
-    ], ids=["none", "unknown-key", "shape", "dtype", "scalar"])
-    def test_a_push_that_does_not_fit_is_a_clear_error(self, bad: object,
-                                                         error: str) -> None:
-        # before: an unknown key was asked of its owner forever (a hang until the timeout),
-        # a wrong shape failed in some owner's pull, a float stopped the peer's service
-        job = linreg(ASP(), steps=5)
-        job.register_push(bad)
-        with pytest.raises(RemoteError, match=error):
-            run(job, peers=3, max_s=60)
-
-    def test_a_push_that_returns_an_empty_dict_is_a_step_without_update(self) -> None:
-        job = linreg(ASP(), steps=5)
-        job.register_push(lambda ctx, values: {})
-        _, result = run(job, peers=3, max_s=60)
-        assert set(result.steps.values()) == {5} and result.updates == 0
-        assert all(np.array_equal(result.model[n], v) for n, v in init().items())
-
-    def test_a_pipelined_peer_whose_last_steps_update_nothing_still_stops(self) -> None:
-        """overlap=3, pushes slower than steps: steps 1 and 2 return {} and the peers stop
-        at 3, while step 0's pushes travel; once they land the two steps send nothing, and
-        nothing is left to wait for (a peer so waited for good, WORKING, until the timeout)."""
-        job = linreg(ASP(), steps=3)
-        job.overlap = 3
-        push = job.spec({}).push
-        job.register_push(lambda ctx, values: push(ctx, values) if ctx.step == 0 else {})
-        _, result = run(job, peers=3, max_s=60, compute_s=lambda index, step: 0.001,
-                        latency_s=(0.002, 0.003))
-        assert set(result.steps.values()) == {3} and result.updates == 3 * KEYS
-
-    @pytest.mark.parametrize("bad, error", [
-        (lambda ctx: ["nokey"], "schedule named 'nokey', which is not a key of the model"),
-        (lambda ctx: "w0", "schedule returned str; it must return a list of keys"),
-    ], ids=["unknown-key", "str"])
-    def test_a_schedule_naming_no_key_of_the_model_is_a_clear_error(self, bad: object,
-                                                                     error: str) -> None:
-        job = linreg(ASP(), steps=5)
-        job.register_schedule(bad)
-        with pytest.raises(RemoteError, match=error):
-            run(job, peers=3, max_s=60)
-
-    @pytest.mark.parametrize("value, error", [
-        (np.zeros(9), r"pull set key 'w\d' to a float64 array of shape \(9,\)"),
-        ([0.0] * 4, r"pull set key 'w\d' to a list"),
-    ], ids=["shape", "list"])
-    def test_a_pull_setting_a_misfit_value_is_a_clear_error(self, value: object,
-                                                                      error: str) -> None:
-        # before: the model silently took the new shape (or the peer's service failed)
-        job = linreg(ASP(), steps=5)
-        job.register_pull(lambda store, updates: store.set(next(iter(updates)), value))
-        with pytest.raises(RemoteError, match=error):
-            run(job, peers=3, max_s=60)
-
-    def test_a_pull_setting_a_key_it_does_not_hold_fails(self) -> None:
-        job = linreg(ASP(), steps=5)
-        job.register_pull(lambda store, updates: store.set("zz", np.zeros(4)))
-        with pytest.raises(RemoteError, match="holds no key 'zz'"):
-            run(job, peers=3, max_s=60)
-
-    def test_a_stop_whose_answer_is_not_a_truth_value_fails_the_job(self) -> None:
-        job = linreg(ASP(), steps=5)
-        job.register_stop(lambda ctx: np.array([True, False]))
-        with pytest.raises(RemoteError, match="truth value of an array"):
-            run(job, peers=3, max_s=60)
-
-    def test_no_peer_or_an_empty_model_is_a_config_error(self) -> None:
-        # before: init={} ran until the timeout (every peer waited at step 0 for its key),
-        # simulate(peers=0) failed with an IndexError, run(peers=0) with an ActorpyError
-        from actorpy.errors import ConfigError
-        job = linreg(ASP(), steps=1)
-        for start in (job.simulate, lambda **kw: job.run(None, timeout_s=5, **kw)):
-            with pytest.raises(ConfigError, match="init must name at least one key"):
-                start(peers=2, init={})
-            with pytest.raises(ConfigError, match="at least one peer, got 0"):
-                start(peers=0, init=init())
-            # before: TypeError "cannot store a numpy array of dtype object" from simulate,
-            # a RemoteError from a peer on a cluster
-            with pytest.raises(ConfigError, match=r"init\['w0'\] is an array of dtype object"):
-                start(peers=2, init={**init(), "w0": np.array([1, "a"], dtype=object)})
-
-    def test_a_stop_that_returns_none_fails_the_job(self) -> None:
-        # before: None is false, so every peer ran until the run's timeout
-        job = linreg(ASP(), steps=5)
-        job.register_stop(lambda ctx: None)
-        with pytest.raises(RemoteError, match="stop returned None; it must return True"):
-            run(job, peers=3, max_s=60)
-
-    def test_missing_callbacks_are_a_config_error(self) -> None:
-        from actorpy.errors import ConfigError
-        with pytest.raises(ConfigError, match="schedule, push, stop"):
-            Job("empty").spec()
-        with pytest.raises(ConfigError, match="unknown overlay"):
-            Job("x", rpc_timeout=1.0)
-        with pytest.raises(ConfigError, match="replication"):
-            Job("x", replication=0)
-        # before: a negative seed failed as numpy's ValueError traceback on every peer,
-        # rpc_timeout_s=0 made every request time out (44 s for 5 steps), alpha=0 and a
-        # NaN or infinite timeout_s were taken
-        with pytest.raises(ConfigError, match="seed must be an int >= 0, got -1"):
-            Job("x", seed=-1)
-        with pytest.raises(ConfigError, match="rpc_timeout_s must be a finite number > 0"):
-            Job("x", rpc_timeout_s=0.0)
-        with pytest.raises(ConfigError, match="alpha must be an int >= 1"):
-            Job("x", alpha=0)
-        with pytest.raises(ConfigError, match="durable must be True or False"):
-            Job("x", durable="no")
-        with pytest.raises(ConfigError, match="overlap must be True, False or an int"):
-            Job("x", overlap=-1)
-        for timeout in (float("nan"), float("inf")):
-            with pytest.raises(ConfigError, match="timeout_s must be a finite number > 0"):
-                linreg(ASP(), steps=1).run(None, peers=2, init=init(), timeout_s=timeout)

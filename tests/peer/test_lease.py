@@ -29,7 +29,7 @@ from engines.peer.runner import Phase
 from engines.peer.shell import DRIVER_LEASE_S, LEASE_CHECKS, PeerKind
 from tests.apps.test_p2p_peer import _first_line, _endpoint
 from tests.conftest import wait_until
-from tests.peer.test_job import NAMES, init, linreg, shard, weight_error
+from tests.peer.linreg import NAMES, init, linreg, shard, weight_error
 from tests.peer.test_standalone import SECRET, _peer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ DRIVER = """
 import dataclasses
 import sys
 from actorpy.barrier import PSP
-from tests.peer.test_job import init, linreg, shard
+from tests.peer.linreg import init, linreg, shard
 
 said = []
 def say_running(run, seconds):

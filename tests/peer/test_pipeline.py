@@ -13,7 +13,7 @@ from engines.peer import OwnerStore
 from engines.peer.context import read_own
 from engines.peer.pipeline import Pipeline
 
-from .test_job import KEYS, linreg, record_folds, run, weight_error
+from .linreg import KEYS, linreg, record_folds, run, weight_error
 
 
 def minus(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:

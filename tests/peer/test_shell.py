@@ -24,7 +24,7 @@ from engines.peer.kademlia.messages import Ping
 from actorpy.runtime.service import handles
 from engines.peer.shell import PeerKind, PeerService, address_of, ref_of, wire_payload
 from tests.conftest import wait_until
-from tests.peer.test_job import NAMES, FailingPolicy, init, linreg, shard, weight_error
+from tests.peer.linreg import NAMES, FailingPolicy, init, linreg, shard, weight_error
 
 CONFIG = KademliaConfig(rpc_timeout_s=0.5, replica_check_s=0.3, replication=3,
                         refresh_on_join=False)

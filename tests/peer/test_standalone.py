@@ -19,7 +19,7 @@ from engines.peer.runner import Phase
 from engines.peer.shell import PeerKind
 from engines.peer.standalone import StandalonePeer, advertised
 from tests.conftest import wait_until
-from tests.peer.test_job import init, linreg, shard, weight_error
+from tests.peer.linreg import init, linreg, shard, weight_error
 
 SECRET = generate_secret()
 
