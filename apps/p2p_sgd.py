@@ -29,7 +29,8 @@ from actorpy.errors import ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
 from apps.sgd import Pull, data_bytes, generate, gradient, loss, sample_bytes, true_weights
 from apps.training import (barriers_from_args, check_batch, check_batch_on_workers,
-                           check_memory, check_plot_path, plot_curves, warn_if_diverged)
+                           check_memory, check_plot_path, default_lr, plot_curves,
+                           warn_if_diverged)
 from engines import peer
 from engines.peer.overlay_run import OverlayClient, OverlayRun
 
@@ -124,7 +125,11 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
     w_star = true_weights(args.seed, args.features, args.model)
     push = Push(args.model, w_star if args.target is not None else None)
     job.register_push(push)
-    job.register_pull(Pull(args.lr, args.decay))
+    members = cluster.members() if isinstance(cluster, OverlayClient) else None
+    peers = args.peers if members is None else len(members)
+    lr = args.lr if args.lr is not None else default_lr(args.model, barrier, peers,
+                                                         averaged=False)
+    job.register_pull(Pull(lr, args.decay))
     job.register_stop(StopAfter(args.steps, push, args.target))
     trace = Trace(args.seed, args.features, args.model, 0.2) if args.plot else None
 
@@ -134,8 +139,7 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
         if on_poll is not None:
             on_poll(run, seconds)
     init = {"w": np.zeros(args.features, dtype=np.float32)}
-    if isinstance(cluster, OverlayClient):
-        members = cluster.members()
+    if members is not None:
         run = OverlayRun(job, cluster, members, init,
                          data=PeerData(args.seed, args.rows, len(members), args.features,
                                        args.model), timeout_s=args.timeout, on_poll=poll)
@@ -167,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="peers sampled by pbsp and pssp (default 2)")
     parser.add_argument("--steps", type=int, default=300, help="steps per peer (default 300)")
     parser.add_argument("--lr", type=apputil.positive_float, default=None,
-                        help="learning rate (default 0.1 linear, 1.0 logistic)")
+                        help="learning rate (default 0.1 linear, 1.0 logistic; with more "
+                             "than 4 peers, 4/N of that: each owner folds every push alone)")
     parser.add_argument("--decay", type=apputil.positive_float, default=None,
                         help="lr / sqrt(1 + updates of w / DECAY) (default: none for linear, "
                              "100 for logistic)")
@@ -199,8 +204,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
-    if args.lr is None:
-        args.lr = 0.1 if args.model == "linear" else 1.0
     if args.decay is None and args.model == "logistic":
         args.decay = 100.0
     if min(args.peers, args.steps, args.batch, args.rows, args.features) < 1:

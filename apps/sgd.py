@@ -20,8 +20,8 @@ import numpy as np
 from actorpy import apputil
 from actorpy.errors import ConfigError
 from apps.training import (add_barrier_arguments, add_server_arguments, barriers_from_args,
-                           check_batch, check_batch_on_workers, check_memory, run_barriers,
-                           start_options)
+                           check_batch, check_batch_on_workers, check_memory, default_lr,
+                           run_barriers, start_options)
 from engines import param
 
 NOISE = 0.1
@@ -144,7 +144,9 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
     job = param.Job(f"sgd-{args.model}", barrier=barrier, seed=args.seed,
                     data=Data(args.rows, args.features, args.model))
     job.register_push(Push(args.model))
-    job.register_pull(Pull(args.lr, args.decay))
+    lr = args.lr if args.lr is not None else default_lr(args.model, barrier,
+                                                         len(cluster.workers()), averaged=True)
+    job.register_pull(Pull(lr, args.decay))
     job.register_stop(Monitor(args.seed, args.features, args.model, args.steps, args.target,
                               max(1, args.steps // 100)))
     run = job.start(cluster, init={"w": np.zeros(args.features, dtype=np.float32)},
@@ -169,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_arguments(parser)
     parser.add_argument("--steps", type=int, default=500, help="steps per worker (default 500)")
     parser.add_argument("--lr", type=apputil.positive_float, default=None,
-                        help="learning rate (default 0.1 linear, 1.0 logistic)")
+                        help="learning rate (default 0.1 linear, 1.0 logistic; with more "
+                             "than 4 workers, 4/N of that under any barrier but bsp)")
     parser.add_argument("--decay", type=apputil.positive_float, default=None,
                         help="lr / sqrt(1 + updates of w / DECAY) (default: none for linear, "
                              "100 for logistic)")
@@ -190,8 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.lr is None:
-        args.lr = 0.1 if args.model == "linear" else 1.0
     if args.decay is None and args.model == "logistic":
         args.decay = 100.0
     if min(args.steps, args.batch, args.rows, args.features) < 1:

@@ -71,6 +71,25 @@ def check_checkpoint_dir(args: argparse.Namespace) -> None:
         raise ConfigError(f"--checkpoint-dir {path}: not a directory (create it first)")
 
 
+#: the apps' learning rates when --lr is not given, before ``default_lr`` scales them
+BASE_LR = {"linear": 0.1, "logistic": 1.0}
+#: up to this many workers (or peers) whose updates land one at a time, BASE_LR holds
+CALM_WORKERS = 4
+
+
+def default_lr(model: str, barrier: Any, workers: int, *, averaged: bool) -> float:
+    """``--lr`` when it is not given: ``BASE_LR``, or ``CALM_WORKERS`` / N of it with N
+    workers (or peers) whose updates land one at a time, each on a w the others changed
+    since it was read: every barrier but a synchronous one whose rounds are averaged
+    (``averaged``: the PS engine's BSP; a P2P owner folds each push alone). Asynchronous
+    SGD needs a step of about 1 / (its delay) and the delay grows with N: at 0.1 the
+    linear problem diverged from 8 workers under SSP(4) and from 16 peers under pSSP."""
+    base = BASE_LR[model]
+    if averaged and isinstance(barrier, SSP) and barrier.staleness == 0:
+        return base
+    return base * min(1.0, CALM_WORKERS / max(1, workers))
+
+
 def parse_barrier(spec: str) -> Any:
     """A barrier from a ``--compare`` spec.
 

@@ -10,9 +10,10 @@ import sys
 import pytest
 
 import actorpy
+from actorpy.barrier import ASP, BSP, PSP, SSP
 from actorpy.errors import ConfigError
 from apps import p2p_sgd, sgd
-from apps.training import barriers_from_args, parse_barrier
+from apps.training import barriers_from_args, default_lr, parse_barrier
 from tests.conftest import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -134,6 +135,22 @@ class TestSGD:
         assert result["loss"] is None and result["weight_error"] is None
         assert "training diverged" in err and "--lr" in err and "RuntimeWarning" not in err
 
+
+    def test_the_default_lr_holds_with_8_workers_under_ssp(self, capsys):
+        """Before, --lr defaulted to 0.1 whatever the workers: 8 under SSP(4) ended at a
+        weight error of 0.40 after 150 steps (5.2 after 500: diverging)."""
+        assert sgd.main(["--barrier", "ssp", "--workers", "8", "--steps", "150",
+                         "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["weight_error"] < 0.05
+
+    def test_default_lr_scales_with_workers_unless_rounds_are_averaged(self):
+        assert default_lr("linear", SSP(4), 4, averaged=True) == 0.1
+        assert default_lr("linear", SSP(4), 16, averaged=True) == pytest.approx(0.025)
+        assert default_lr("logistic", ASP(), 8, averaged=True) == pytest.approx(0.5)
+        # the PS engine averages a BSP round's updates; a P2P owner folds each push alone
+        assert default_lr("linear", BSP(), 16, averaged=True) == 0.1
+        assert default_lr("linear", BSP(), 16, averaged=False) == pytest.approx(0.025)
+        assert default_lr("linear", PSP(2, 0), 8, averaged=True) == pytest.approx(0.05)
 
     @pytest.mark.parametrize("flags, overlap", [([], True), (["--no-overlap"], False)])
     def test_no_overlap_makes_each_step_wait_for_its_reply(self, monkeypatch, capsys, flags,
