@@ -27,7 +27,8 @@ import numpy as np
 from actorpy import apputil
 from actorpy.errors import ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
-from apps.sgd import Pull, data_bytes, generate, gradient, loss, sample_bytes, true_weights
+from apps.sgd import (Pull, data_bytes, generate, gradient, loss, quiet, sample_bytes,
+                      true_weights)
 from apps.training import (barriers_from_args, check_batch, check_batch_on_workers,
                            check_memory, check_plot_path, default_lr, plot_curves,
                            warn_if_diverged)
@@ -65,6 +66,7 @@ class Push:
         self.model, self.w_star = model, w_star
         self.error = float("inf")
 
+    @quiet
     def __call__(self, ctx: peer.PeerContext, values: dict[str, Any]) -> dict[str, Any]:
         x, y = ctx.data
         if self.w_star is not None:
@@ -101,6 +103,7 @@ class Trace:
         self.rows: list[dict[str, float]] = []
         self._next = 0.0
 
+    @quiet
     def __call__(self, run: Any, seconds: float) -> None:
         if seconds < self._next:
             return
@@ -114,6 +117,7 @@ class Trace:
                                                     / np.linalg.norm(self.w_star))})
 
 
+@quiet
 def train(cluster: Any, args: argparse.Namespace, barrier: Any,
           on_poll: Callable[[Any, float], None] | None = None) -> tuple[dict[str, Any], list]:
     """One training run: the JSON fields and the trace (``on_poll``: see ``Job.run``).

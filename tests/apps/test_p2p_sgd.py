@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import warnings
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import actorpy
 from actorpy.errors import ConfigError
 from apps import p2p_sgd
+from apps.sgd import true_weights
 from apps.training import barriers_from_args
 
 
@@ -23,6 +27,27 @@ class TestCli:
         assert out["steps_per_worker"] == [150] * 4
         assert out["updates"] == 4 * 150            # each push folded into w once
         assert out["weight_error"] < 0.05 and out["seconds"] > 0
+
+    def test_a_huge_w_is_measured_without_numpy_warnings(self):
+        """A diverging run's w (finite, huge) is reported once, by ``warn_if_diverged``;
+        before, the driver's weight error (and a peer's, with --target) printed numpy's
+        "overflow encountered in dot" on stderr."""
+        class Run:
+            def read(self, _):
+                return np.full(100, 1e30, dtype=np.float32), 1
+
+            def updates(self):
+                return 1
+        w_star = true_weights(0, 100, "linear")
+        ctx = SimpleNamespace(data=(np.ones((4, 100), dtype=np.float32),
+                                    np.ones(4, dtype=np.float32)),
+                              rng=np.random.default_rng(0), batch_size=2)
+        trace = p2p_sgd.Trace(0, 100, "linear", 0.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            trace(Run(), 1.0)
+            p2p_sgd.Push("linear", w_star)(ctx, {"w": np.full(100, 1e30, dtype=np.float32)})
+        assert trace.rows[0]["weight_error"] == float("inf")
 
     def test_a_deeper_overlap_trains_the_same_and_a_bad_one_is_refused(self, capsys):
         assert p2p_sgd.main(["--peers", "3", "--steps", "150", "--barrier", "pssp",
