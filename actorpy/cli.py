@@ -306,19 +306,13 @@ def _apps() -> dict[str, Any]:
 
 
 def _open_standard_streams() -> None:
-    """Give a closed stdin, stdout or stderr (``actorpy sgd <&-``, a daemon's) /dev/null.
-    Else the cluster's first pipe takes the free number: a lifeline read from fd 0, which
-    a child's stdin replaces (its manager stopped at once), and ``sys.stdout`` None."""
-    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
-        try:
-            os.fstat(fd)
-        except OSError:
-            null = os.open(os.devnull, os.O_RDWR)   # the lowest free number: ``fd``
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
-            if getattr(sys, name) is None:
-                setattr(sys, name, open(fd, mode, closefd=False))
+    """Give a closed stdin, stdout or stderr (``actorpy sgd <&-``, a daemon's) /dev/null
+    (``launch.fill_standard_fds``), and ``sys.stdout`` a stream there rather than None."""
+    names = {0: ("stdin", "r"), 1: ("stdout", "w"), 2: ("stderr", "w")}
+    for fd in launch.fill_standard_fds():
+        name, mode = names[fd]
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
