@@ -25,7 +25,7 @@ from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import new_node_id
 from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime import launch
-from actorpy.runtime.membership import IO_FAILED
+from actorpy.runtime.membership import IO_FAILED, MANAGER_GONE
 from actorpy.runtime.worker import DRIVER_GONE
 from actorpy.wire import auth
 
@@ -98,8 +98,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _leave_local_cluster(args)
     # A task may still be running in a thread that cannot be interrupted; the worker's job
     # is over, so leave now rather than wait for it (no orphan outlives its cluster).
+    code = _worker_status(worker.stop_reason, args.lifeline_fd)
     logging.shutdown()
-    os._exit(1 if worker.stop_reason.startswith(IO_FAILED) else 0)
+    os._exit(code)
+
+
+#: a worker's exit status when its manager went without a word (killed, its host lost):
+#: not 0, which a supervisor (systemd, a shell loop, Kubernetes) reads as a requested stop
+MANAGER_LOST_STATUS = 1
+
+
+def _worker_status(reason: str, lifeline_fd: int | None) -> int:
+    """A stopping worker's exit status: 0 for a requested stop (a signal, the manager's
+    SHUTDOWN, an embedded cluster's driver gone), 1 when its own I/O loop failed or its
+    manager was lost (said in one line on stderr)."""
+    if reason.startswith(IO_FAILED):
+        return 1
+    if reason.startswith(MANAGER_GONE) and not _driver_gone(lifeline_fd):
+        print(f"actorpy worker: {reason}; exiting with status {MANAGER_LOST_STATUS} (a "
+              "supervisor may restart this worker)", file=sys.stderr, flush=True)
+        return MANAGER_LOST_STATUS
+    return 0
 
 
 def _driver_gone(lifeline_fd: int | None) -> bool:
