@@ -346,4 +346,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from apps import run_as_command
+
+    raise SystemExit(run_as_command("dnn"))
