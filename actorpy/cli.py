@@ -115,8 +115,10 @@ def _worker_status(reason: str, lifeline_fd: int | None) -> int:
     if reason.startswith(IO_FAILED):
         return 1
     if reason.startswith(MANAGER_GONE) and not _driver_gone(lifeline_fd):
-        print(f"actorpy worker: {reason}; exiting with status {MANAGER_LOST_STATUS} (a "
-              "supervisor may restart this worker)", file=sys.stderr, flush=True)
+        # an embedded cluster's worker has no supervisor: its driver says what was lost
+        hint = "" if lifeline_fd is not None else " (a supervisor may restart this worker)"
+        print(f"actorpy worker: {reason}; exiting with status {MANAGER_LOST_STATUS}{hint}",
+              file=sys.stderr, flush=True)
         return MANAGER_LOST_STATUS
     return 0
 
