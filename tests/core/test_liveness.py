@@ -152,4 +152,5 @@ def test_stopped_worker_is_dead_within_the_bound_then_fenced():
         wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
                    open(f"/proc/{pid}/stat").read().split(") ", 1)[1][0] == "Z", 15,
                    "the fenced worker to exit by itself")
+        assert cluster.local.exited([victim]) == {victim: 1}   # not a requested stop
         assert cluster.submit(lambda: "still working").result(30) == "still working"

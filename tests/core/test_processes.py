@@ -231,6 +231,39 @@ def test_workers_exit_non_zero_when_the_manager_dies(tcp_manager):
         assert lines[0].endswith("; exiting with status 1 (a supervisor may restart this worker)")
 
 
+def test_a_worker_exits_non_zero_when_the_manager_restarts_without_it(tcp_manager):
+    # a manager restarted on the same address does not know it: it leaves (before: with
+    # status 0, so a supervisor did not start it again to join the new one). Its own
+    # worker: 5 s for the new manager to start, or the link being down is what it sees.
+    address, secret_file, manager, workers = tcp_manager
+    _wait_for_workers(address, secret_file)
+    worker = subprocess.Popen([PY, "-m", "actorpy", "worker", "--manager", address,
+                               "--secret-file", str(secret_file)], stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "ACTORPY_MANAGER_TIMEOUT_S": "5"})
+    again = None
+    try:
+        wait_until(lambda: _cli("status", "--manager", address, "--secret-file",
+                                str(secret_file), "--json").stdout.count('"worker"') == 3, 20,
+                   "the third worker to register")
+        manager.kill()
+        manager.wait(10)
+        again = subprocess.Popen([PY, "-m", "actorpy", "manager", "--bind", address,
+                                  "--secret-file", str(secret_file)], stdout=subprocess.PIPE,
+                                 text=True)
+        assert again.stdout.readline().strip().endswith(address)
+        assert worker.wait(20) == 1
+        assert "(a manager restarted since, or one that declared this node dead, no longer " \
+               "knows it)" in worker.stderr.read()
+    finally:
+        for proc in (worker, again):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
+        worker.stderr.close()
+        if again is not None:
+            again.stdout.close()
+
+
 def test_workers_stopped_on_purpose_exit_zero(tcp_manager):
     address, secret_file, manager, workers = tcp_manager
     _wait_for_workers(address, secret_file)
