@@ -164,9 +164,10 @@ class Membership:
                                + (f" ({auth})" if auth else ""))
             return
         if self._unanswered_since is not None and now - self._unanswered_since > limit:
-            self._lose_manager(f"it has not answered for {now - self._unanswered_since:.1f} s "
-                               "(a manager restarted since, or one that declared this node "
-                               "dead, no longer knows it)")
+            silent = f"it has not answered for {now - self._unanswered_since:.1f} s"
+            self._lose_manager(f"{silent}; its connection is down" if down else
+                               f"{silent} over a live connection (restarted since, it does not "
+                               "know this node; or it declared this node dead; or it is stuck)")
             return
         try:
             self.node.send(MANAGER_ID, CORE_SERVICE, Kind.HEARTBEAT)

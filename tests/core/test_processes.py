@@ -252,8 +252,8 @@ def test_a_worker_exits_non_zero_when_the_manager_restarts_without_it(tcp_manage
                                  text=True)
         assert again.stdout.readline().strip().endswith(address)
         assert worker.wait(20) == 1
-        assert "(a manager restarted since, or one that declared this node dead, no longer " \
-               "knows it)" in worker.stderr.read()
+        assert "over a live connection (restarted since, it does not know this node;" \
+            in worker.stderr.read()
     finally:
         for proc in (worker, again):
             if proc is not None:
