@@ -25,7 +25,7 @@ from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import new_node_id
 from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime import launch
-from actorpy.runtime.membership import IO_FAILED
+from actorpy.runtime.membership import IO_FAILED, MANAGER_GONE
 from actorpy.runtime.worker import DRIVER_GONE
 from actorpy.wire import auth
 
@@ -98,8 +98,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _leave_local_cluster(args)
     # A task may still be running in a thread that cannot be interrupted; the worker's job
     # is over, so leave now rather than wait for it (no orphan outlives its cluster).
+    code = _worker_status(worker.stop_reason, args.lifeline_fd)
     logging.shutdown()
-    os._exit(1 if worker.stop_reason.startswith(IO_FAILED) else 0)
+    os._exit(code)
+
+
+#: a worker's exit status when its manager went without a word (killed, its host lost):
+#: not 0, which a supervisor (systemd, a shell loop, Kubernetes) reads as a requested stop
+MANAGER_LOST_STATUS = 1
+
+
+def _worker_status(reason: str, lifeline_fd: int | None) -> int:
+    """A stopping worker's exit status: 0 for a requested stop (a signal, the manager's
+    SHUTDOWN, an embedded cluster's driver gone), 1 when its own I/O loop failed or its
+    manager was lost (said in one line on stderr)."""
+    if reason.startswith(IO_FAILED):
+        return 1
+    if reason.startswith(MANAGER_GONE) and not _driver_gone(lifeline_fd):
+        # an embedded cluster's worker has no supervisor: its driver says what was lost
+        hint = "" if lifeline_fd is not None else " (a supervisor may restart this worker)"
+        print(f"actorpy worker: {reason}; exiting with status {MANAGER_LOST_STATUS}{hint}",
+              file=sys.stderr, flush=True)
+        return MANAGER_LOST_STATUS
+    return 0
 
 
 def _driver_gone(lifeline_fd: int | None) -> bool:
@@ -306,19 +327,13 @@ def _apps() -> dict[str, Any]:
 
 
 def _open_standard_streams() -> None:
-    """Give a closed stdin, stdout or stderr (``actorpy sgd <&-``, a daemon's) /dev/null.
-    Else the cluster's first pipe takes the free number: a lifeline read from fd 0, which
-    a child's stdin replaces (its manager stopped at once), and ``sys.stdout`` None."""
-    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
-        try:
-            os.fstat(fd)
-        except OSError:
-            null = os.open(os.devnull, os.O_RDWR)   # the lowest free number: ``fd``
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
-            if getattr(sys, name) is None:
-                setattr(sys, name, open(fd, mode, closefd=False))
+    """Give a closed stdin, stdout or stderr (``actorpy sgd <&-``, a daemon's) /dev/null
+    (``launch.fill_standard_fds``), and ``sys.stdout`` a stream there rather than None."""
+    names = {0: ("stdin", "r"), 1: ("stdout", "w"), 2: ("stderr", "w")}
+    for fd in launch.fill_standard_fds():
+        name, mode = names[fd]
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

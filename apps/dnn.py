@@ -295,8 +295,11 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
              "updates": stats.updates, "seconds": stats.seconds}, stats.trace)
 
 
+PROG = "actorpy dnn"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="actorpy dnn",
+    parser = argparse.ArgumentParser(prog=PROG,
                                      description=apputil.summary(__doc__))
     parser.add_argument("--data", metavar="DIR",
                         help="MNIST idx files (train-images-idx3-ubyte[.gz] ...); default: "
@@ -339,8 +342,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_device(args.device)     # (on a cluster, each worker checks its own)
     return run_barriers(args, train, lambda r: f"test accuracy {r['accuracy']:.3f}  loss "
                                                f"{r['loss']:.3f}", "accuracy", "test accuracy",
-                        log_scale=False)
+                        prog=PROG, log_scale=False)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from apps import run_as_command
+
+    raise SystemExit(run_as_command("dnn"))

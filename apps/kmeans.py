@@ -180,4 +180,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from apps import run_as_command
+
+    raise SystemExit(run_as_command("kmeans"))

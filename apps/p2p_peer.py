@@ -7,7 +7,8 @@ through any live peer and serves the jobs submitted to it (``Job.run_overlay``, 
     actorpy peer --bind tcp://10.0.0.5:7400 --bootstrap tcp://10.0.0.4:7400 --secret-file cluster.secret
 
 The first line on stdout says where the peer listens (``--bind tcp://HOST:0`` picks a free
-port). SIGTERM or Ctrl-C hands the keys it stores to the next closest peers, then exits.
+port). SIGTERM or Ctrl-C hands the keys it stores to the next closest peers, then exits (status
+0); a peer whose I/O loop gave up exits with status 1, for its supervisor to restart it.
 """
 from __future__ import annotations
 
@@ -68,12 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     peer = StandalonePeer(args.bind, security, host=args.host, bootstrap=args.bootstrap,
                           lease_s=args.driver_lease)
     stopped = threading.Event()
+    failure: list[str] = []   # why its I/O loop gave up: exit 1, so a supervisor restarts it
+    peer.node.on_fatal(lambda reason: (failure.append(reason), stopped.set()))
     try:
         contacts = peer.join(args.bootstrap, args.timeout) if args.bootstrap else 0
         joined = f"joined through {args.bootstrap}, {contacts} contacts" if args.bootstrap \
             else "the first peer"
         print(f"actorpy peer {peer.node_id} ready at {peer.endpoint} ({joined})", flush=True)
-        peer.node.on_fatal(lambda reason: stopped.set())
 
         def on_signal(signum: int, frame: Any) -> None:
             signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process outright
@@ -89,8 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"actorpy peer: leaving: {exc}", file=sys.stderr)
     finally:
         peer.close()
+    if failure:
+        print(f"actorpy peer: {failure[0]}", file=sys.stderr)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from apps import run_as_command
+
+    raise SystemExit(run_as_command("peer"))

@@ -161,8 +161,11 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
     return out, trace.rows if trace is not None else []
 
 
+PROG = "actorpy p2p-sgd"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="actorpy p2p-sgd",
+    parser = argparse.ArgumentParser(prog=PROG,
                                      description=apputil.summary(__doc__))
     parser.add_argument("--peers", type=int, default=4, help="peers (default 4); several "
                         "per worker when there are more peers than workers")
@@ -250,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_batch_on_workers(cluster, args.batch, sample_bytes(args.features),
                                    peers=args.peers)
         result, trace = train(cluster, args, barrier)
-    warn_if_diverged(label, result)
+    warn_if_diverged(PROG, label, result)
     if args.json:
         apputil.print_json(result)
     else:
@@ -279,4 +282,6 @@ def demo() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from apps import run_as_command
+
+    raise SystemExit(run_as_command("p2p-sgd"))

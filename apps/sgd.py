@@ -163,8 +163,11 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
     return result, stats.trace
 
 
+PROG = "actorpy sgd"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="actorpy sgd",
+    parser = argparse.ArgumentParser(prog=PROG,
                                      description=apputil.summary(__doc__))
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
     add_barrier_arguments(parser)
@@ -206,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_batch_on_workers(cluster, args.batch, sample_bytes(args.features))
     return run_barriers(args, train, lambda r: f"loss {r['loss']:.4g}  weight error "
                                                f"{r['weight_error']:.4f}", "loss", "held-out loss",
-                        check_cluster=on_workers if args.manager else None)
+                        prog=PROG, check_cluster=on_workers if args.manager else None)
 
 def demo() -> None:
     """`actorpy demo`: the same regression under three barriers."""
@@ -226,4 +229,6 @@ def demo() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from apps import run_as_command
+
+    raise SystemExit(run_as_command("sgd"))

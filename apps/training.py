@@ -233,28 +233,30 @@ def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], m
         plt.close(fig)
 
 
-def warn_if_diverged(name: str, result: dict[str, Any]) -> None:
+def warn_if_diverged(prog: str, name: str, result: dict[str, Any]) -> None:
     """One line on stderr when the run diverged (too large a learning rate, for one): its
     loss is not finite, which ``null`` in the JSON alone would not say, or its weight error
-    is above 1, farther from w* than the zeros it started from (a finite 1e26 loss)."""
+    is above 1, farther from w* than the zeros it started from (a finite 1e26 loss).
+    ``prog`` starts it as every other line of the command's does ("actorpy sgd: ...")."""
     value, error = result.get("loss"), result.get("weight_error")
     if isinstance(value, float) and not math.isfinite(value):
-        print(f"actorpy: {name}: training diverged (loss is {value}); try a smaller --lr",
+        print(f"{prog}: {name}: training diverged (loss is {value}); try a smaller --lr",
               file=sys.stderr)
     elif isinstance(error, float) and error > 1:
-        print(f"actorpy: {name}: training diverged (weight error {error:.3g}, farther from w* "
+        print(f"{prog}: {name}: training diverged (weight error {error:.3g}, farther from w* "
               "than the zeros it started from); try a smaller --lr", file=sys.stderr)
 
 
 def run_barriers(args: argparse.Namespace,
                  train: Callable[[Any, argparse.Namespace, Any], tuple[dict[str, Any], list]],
                  describe: Callable[[dict[str, Any]], str], metric: str, label: str, *,
-                 log_scale: bool = True,
+                 prog: str, log_scale: bool = True,
                  check_cluster: Callable[[Any], None] | None = None) -> int:
     """Train once per barrier the flags name, on the cluster they name: a line per run
     (``describe(result)``), or with ``--json`` the result (``{"runs": [...]}`` with
     ``--compare``); with ``--plot`` the curves of ``metric``. ``check_cluster(cluster)``
-    runs once connected, before any training. Returns the exit status."""
+    runs once connected, before any training; ``prog`` ("actorpy sgd") starts a line on
+    stderr. Returns the exit status."""
     barriers = barriers_from_args(args)  # bad specs fail before a cluster starts
     if getattr(args, "balance", False):   # not after the runs before it trained
         for name, barrier in barriers:
@@ -272,7 +274,7 @@ def run_barriers(args: argparse.Namespace,
         for name, barrier in barriers:
             result, trace = train(cluster, args, barrier)
             runs.append((name, result, trace))
-            warn_if_diverged(name, result)
+            warn_if_diverged(prog, name, result)
             if not args.json:
                 print(f"{name:<12} {describe(result)}  updates {result['updates']}  "
                       f"{result['seconds']:.2f} s  steps per worker "

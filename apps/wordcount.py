@@ -203,4 +203,6 @@ def demo() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from apps import run_as_command
+
+    raise SystemExit(run_as_command("wordcount"))

@@ -19,7 +19,7 @@ from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime.context import Caller, CallTask
 from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.local import LocalCluster
-from actorpy.runtime.membership import MANAGER_ID, Membership
+from actorpy.runtime.membership import MANAGER_GONE, MANAGER_ID, Membership
 from actorpy.runtime.node import Node, NodeEvent, Subscription
 from actorpy.runtime.reply import ReplyFuture
 from actorpy.runtime.stream import StreamTable, TaskStream
@@ -326,6 +326,8 @@ class Cluster(Caller):
         return self._lost_reason if self._lost.is_set() else None
 
     def _manager_lost(self, reason: str) -> None:
+        if reason.startswith(MANAGER_GONE):
+            log.warning("%s: %s", self.node.node_id, reason)
         self._lost_reason = reason
         self._lost.set()
         self.node.mark_dead(MANAGER_ID, reason)

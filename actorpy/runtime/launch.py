@@ -62,6 +62,26 @@ def use_fork(mode: str) -> bool:
     return mode == "auto" and fork_is_safe()
 
 
+def fill_standard_fds() -> list[int]:
+    """Point whichever of descriptors 0, 1 and 2 is closed at /dev/null; returns those.
+
+    A process started with one closed (``python script.py <&-``, a daemon's) would else
+    hand that number to the cluster's next pipe or socket (the lowest free one): a lifeline
+    read from fd 0, which a spawned child's stdin replaces (its manager stops at once), or
+    a child whose stdout is the driver's pipe, where a task's ``print`` fails."""
+    filled = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)   # the lowest free number: ``fd``
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            filled.append(fd)
+    return filled
+
+
 def spawn(argv: list[str], env: dict[str, str], fds: tuple[int, ...]) -> Child:
     """``python -m actorpy *argv`` in a new session, keeping only ``fds`` open."""
     return subprocess.Popen([sys.executable, "-m", "actorpy", *argv], env=env, pass_fds=fds,

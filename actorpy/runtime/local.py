@@ -67,6 +67,7 @@ class LocalCluster:
     """
 
     def __init__(self, workers: int, config: Config, log_level: str | None = None) -> None:
+        launch.fill_standard_fds()  # before the lifeline pipe, which could take a free 0-2
         self.workers = workers
         self._pid = os.getpid()
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
@@ -147,6 +148,7 @@ class LocalCluster:
         by side saves more than the manager's head start would)."""
         if self._lifeline_w < 0:
             raise ActorpyError("this local cluster is closed; connect() a new one")
+        launch.fill_standard_fds()  # one the driver closed since: see there
         try:
             hold = hold_cluster_dir(self.dir)  # the child's own lock, taken before it starts
         except OSError as exc:

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 MANAGER_ID = NodeId("manager")
 #: how a stop reason starts when this node's own I/O loop gave up (exit non-zero)
 IO_FAILED = "this node's I/O loop failed"
+#: how a stop reason starts when the manager is gone without a word (exit non-zero)
+MANAGER_GONE = "lost the manager"
+#: the stop reason when the manager told this node to shut down (a requested stop)
+SHUTDOWN = "the manager asked this node to shut down"
 
 
 class Membership:
@@ -137,6 +141,14 @@ class Membership:
             self._gone = True
             self._on_manager_lost(reason)
 
+    def _lose_manager(self, detail: str) -> None:
+        """The manager is gone without a word; whoever owns this node reports it (the
+        worker's command line, the driver's Cluster), so it is logged here only at INFO."""
+        peer = self.node.peer(MANAGER_ID)
+        reason = f"{MANAGER_GONE} at {peer.address if peer else '?'}: {detail}"
+        log.info("%s: %s; leaving", self.node.node_id, reason)
+        self._lose(reason)
+
     def _heartbeat(self) -> None:
         if self.node.closed or self._gone:
             return
@@ -147,16 +159,15 @@ class Membership:
         limit = self.config.manager_timeout_s
         down = self.node.link_down_for(MANAGER_ID) or 0.0
         if down > limit:
-            log.warning("%s: the connection to the manager is down for %.1f s; leaving%s",
-                        self.node.node_id, down,
-                        f" ({self.node.auth_failure(MANAGER_ID)})"
-                        if self.node.auth_failure(MANAGER_ID) else "")
-            self._lose("manager stopped answering")
+            auth = self.node.auth_failure(MANAGER_ID)
+            self._lose_manager(f"its connection is down for {down:.1f} s"
+                               + (f" ({auth})" if auth else ""))
             return
         if self._unanswered_since is not None and now - self._unanswered_since > limit:
-            log.warning("%s: the manager has not answered for %.1f s; leaving",
-                        self.node.node_id, now - self._unanswered_since)
-            self._lose("manager stopped answering")
+            silent = f"it has not answered for {now - self._unanswered_since:.1f} s"
+            self._lose_manager(f"{silent}; its connection is down" if down else
+                               f"{silent} over a live connection (restarted since, it does not "
+                               "know this node; or it declared this node dead; or it is stuck)")
             return
         try:
             self.node.send(MANAGER_ID, CORE_SERVICE, Kind.HEARTBEAT)
@@ -190,7 +201,7 @@ class Membership:
         self.node.mark_dead(NodeId(node_id), reason, left=state == "left")
 
     def _shutdown(self, msg: wm.Message) -> None:
-        self._lose("the manager asked this node to shut down")
+        self._lose(SHUTDOWN)
 
     def _lookup(self, node_id: NodeId) -> None:
         if node_id in self._lookups or node_id == MANAGER_ID:

@@ -9,7 +9,7 @@ import threading
 from actorpy.config import Config
 from actorpy.ids import NodeId
 from actorpy.runtime.host import ServiceHost
-from actorpy.runtime.membership import Membership
+from actorpy.runtime.membership import MANAGER_GONE, SHUTDOWN, Membership
 from actorpy.runtime.node import Node
 from actorpy.runtime.spill import default_budget_bytes
 from actorpy.runtime.store import ObjectStore
@@ -21,8 +21,6 @@ from actorpy.wire.kinds import CORE_SERVICE, Kind
 log = logging.getLogger(__name__)
 
 DRIVER_GONE = "the driver went away"
-MANAGER_GONE = "manager stopped answering"
-SHUTDOWN = "the manager asked this node to shut down"
 
 
 class Worker:
@@ -69,7 +67,8 @@ class Worker:
 
         When the cluster itself is going (driver or manager gone) there is nobody to say
         goodbye to, so nothing lingers."""
-        orphaned = self.stop_reason in (DRIVER_GONE, MANAGER_GONE, SHUTDOWN)
+        orphaned = self.stop_reason in (DRIVER_GONE, SHUTDOWN) \
+            or self.stop_reason.startswith(MANAGER_GONE)
         if not orphaned:
             self.membership.leave()
         self.services.close()

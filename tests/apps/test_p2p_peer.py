@@ -151,3 +151,39 @@ def test_a_timeout_that_never_ends_is_refused(timeout, monkeypatch):
     with pytest.raises(ConfigError, match="--timeout must be a positive number of seconds"):
         p2p_peer.main(["--bind", "tcp://127.0.0.1:0", "--bootstrap", "tcp://127.0.0.1:9",
                        "--timeout", timeout])
+
+
+FAILING_PEER = """
+import sys, threading
+from actorpy import cli
+from actorpy.runtime import loop, node
+
+loop.FATAL_AFTER_S = 0.2
+failing = threading.Event()   # every round of the I/O loop fails once the peer is ready
+run_tick, on_fatal = loop.SocketLoop._run_tick, node.Node.on_fatal
+
+
+def broken_tick(self):
+    if failing.is_set():
+        raise RuntimeError("a round that fails")
+    return run_tick(self)
+
+
+def watched(self, listener):
+    on_fatal(self, listener)
+    failing.set()
+    self._loop.wake()
+
+
+loop.SocketLoop._run_tick, node.Node.on_fatal = broken_tick, watched
+sys.exit(cli.main(["--log-level", "ERROR", "peer", "--bind", "tcp://127.0.0.1:0",
+                   "--secret-file", sys.argv[1]]))
+"""
+
+
+def test_a_peer_whose_io_loop_gave_up_exits_non_zero(secret_file):
+    # before: status 0 (a requested stop, to a supervisor) after "this node stops (restart it)"
+    out = subprocess.run([sys.executable, "-c", FAILING_PEER, secret_file], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.splitlines()[-1].startswith("actorpy peer: the I/O loop failed for ")

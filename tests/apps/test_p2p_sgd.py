@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import warnings
 from types import SimpleNamespace
 
@@ -19,6 +21,17 @@ from apps.training import barriers_from_args
 
 
 class TestCli:
+    def test_a_diverged_run_says_so_as_the_command(self):
+        # before: "actorpy: pssp:2:4: training diverged ...", not "actorpy p2p-sgd: ..."
+        out = subprocess.run([sys.executable, "-m", "actorpy", "p2p-sgd", "--workers", "1",
+                              "--peers", "2", "--steps", "20", "--lr", "1e6", "--json"],
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stderr.splitlines() == ["actorpy p2p-sgd: pssp:2:4: training diverged "
+                                           "(loss is nan); try a smaller --lr"]
+        assert json.loads(out.stdout)["loss"] is None
+
     def test_json_has_exactly_the_sgd_fields(self, capsys):
         assert p2p_sgd.main(["--peers", "4", "--steps", "150", "--barrier", "pssp",
                              "--json"]) == 0

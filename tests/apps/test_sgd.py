@@ -35,6 +35,19 @@ class TestSGD:
         assert result["weight_error"] < 0.05 and 0 < result["seconds"] < 60
         assert result["loss"] < 0.05   # noise floor 0.01
 
+    def test_cli_diverged_runs_say_so_as_the_command(self):
+        # before: "actorpy: bsp: training diverged ...", where every other line of the
+        # command says "actorpy sgd: ..." (a bad flag's, a lost cluster's)
+        out = subprocess.run([sys.executable, "-m", "actorpy", "sgd", "--workers", "1",
+                              "--steps", "20", "--lr", "1e6", "--compare", "bsp", "asp",
+                              "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": ROOT})
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stderr.splitlines() == [
+            f"actorpy sgd: {b}: training diverged (loss is nan); try a smaller --lr"
+            for b in ("bsp", "asp")]
+        assert [r["loss"] for r in json.loads(out.stdout)["runs"]] == [None, None]
+
     def test_compare_logistic_with_plot(self, tmp_path, capsys):
         plot = tmp_path / "curves.png"
         assert sgd.main(["--model", "logistic", "--compare", "bsp", "dssp:0:2", "--steps", "60",

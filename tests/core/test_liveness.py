@@ -152,4 +152,7 @@ def test_stopped_worker_is_dead_within_the_bound_then_fenced():
         wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
                    open(f"/proc/{pid}/stat").read().split(") ", 1)[1][0] == "Z", 15,
                    "the fenced worker to exit by itself")
+        # not a requested stop (its status is there once all its threads are gone)
+        assert wait_until(lambda: cluster.local.exited([victim]), 10, "its exit status") \
+            == {victim: 1}
         assert cluster.submit(lambda: "still working").result(30) == "still working"

@@ -1,5 +1,6 @@
 """The embedded local cluster's processes: the socket directory goes with the last of them,
-a forked child of the driver does not keep the cluster alive, workers join mid-run."""
+a forked child of the driver does not keep the cluster alive, workers join mid-run, a
+script started with a standard stream closed still runs one."""
 from __future__ import annotations
 
 import os
@@ -110,3 +111,33 @@ class TestAddWorkers:
                     remote.add_workers(1)
                 assert f"actorpy worker --manager {address}" in str(info.value)
                 assert remote.workers() == local.workers()
+
+
+CLOSED_STREAM_DRIVER = """
+import os, sys, actorpy
+with actorpy.connect(workers=1) as c:
+    answer = c.submit(lambda: (print("a task's print"), 2 ** 10)[1]).result(timeout=30)
+os.write(int(sys.argv[1]), str(answer).encode())
+"""
+
+
+@pytest.mark.parametrize("start", ["auto", "spawn"])
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_script_with_a_standard_stream_closed_runs_a_cluster(closed, start):
+    # before (spawned children): with fd 0 closed the lifeline pipe took it and each
+    # child's stdin replaced it (the manager stopped at once: "nothing is listening"); with
+    # fd 1 closed a worker's stdout was the lifeline's read end, where a task's print failed
+    read, write = os.pipe()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", CLOSED_STREAM_DRIVER, str(write)], pass_fds=(write,),
+            preexec_fn=lambda: os.close(closed), capture_output=closed != 2, timeout=60,
+            env={**os.environ, "PYTHONPATH": os.getcwd(), "ACTORPY_LOCAL_START": start})
+        os.close(write)
+        write = -1
+        assert proc.returncode == 0, proc.stderr
+        assert os.read(read, 100) == b"1024"
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)

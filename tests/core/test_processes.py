@@ -161,7 +161,8 @@ def tcp_manager(tmp_path):
     address = line.strip().rsplit(" ", 1)[-1]
     assert address.startswith("tcp://127.0.0.1:"), line
     workers = [subprocess.Popen([PY, "-m", "actorpy", "worker", "--manager", address,
-                                 "--secret-file", str(secret_file)], env={**os.environ, **env})
+                                 "--secret-file", str(secret_file)], env={**os.environ, **env},
+                                stderr=subprocess.PIPE, text=True)
                for _ in range(2)]
     yield address, secret_file, manager, workers
     for p in [*workers, manager]:
@@ -170,6 +171,8 @@ def tcp_manager(tmp_path):
     for p in [*workers, manager]:
         p.wait(10)
     manager.stdout.close()
+    for w in workers:
+        w.stderr.close()
 
 
 def test_status_and_tcp_cluster_with_secret(tcp_manager):
@@ -209,14 +212,67 @@ def test_status_and_tcp_cluster_with_secret(tcp_manager):
     assert time.monotonic() - t0 < 5
 
 
-def test_workers_exit_when_the_manager_dies(tcp_manager):
-    address, secret_file, manager, workers = tcp_manager
+def _wait_for_workers(address, secret_file):
     wait_until(lambda: _cli("status", "--manager", address, "--secret-file", str(secret_file),
                             "--json").stdout.count('"worker"') == 2, 20, "workers to register")
+
+
+def test_workers_exit_non_zero_when_the_manager_dies(tcp_manager):
+    # before: status 0, which a supervisor (systemd, a shell loop) reads as a requested stop
+    address, secret_file, manager, workers = tcp_manager
+    _wait_for_workers(address, secret_file)
     manager.kill()
     manager.wait(10)
     for w in workers:
-        assert w.wait(15) == 0
+        assert w.wait(15) == 1
+        lines = w.stderr.read().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"actorpy worker: lost the manager at {address}: ")
+        assert lines[0].endswith("; exiting with status 1 (a supervisor may restart this worker)")
+
+
+def test_a_worker_exits_non_zero_when_the_manager_restarts_without_it(tcp_manager):
+    # a manager restarted on the same address does not know it: it leaves (before: with
+    # status 0, so a supervisor did not start it again to join the new one). Its own
+    # worker: 5 s for the new manager to start, or the link being down is what it sees.
+    address, secret_file, manager, workers = tcp_manager
+    _wait_for_workers(address, secret_file)
+    worker = subprocess.Popen([PY, "-m", "actorpy", "worker", "--manager", address,
+                               "--secret-file", str(secret_file)], stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "ACTORPY_MANAGER_TIMEOUT_S": "5"})
+    again = None
+    try:
+        wait_until(lambda: _cli("status", "--manager", address, "--secret-file",
+                                str(secret_file), "--json").stdout.count('"worker"') == 3, 20,
+                   "the third worker to register")
+        manager.kill()
+        manager.wait(10)
+        again = subprocess.Popen([PY, "-m", "actorpy", "manager", "--bind", address,
+                                  "--secret-file", str(secret_file)], stdout=subprocess.PIPE,
+                                 text=True)
+        assert again.stdout.readline().strip().endswith(address)
+        assert worker.wait(20) == 1
+        assert "over a live connection (restarted since, it does not know this node;" \
+            in worker.stderr.read()
+    finally:
+        for proc in (worker, again):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
+        worker.stderr.close()
+        if again is not None:
+            again.stdout.close()
+
+
+def test_workers_stopped_on_purpose_exit_zero(tcp_manager):
+    address, secret_file, manager, workers = tcp_manager
+    _wait_for_workers(address, secret_file)
+    workers[0].terminate()                  # SIGTERM: this worker alone
+    assert workers[0].wait(15) == 0
+    manager.terminate()                     # a manager stopped so tells its workers
+    assert manager.wait(15) == 0
+    assert workers[1].wait(15) == 0
+    assert [w.stderr.read() for w in workers] == ["", ""]
 
 
 STUCK_WORKER = """
