@@ -133,7 +133,12 @@ class ServiceRunner:
         try:
             self.service.handle(msg, self.ctx)
         except Exception as exc:  # the caller sees it; the service keeps serving
-            if msg.header.request_id:
+            if self.host.node.closed:
+                # the node shut down under a message already taken (its manager gone, say):
+                # its reply fails with NodeLost, and no answer can leave any more
+                log.debug("service %s: kind %d from %s ran as its node closed", self.label,
+                          msg.kind, msg.sender, exc_info=True)
+            elif msg.header.request_id:
                 self._answer_error(msg, exc)
             else:
                 log.exception("service %s failed on kind %d from %s", self.label, msg.kind,
