@@ -38,7 +38,8 @@ def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--no-overlap``, ``--checkpoint-dir``, ``--checkpoint-every`` (``start_options``)."""
+    """``--no-overlap``, ``--checkpoint-dir``, ``--checkpoint-every``, ``--resume``
+    (``start_options``)."""
     group = parser.add_argument_group("server")
     group.add_argument("--no-overlap", action="store_true",
                        help="each step waits for its push's reply (default: with a "
@@ -50,13 +51,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--checkpoint-every", type=apputil.non_negative_int, default=100,
                        metavar="PULLS", help="pulls between checkpoints (default 100; 0: "
                                              "only at start and end)")
+    group.add_argument("--resume", action="store_true",
+                       help="go on from the checkpoint in --checkpoint-dir (of a run that "
+                            "was stopped or killed, same flags): its model, clocks and step; "
+                            "--steps counts from that run's start")
 
 
 def start_options(args: argparse.Namespace) -> dict[str, Any]:
     """``Job.start`` keywords from ``add_server_arguments``' flags."""
     every = args.checkpoint_every if args.checkpoint_dir is not None else 0
     return {"overlap": not args.no_overlap, "checkpoint_dir": args.checkpoint_dir,
-            "checkpoint_every": every}
+            "checkpoint_every": every, "resume": args.resume}
 
 
 def check_checkpoint_dir(args: argparse.Namespace) -> None:
@@ -64,6 +69,8 @@ def check_checkpoint_dir(args: argparse.Namespace) -> None:
     ``--manager`` the shard's host checks its own, at start)."""
     path = getattr(args, "checkpoint_dir", None)
     if path is None:
+        if getattr(args, "resume", False):
+            raise ConfigError("--resume goes on from a checkpoint: name its --checkpoint-dir")
         return
     if not path:
         raise ConfigError("--checkpoint-dir '': name a directory")

@@ -108,7 +108,11 @@ def load(path: str, *, job: str, shard: int, shards: int,
         hint = (f"; this job has checkpoints for servers={', '.join(others)}: resume with "
                 f"servers={others[0]}" if others else
                 "; run once without resume=True (with checkpoint_dir=) to create one")
-        raise CheckpointError(f"no checkpoint at {path}{hint}")
+        missing = CheckpointError(f"no checkpoint at {path}{hint}")
+        if not others:   # the apps' words (they have no --servers)
+            missing.cli_message = (f"no checkpoint at {path}; run once without --resume "
+                                   "(with --checkpoint-dir) to create one")
+        raise missing
     try:
         with np.load(path, allow_pickle=False) as npz:
             meta = json.loads(bytes(npz["meta"]).decode("utf-8"))

@@ -14,6 +14,7 @@ from actorpy.barrier import ASP, BSP, PSP, SSP
 from actorpy.errors import ConfigError
 from apps import p2p_sgd, sgd
 from apps.training import barriers_from_args, default_lr, parse_barrier
+from engines.param.errors import CheckpointError
 from tests.conftest import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -191,6 +192,30 @@ class TestSGD:
         assert json.loads(capsys.readouterr().out)["weight_error"] < 0.5
         with pytest.raises(ConfigError, match="not a directory"):
             sgd.main(["--steps", "5", "--checkpoint-dir", str(tmp_path / "none")])
+
+    def test_resume_goes_on_from_the_checkpoint(self, tmp_path, capsys, monkeypatch):
+        """A run stopped (or killed) with --checkpoint-dir goes on with --resume: its step
+        and update counts carry on from the checkpoint. Before, the apps had no --resume."""
+        from engines import param
+        flags = ["--workers", "1", "--json", "--checkpoint-dir", str(tmp_path)]
+        with pytest.raises(CheckpointError) as missing:    # the command line's words
+            sgd.main(["--steps", "30", "--resume", *flags])
+        assert "run once without --resume" in missing.value.cli_message
+        with pytest.raises(ConfigError, match="name its --checkpoint-dir"):
+            sgd.main(["--steps", "30", "--resume", "--workers", "0"])
+        assert sgd.main(["--steps", "30", *flags]) == 0
+        assert json.loads(capsys.readouterr().out)["updates"] == 30
+        resumed = []
+        start = param.Job.start
+
+        def spy(job, *args, **kwargs):
+            resumed.append(kwargs.get("resume"))
+            return start(job, *args, **kwargs)
+        monkeypatch.setattr(param.Job, "start", spy)
+        assert sgd.main(["--steps", "40", "--resume", *flags]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert resumed == [True]
+        assert out["steps_per_worker"] == [40] and out["updates"] == 40
 
     def test_a_run_that_diverged_to_finite_numbers_says_so(self, capsys):
         # before: one row at lr 0.1 ended at weight error 1.5e8, loss 2.2e18 after 10 steps,
