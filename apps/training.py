@@ -72,6 +72,8 @@ def check_checkpoint_dir(args: argparse.Namespace) -> None:
         if getattr(args, "resume", False):
             raise ConfigError("--resume goes on from a checkpoint: name its --checkpoint-dir")
         return
+    if getattr(args, "resume", False) and getattr(args, "compare", None):
+        raise ConfigError("--resume goes on from one run's checkpoint: it takes no --compare")
     if not path:
         raise ConfigError("--checkpoint-dir '': name a directory")
     if not args.manager and not os.path.isdir(path):

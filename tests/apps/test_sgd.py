@@ -203,6 +203,8 @@ class TestSGD:
         assert "run once without --resume" in missing.value.cli_message
         with pytest.raises(ConfigError, match="name its --checkpoint-dir"):
             sgd.main(["--steps", "30", "--resume", "--workers", "0"])
+        with pytest.raises(ConfigError, match="it takes no --compare"):
+            sgd.main(["--resume", "--compare", "bsp", "asp", *flags])
         assert sgd.main(["--steps", "30", *flags]) == 0
         assert json.loads(capsys.readouterr().out)["updates"] == 30
         resumed = []
