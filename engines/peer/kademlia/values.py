@@ -81,8 +81,8 @@ class Blob:
             if value.dtype.str not in _NUMPY_DTYPES:
                 raise TypeError(f"cannot store a numpy array of dtype {value.dtype}: numeric "
                                 "dtypes only")
-            array = np.ascontiguousarray(value)
-            return cls(ValueKind.NUMPY, array.dtype.str, tuple(array.shape),
+            array = np.ascontiguousarray(value)   # a 0-d array comes back 1-d from it:
+            return cls(ValueKind.NUMPY, array.dtype.str, tuple(value.shape),   # keep ()
                        array.reshape(-1).view(np.uint8))
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(value, torch.Tensor):
