@@ -124,6 +124,8 @@ class TestFailures:
                 with pytest.raises(ConfigError, match=r"init\['w0'\] is a numpy array of "
                                                       "dtype .* \\(numeric dtypes only\\)"):
                     start(peers=2, init={**init(), "w0": value})
+            with pytest.raises(ConfigError, match=r"init key '\\ud800' is not valid Unicode"):
+                start(peers=2, init={"\ud800": np.zeros(4)})   # before: UnicodeEncodeError
             # before: TypeError "cannot store a numpy array of dtype object" from simulate,
             # a RemoteError from a peer on a cluster
             with pytest.raises(ConfigError, match=r"init\['w0'\] is an array of dtype object"):
