@@ -120,3 +120,49 @@ def test_an_unreadable_secret_file_is_named_as_the_caller_gave_it(tmp_path, caps
     assert cli.main(["status", "--manager", "tcp://127.0.0.1:1",
                      "--secret-file", str(missing)]) == 2
     assert f"cannot read --secret-file {missing}: " in capsys.readouterr().err
+
+
+def test_a_worker_that_could_not_join_a_listener_speaking_http_closes_at_once():
+    """Before: a worker pointed at a non-actorpy listener that keeps the connection open
+    (an HTTP server) timed out joining, then hung in close() sending its goodbye to the
+    "manager" over a link that never completes its handshake; `actorpy worker` was killed by
+    its own 10 s closing guard, and the "no manager answered" line was never printed."""
+    from actorpy.runtime.address import node_bind
+    from actorpy.runtime.worker import Worker
+
+    held: list[socket.socket] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.1)
+        address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        done = threading.Event()
+
+        def serve() -> None:
+            while not done.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    continue
+                conn.sendall(b"HTTP/1.0 200 OK\r\n\r\nhello")
+                held.append(conn)
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        worker = Worker("w-http", address, node_bind(address, "w-http"),
+                        Security.curve(SECRET.encode()), Config())
+        try:
+            with pytest.raises(ActorpyTimeout, match=f"no manager answered at {address}"):
+                worker.start(1.0)
+            worker.stop()
+            closer = threading.Thread(target=worker.close, daemon=True)
+            t0 = time.monotonic()
+            closer.start()
+            closer.join(8.0)
+            assert not closer.is_alive(), "Worker.close() hung"
+            assert time.monotonic() - t0 < 5.0
+        finally:
+            done.set()
+            server.join(5.0)
+            for conn in held:
+                conn.close()
