@@ -96,6 +96,25 @@ def test_a_listener_that_never_answers_times_out():
     assert f"no manager answered at {address} within 2.0 s" in str(err)
 
 
+def test_status_against_a_listener_that_never_answers_says_what_to_check(tmp_path, capsys):
+    # before: "status on manager got no reply within 1.0 s; raise the timeout_s, or check
+    # the node's log": no flag of that name, and no log to check
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        t0 = time.monotonic()
+        path = tmp_path / "cluster.secret"
+        path.write_text(SECRET)
+        path.chmod(0o600)
+        assert cli.main(["status", "--manager", address, "--secret-file", str(path),
+                         "--timeout-s", "1"]) == 1
+        assert time.monotonic() - t0 < 5.0
+    said = capsys.readouterr().err
+    assert f"no answer from {address} within 1 s: is `actorpy manager` running there" in said
+    assert "longer --timeout-s" in said and "timeout_s" not in said
+
+
 def test_the_right_secret_still_connects(manager_address):
     with actorpy.connect(manager_address, secret=SECRET) as cluster:
         assert [r["role"] for r in cluster.nodes()] == ["driver"]
