@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from actorpy import log as alog
 from actorpy.config import Config
 from actorpy import apputil
-from actorpy.errors import ActorpyError, ConfigError
+from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError
 from actorpy.ids import new_node_id
 from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime import launch
@@ -181,6 +181,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                          timeout_s=min(args.timeout_s, threading.TIMEOUT_MAX), what="status")
     except AuthError as exc:
         print(f"actorpy status: {exc}", file=sys.stderr)
+        return 1
+    except ActorpyTimeout:   # was "...; raise the timeout_s, or check the node's log"
+        print(f"actorpy status: no answer from {args.manager} within {args.timeout_s:g} s: is "
+              "`actorpy manager` running there (and not stopped)? A loaded one may need a "
+              "longer --timeout-s", file=sys.stderr)
         return 1
     except ActorpyError as exc:
         print(f"actorpy status: no answer from {args.manager}: {exc}", file=sys.stderr)

@@ -67,6 +67,12 @@ def check_model(init: Mapping[str, Any], *, bytes_ok: bool = False) -> None:
                                                              and isinstance(value, _BYTES))):
             raise ConfigError(f"init[{key!r}] is {describe(value)}: keys are strings and values "
                               "numpy arrays or torch tensors" + (" or bytes" if bytes_ok else ""))
+        if not key.isascii():
+            try:   # keys are hashed and sent as UTF-8: a lone surrogate (a file name
+                key.encode("utf-8")   # decoded with surrogateescape) failed deep in both
+            except UnicodeEncodeError as exc:   # engines, as a UnicodeEncodeError
+                raise ConfigError(f"init key {key!r} is not valid Unicode text ({exc.reason} "
+                                  f"at index {exc.start}): keys must encode as UTF-8") from None
         if fam == "numpy" and value.dtype.hasobject:
             raise ConfigError(f"init[{key!r}] is an array of dtype {value.dtype} (Python "
                               "objects): values must be numeric arrays, e.g. np.asarray(value, "

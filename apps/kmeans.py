@@ -122,6 +122,10 @@ def kmeans(cluster: Any, points: np.ndarray, k: int, *, partitions: int, iterati
             "seconds": time.perf_counter() - t0}
 
 
+#: Coordinates of a centre printed (``--json`` gives all of them).
+SHOWN_DIMS = 8
+
+
 def centre_error(found: np.ndarray, true: np.ndarray) -> float:
     """Largest distance from a generating centre to the nearest centre found."""
     return float(np.sqrt(((true[:, None] - found[None]) ** 2).sum(2)).min(1).max())
@@ -139,10 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     apputil.add_cluster_arguments(parser)
     args = parser.parse_args(argv)
-    if min(args.k, args.points, args.dim, args.partitions, args.iterations) < 1 \
-            or args.points < args.k:
-        parser.error("--k, --points, --dim, --partitions, --iterations must be >= 1 "
-                     "and --points >= --k")
+    small = [f"--{name} {getattr(args, name)}"
+             for name in ("k", "points", "dim", "partitions", "iterations")
+             if getattr(args, name) < 1]
+    if small:   # before: one line listing every flag, whichever was wrong
+        parser.error(f"{', '.join(small)}: must be >= 1")
+    if args.points < args.k:
+        parser.error(f"--points {args.points} is fewer than --k {args.k}: k-means needs a "
+                     "point per cluster at least")
     if args.partitions > MAX_PARTITIONS:
         raise ConfigError(f"--partitions {args.partitions} is more than {MAX_PARTITIONS}: each "
                           "is a task at every iteration; a few per worker keep them busy")
@@ -173,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"k-means: {args.points:,} points in {args.dim}-D, k={args.k}, "
           f"{result['iterations']} iterations in {result['seconds']:.2f} s")
-    for c in sorted(result["centres"].tolist()):
-        print("  centre " + " ".join(f"{v:8.3f}" for v in c))
+    for c in sorted(result["centres"].tolist()):   # --dim 100000 printed 100000 a line
+        more = f" ... ({len(c) - SHOWN_DIMS} more; --json has all)" if len(c) > SHOWN_DIMS else ""
+        print("  centre " + " ".join(f"{v:8.3f}" for v in c[:SHOWN_DIMS]) + more)
     print(f"largest distance to a generating centre: {error:.4f}")
     return 0
 

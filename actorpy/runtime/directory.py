@@ -243,7 +243,7 @@ class Directory:
         if link.backlog and link not in self._backlogged:
             self._backlogged.add(link)
             self._wants_flush()
-        while wait and link.flushed < mine and not link.closed:
+        while wait and link.flushed < mine and not link.closed and self._may_hold(link):
             link.cond.wait(RETRY_S)
             if not link.closed:
                 try:
@@ -253,6 +253,15 @@ class Directory:
                     return
         if link.closed and link.flushed < mine:
             self._send_failed(link.node_id, None)
+
+    def _may_hold(self, link: Link) -> bool:
+        """Whether a sender may wait for ``link`` to take its message: not for a watched
+        link whose handshake never succeeded. There is no slow peer to keep pace with, and
+        libzmq has no pipe to take it after a failed handshake (a listener that is not a
+        node, an HTTP server): a worker's REGISTER waited there for good, past the join's
+        timeout. The message stays in the backlog, which the I/O thread flushes."""
+        watch = self._watched.get(link.node_id)
+        return watch is None or watch.ever_up
 
     def _flush_locked(self, link: Link) -> None:
         sent = 0

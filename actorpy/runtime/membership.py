@@ -61,6 +61,7 @@ class Membership:
         self._changed = threading.Condition()
         self._lookups: set[NodeId] = set()
         self._gone = False
+        self._registered = False
         node.add_peer(MANAGER_ID, manager_address, "manager", watch=True)
         node.on(CORE_SERVICE, Kind.NODE_JOINED, self._from_manager(self._joined))
         node.on(CORE_SERVICE, Kind.NODE_DEAD, self._from_manager(self._dead))
@@ -97,6 +98,7 @@ class Membership:
                 raise
             raise secret_error(AuthError, f"the manager at {address} refused this client's "
                                           "key: is the secret from {how} the cluster's?") from None
+        self._registered = True
         for node_id, address, role, slots in directory:
             if node_id != self.node.node_id:
                 self.node.add_peer(node_id, address, role, slots)
@@ -104,8 +106,12 @@ class Membership:
         self.node.call_later(0, self._heartbeat)
 
     def leave(self) -> None:
-        """Tell the manager this node is leaving on purpose (best effort, no wait)."""
-        if not self.node.closed and not self._gone:
+        """Tell the manager this node is leaving on purpose (best effort, no wait).
+
+        Not when it never registered: to a listener that is not a manager (an HTTP server)
+        the goodbye waited, forever, for a connection that never completes its handshake,
+        and a worker that could not join hung instead of saying so."""
+        if self._registered and not self.node.closed and not self._gone:
             try:
                 self.node.send(MANAGER_ID, CORE_SERVICE, Kind.LEAVE)
             except ActorpyError:

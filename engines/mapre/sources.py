@@ -8,7 +8,7 @@ from typing import Any, Iterable, Sequence, TypeVar
 from actorpy.errors import ConfigError
 from engines.mapre import io
 from engines.mapre import plan as P
-from engines.mapre.dataset import Dataset
+from engines.mapre.dataset import Dataset, _check_partitions
 from engines.mapre.engine import engine_for
 
 T = TypeVar("T")
@@ -76,12 +76,11 @@ def from_items(cluster: Any, items: Iterable[T], partitions: int | None = None) 
 
         squares = mapre.from_items(cluster, range(1000), partitions=4).map(lambda x: x * x)
     """
-    data = list(items)
     engine = engine_for(cluster)
     if partitions is None:
         partitions = max(1, len(engine.workers()))
-    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
-        raise ConfigError(f"from_items: partitions must be an integer >= 1, got {partitions!r}")
+    _check_partitions(partitions, "from_items")
+    data = list(items)
     n = len(data)
     chunks = tuple(data[i * n // partitions:(i + 1) * n // partitions] for i in range(partitions))
     return Dataset(engine, P.ItemsSource(chunks))

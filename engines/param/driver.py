@@ -90,7 +90,8 @@ class Run:
         if not init:
             raise ConfigError("init must name at least one key")
         check_model(init)
-        if not 0 < options.timeout_s < math.inf:
+        timeout_s = options.timeout_s
+        if not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
             raise ConfigError(f"need a finite timeout_s > 0, got {options.timeout_s}")
         if not (_is_int(options.batch) and options.batch >= 1
                 and _is_int(options.checkpoint_every) and options.checkpoint_every >= 0):

@@ -10,6 +10,7 @@ changing stored ones in place.
 from __future__ import annotations
 
 import hashlib
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -34,8 +35,8 @@ def shard_of(key: str, shards: int) -> int:
 
 def plan_shards(keys: Iterable[str], shards: int) -> dict[str, int]:
     """``{key: shard}`` for every key (see :func:`shard_of`)."""
-    if shards < 1:
-        raise ConfigError(f"servers must be >= 1, got {shards}")
+    if not isinstance(shards, numbers.Integral) or isinstance(shards, bool) or shards < 1:
+        raise ConfigError(f"servers must be an int >= 1, got {shards!r}")
     return {k: shard_of(k, shards) for k in keys}
 
 

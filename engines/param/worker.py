@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import time
+from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -168,9 +169,15 @@ class _Loop:
         """Compute a step's updates from ``values``: its PUSH request to each shard."""
         started = time.perf_counter()
         updates = self.task.push(wctx, values)
-        if updates is None:   # a missing `return`: a step with no update would hide it
-            raise TypeError(f"push on worker {wctx.worker} returned None; return a dict of "
-                            "key -> update, or {} for no update this step")
+        if type(updates) is not dict and not isinstance(updates, abc.Mapping):
+            if updates is None:   # a missing `return`: a step with no update would hide it
+                raise TypeError(f"push on worker {wctx.worker} returned None; return a dict "
+                                "of key -> update, or {} for no update this step")
+            # with servers=N it failed here as "'list' object has no attribute 'items'",
+            # and a generator could not be sent: the shard's check never saw either
+            raise UpdateError(f"push on worker {wctx.worker} returned "
+                              f"{type(updates).__name__}; it must return a dict of key -> "
+                              "update")
         compute_s = time.perf_counter() - started
         wctx.step += 1
         if len(self.refs) == 1:   # every key (an unknown one too, which the shard refuses)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
 import threading
 import time
 from dataclasses import dataclass, field
@@ -71,24 +72,40 @@ class RunResult:
 
 def start_peers(cluster: Any, n: int, config: KademliaConfig, seed: int = 0,
                 spec: JobSpec | None = None, data: Callable[[int], Any] | None = None, *,
-                name: str = "overlay") -> tuple[list[Any], list[tuple[int, str]]]:
+                name: str = "overlay", deadline: float = math.inf,
+                refs: list[Any] | None = None) -> tuple[list[Any], list[tuple[int, str]]]:
     """Start ``n`` ``PeerService``s round-robin over the cluster's workers and join them
-    into one overlay; returns their refs and ``(kademlia id, address)``s.
+    into one overlay; returns their refs and ``(kademlia id, address)``s. Each service
+    started is appended to ``refs`` at once (when given), so a caller can stop them all
+    should this fail part way.
 
     Raises:
         ActorpyError: the cluster has no workers.
+        ActorpyTimeout: ``deadline`` (``time.monotonic()``) passed before all were started
+            and joined (``Job.run(peers=10000, timeout_s=10)`` went on for many minutes).
     """
     workers = cluster.workers()
     if not workers:
         raise ActorpyError("the cluster has no workers: add some (cluster.add_workers)")
-    refs = [cluster.start_service(PeerService, config, seed, i, spec, data,
-                                  node=workers[i % len(workers)], name=f"peer/{name}/{i}")
-            for i in range(n)]
-    infos = [cluster.call(r, PeerKind.INFO, timeout_s=CALL_S) for r in refs]
+    refs = [] if refs is None else refs
+
+    def call_s(done: int) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ActorpyTimeout(f"the job's timeout ran out with {done} of {n} peers started "
+                                 "and joined: give it a longer timeout_s or fewer peers")
+        return min(CALL_S, left)
+
+    for i in range(n):
+        call_s(i)
+        refs.append(cluster.start_service(PeerService, config, seed, i, spec, data,
+                                          node=workers[i % len(workers)],
+                                          name=f"peer/{name}/{i}"))
+    infos = [cluster.call(r, PeerKind.INFO, timeout_s=call_s(n)) for r in refs]
     for ref in refs[1:]:
-        cluster.call(ref, PeerKind.JOIN, infos[0], timeout_s=CALL_S)
+        cluster.call(ref, PeerKind.JOIN, infos[0], timeout_s=call_s(n))
     if n > 2:   # the first peers learn of the later ones too
-        cluster.call(refs[0], PeerKind.JOIN, infos[-1], timeout_s=CALL_S)
+        cluster.call(refs[0], PeerKind.JOIN, infos[-1], timeout_s=call_s(n))
     return refs, infos
 
 
@@ -112,7 +129,8 @@ class ClusterRun:
                  poll_s: float = 0.05,
                  on_poll: Callable[[ClusterRun, float], None] | None = None) -> None:
         check_run(peers, init)
-        if not 0 < timeout_s < math.inf:   # NaN too: it never times out
+        if not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+            # NaN too: it never times out
             raise ConfigError(f"timeout_s must be a finite number > 0, got {timeout_s}")
         self.job = job
         self.spec = dataclasses.replace(job.spec(init),
@@ -136,7 +154,8 @@ class ClusterRun:
     def start_peers(self) -> None:
         """Start the services and build the overlay (each joins through peer 0)."""
         self.refs, infos = start_peers(self.cluster, self.n, self.job.config, self.job.seed,
-                                       self.spec, self.data, name=f"{self.spec.name}/{id(self):x}")
+                                       self.spec, self.data, name=f"{self.spec.name}/{id(self):x}",
+                                       deadline=self.deadline, refs=self.refs)
         self.addresses = [a for _, a in infos]
 
     def run(self) -> RunResult:

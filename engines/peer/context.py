@@ -9,6 +9,7 @@ get explicit context objects, never a global ``P2P.get``.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -19,6 +20,8 @@ import numpy as np
 from actorpy.barrier import ASP, PSP, SSP, Policy
 from actorpy.errors import ConfigError
 from actorpy.values import check_model, describe, family, fits
+
+from .kademlia.values import unstorable
 
 
 class Timer(IntEnum):
@@ -140,11 +143,15 @@ def check_run(peers: int, init: Mapping[str, Any]) -> None:
     Raises:
         ConfigError: no peer, an empty ``init``, or a value of it the overlay cannot store.
     """
-    if peers < 1:
-        raise ConfigError(f"a P2P job needs at least one peer, got {peers}")
+    if not isinstance(peers, numbers.Integral) or isinstance(peers, bool) or peers < 1:
+        raise ConfigError(f"a P2P job needs an int number of peers >= 1, got {peers!r}")
     if not init:
         raise ConfigError("init must name at least one key")
     check_model(init, bytes_ok=True)
+    for key, value in init.items():   # a str or structured array failed in the overlay
+        why = unstorable(value)
+        if why is not None:
+            raise ConfigError(f"init[{key!r}] is {why}: the overlay cannot store it")
 
 
 def _no_pull(store: OwnerStore, updates: dict[str, Any]) -> None:

@@ -102,7 +102,14 @@ class Job:
                  replicate_s: float = 0.01, durable: bool = True, batch: int = 32,
                  balance: bool = False, overlap: bool | int = True,
                  **overlay: Any) -> None:
-        if not isinstance(replication, int) or not 1 <= replication <= ksize:
+        if not name or not isinstance(name, str):   # as the PS engine's Job
+            raise ConfigError(f"a job needs a non-empty str name, got {name!r}")
+        if barrier is not None and not callable(getattr(barrier, "decide", None)):
+            # a str here failed in every peer's first barrier check, as an AttributeError
+            raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "
+                              f"or have decide(me_step, view); got {barrier!r}")
+        if (not isinstance(replication, int) or isinstance(replication, bool)
+                or not 1 <= replication <= ksize):
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
         if not isinstance(seed, numbers.Integral) or seed < 0:   # as numpy's seeds are

@@ -63,3 +63,27 @@ def test_partitions_past_the_cap_are_refused_before_a_cluster_starts():
     with pytest.raises(ConfigError, match=f"--partitions {10**9} is more than "
                                           f"{kmeans.MAX_PARTITIONS}"):
         kmeans.main(["--partitions", str(10**9), "--points", "100", "--workers", "1"])
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--k", "0"], "--k 0: must be >= 1"),
+    (["--dim", "0", "--iterations", "-2"], "--dim 0, --iterations -2: must be >= 1"),
+    (["--k", "10", "--points", "5"], "--points 5 is fewer than --k 10"),
+], ids=["k", "two", "points"])
+def test_a_bad_size_flag_is_named(capsys, flags, said):
+    # before: "--k, --points, --dim, --partitions, --iterations must be >= 1 and --points >=
+    # --k", whichever one was wrong
+    with pytest.raises(SystemExit) as exit_:
+        kmeans.main(flags + ["--workers", "1"])
+    assert exit_.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_a_centre_of_many_dimensions_prints_on_one_short_line(capsys):
+    # before: --dim 100000 printed each centre's 100000 coordinates
+    assert kmeans.main(["--k", "2", "--points", "10", "--dim", "50", "--iterations", "2",
+                        "--workers", "1"]) == 0
+    centres = [line for line in capsys.readouterr().out.splitlines() if "centre " in line]
+    assert len(centres) == 2
+    for line in centres:
+        assert line.endswith(" ... (42 more; --json has all)") and len(line) < 120

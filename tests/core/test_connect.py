@@ -96,6 +96,25 @@ def test_a_listener_that_never_answers_times_out():
     assert f"no manager answered at {address} within 2.0 s" in str(err)
 
 
+def test_status_against_a_listener_that_never_answers_says_what_to_check(tmp_path, capsys):
+    # before: "status on manager got no reply within 1.0 s; raise the timeout_s, or check
+    # the node's log": no flag of that name, and no log to check
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        t0 = time.monotonic()
+        path = tmp_path / "cluster.secret"
+        path.write_text(SECRET)
+        path.chmod(0o600)
+        assert cli.main(["status", "--manager", address, "--secret-file", str(path),
+                         "--timeout-s", "1"]) == 1
+        assert time.monotonic() - t0 < 5.0
+    said = capsys.readouterr().err
+    assert f"no answer from {address} within 1 s: is `actorpy manager` running there" in said
+    assert "longer --timeout-s" in said and "timeout_s" not in said
+
+
 def test_the_right_secret_still_connects(manager_address):
     with actorpy.connect(manager_address, secret=SECRET) as cluster:
         assert [r["role"] for r in cluster.nodes()] == ["driver"]
@@ -120,3 +139,49 @@ def test_an_unreadable_secret_file_is_named_as_the_caller_gave_it(tmp_path, caps
     assert cli.main(["status", "--manager", "tcp://127.0.0.1:1",
                      "--secret-file", str(missing)]) == 2
     assert f"cannot read --secret-file {missing}: " in capsys.readouterr().err
+
+
+def test_a_worker_that_could_not_join_a_listener_speaking_http_closes_at_once():
+    """Before: a worker pointed at a non-actorpy listener that keeps the connection open
+    (an HTTP server) timed out joining, then hung in close() sending its goodbye to the
+    "manager" over a link that never completes its handshake; `actorpy worker` was killed by
+    its own 10 s closing guard, and the "no manager answered" line was never printed."""
+    from actorpy.runtime.address import node_bind
+    from actorpy.runtime.worker import Worker
+
+    held: list[socket.socket] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.1)
+        address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        done = threading.Event()
+
+        def serve() -> None:
+            while not done.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    continue
+                conn.sendall(b"HTTP/1.0 200 OK\r\n\r\nhello")
+                held.append(conn)
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        worker = Worker("w-http", address, node_bind(address, "w-http"),
+                        Security.curve(SECRET.encode()), Config())
+        try:
+            with pytest.raises(ActorpyTimeout, match=f"no manager answered at {address}"):
+                worker.start(1.0)
+            worker.stop()
+            closer = threading.Thread(target=worker.close, daemon=True)
+            t0 = time.monotonic()
+            closer.start()
+            closer.join(8.0)
+            assert not closer.is_alive(), "Worker.close() hung"
+            assert time.monotonic() - t0 < 5.0
+        finally:
+            done.set()
+            server.join(5.0)
+            for conn in held:
+                conn.close()

@@ -158,6 +158,11 @@ class TestArguments:
             d.reduce_by_key(operator.add, partitions=0)
         with pytest.raises(ValueError, match="partitions"):
             mapre.from_items(cluster, [1], partitions=0)
+        # before: 10**9 empty lists built in the driver (13 GB, past any timeout)
+        for make in (lambda n: d.reduce_by_key(operator.add, partitions=n),
+                     lambda n: mapre.from_items(cluster, [1], partitions=n)):
+            with pytest.raises(ValueError, match=f"partitions={10**9} is more than 65536"):
+                make(10**9)
 
     def test_repr_names_the_lineage(self, cluster):
         d = mapre.from_items(cluster, [1], 2).map(str).filter(len).distinct()

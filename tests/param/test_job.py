@@ -190,6 +190,20 @@ class TestBadInput:
         assert info.value.node_id in info.value.remote_message
         self._assert_clean(cluster, run)
 
+    @pytest.mark.parametrize("servers", [1, 2])
+    def test_a_push_that_returns_no_dict_is_a_clear_error(self, cluster, servers):
+        # before, with servers=2: "'list' object has no attribute 'items'" from the worker's
+        # split by shard; a generator failed to pickle under either
+        job = _job(ASP())
+        job.register_stop(pb.StepStop(3))
+        for push, name in ((lambda ctx, values: [1], "list"),
+                           (lambda ctx, values: (x for x in "w"), "generator")):
+            job.register_push(push)
+            with pytest.raises(RemoteError, match=rf"UpdateError: push on worker w-\w+ "
+                                                  rf"returned {name}; it must return a dict"):
+                job.run(cluster, init={"w": np.ones(pb.D), "b": np.ones(1)}, servers=servers,
+                        timeout_s=60)
+
     def test_a_push_that_returns_an_empty_dict_is_a_step_without_update(self, cluster):
         job = _job(BSP())
         job.register_push(lambda ctx, values: {})
@@ -362,6 +376,14 @@ class TestBadInput:
                 job.run(cluster, init={"w": np.zeros(2)}, **bad)
         with pytest.raises(actorpy.ConfigError, match="seed must be an int >= 0, got -1"):
             param.Job("x", seed=-1)   # before: numpy's ValueError on every worker
+        # before: TypeErrors from a comparison and from range(); a lone surrogate key (a
+        # file name decoded with surrogateescape) a UnicodeEncodeError from the shard plan
+        with pytest.raises(actorpy.ConfigError, match="finite timeout_s > 0, got 5"):
+            job.run(cluster, init={"w": np.zeros(2)}, timeout_s="5")
+        with pytest.raises(actorpy.ConfigError, match="servers must be an int >= 1, got 1.5"):
+            job.run(cluster, init={"w": np.zeros(2)}, servers=1.5)
+        with pytest.raises(actorpy.ConfigError, match=r"init key '\\ud800' is not valid "):
+            job.run(cluster, init={"\ud800": np.zeros(2)})
 
     def test_the_bench_release_factor_flag_refuses_what_the_engine_refuses(self):
         # before: -1 and NaN were taken (the runs with the policy then failed one by one,

@@ -112,8 +112,20 @@ class TestFailures:
         for start in (job.simulate, lambda **kw: job.run(None, timeout_s=5, **kw)):
             with pytest.raises(ConfigError, match="init must name at least one key"):
                 start(peers=2, init={})
-            with pytest.raises(ConfigError, match="at least one peer, got 0"):
+            with pytest.raises(ConfigError, match="int number of peers >= 1, got 0"):
                 start(peers=0, init=init())
+            # before: a TypeError from a comparison or from range()
+            for peers in (1.5, "2", True):
+                with pytest.raises(ConfigError, match=f"got {peers!r}"):
+                    start(peers=peers, init=init())
+            # before: Blob's TypeError naming no key (a RemoteError on a cluster); a 0-d
+            # array came back of shape (1,) (tests/peer/kademlia/test_values.py)
+            for value in (np.array(["ab", "c"]), np.zeros(2, dtype=[("a", "f4")])):
+                with pytest.raises(ConfigError, match=r"init\['w0'\] is a numpy array of "
+                                                      "dtype .* \\(numeric dtypes only\\)"):
+                    start(peers=2, init={**init(), "w0": value})
+            with pytest.raises(ConfigError, match=r"init key '\\ud800' is not valid Unicode"):
+                start(peers=2, init={"\ud800": np.zeros(4)})   # before: UnicodeEncodeError
             # before: TypeError "cannot store a numpy array of dtype object" from simulate,
             # a RemoteError from a peer on a cluster
             with pytest.raises(ConfigError, match=r"init\['w0'\] is an array of dtype object"):
@@ -147,6 +159,16 @@ class TestFailures:
             Job("x", durable="no")
         with pytest.raises(ConfigError, match="overlap must be True, False or an int"):
             Job("x", overlap=-1)
+        # before: taken, and a str barrier failed on every peer as an AttributeError
+        for name in ("", 5):
+            with pytest.raises(ConfigError, match="a job needs a non-empty str name"):
+                Job(name)
+        with pytest.raises(ConfigError, match="barrier must be BSP"):
+            Job("x", barrier="ssp")
+        with pytest.raises(ConfigError, match="replication must be an int"):
+            Job("x", replication=True)
+        with pytest.raises(ConfigError, match="timeout_s must be a finite number > 0"):
+            linreg(ASP(), steps=1).run(None, peers=2, init=init(), timeout_s="5")
         for timeout in (float("nan"), float("inf")):
             with pytest.raises(ConfigError, match="timeout_s must be a finite number > 0"):
                 linreg(ASP(), steps=1).run(None, peers=2, init=init(), timeout_s=timeout)

@@ -271,6 +271,22 @@ def test_a_push_that_hangs_ends_the_job_at_its_timeout(cluster):
     assert time.monotonic() - started < 8.0   # the peer's leave waits for the push
 
 
+def test_starting_more_peers_than_the_timeout_allows_ends_at_the_timeout(cluster):
+    # before: the driver started and joined all the peers before it looked at the job's
+    # deadline: peers=10000 with timeout_s=10 was still starting them after 4 minutes
+    job = peer.Job("many", barrier=ASP(), seed=0)
+    job.register_schedule(lambda ctx: ["w"])
+    job.register_push(lambda ctx, values: {})
+    job.register_pull(lambda store, updates: None)
+    job.register_stop(lambda ctx: True)
+    started = time.monotonic()
+    with pytest.raises(ActorpyTimeout, match=r"with \d+ of 100000 peers started"):
+        job.run(cluster, peers=100_000, init={"w": np.zeros(2)}, timeout_s=1.0)
+    assert time.monotonic() - started < 10.0   # the timeout, then 2 s to stop those started
+    assert job.run(cluster, peers=2, init={"w": np.zeros(2)}, timeout_s=30).model["w"].shape \
+        == (2,)
+
+
 def test_a_barrier_that_raises_fails_the_job_at_once(cluster):
     # before: the peer's overlay handler died with the exception, the peer stayed at its
     # barrier and the job ended at its timeout_s (ActorpyTimeout, 30 s here)

@@ -81,8 +81,8 @@ class Blob:
             if value.dtype.str not in _NUMPY_DTYPES:
                 raise TypeError(f"cannot store a numpy array of dtype {value.dtype}: numeric "
                                 "dtypes only")
-            array = np.ascontiguousarray(value)
-            return cls(ValueKind.NUMPY, array.dtype.str, tuple(array.shape),
+            array = np.ascontiguousarray(value)   # a 0-d array comes back 1-d from it:
+            return cls(ValueKind.NUMPY, array.dtype.str, tuple(value.shape),   # keep ()
                        array.reshape(-1).view(np.uint8))
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(value, torch.Tensor):
@@ -126,6 +126,26 @@ class Blob:
 
     def __repr__(self) -> str:
         return f"Blob({self.kind.name}, {self.dtype}, {self.shape}, {self.nbytes} bytes)"
+
+
+def unstorable(value: Any) -> str | None:
+    """Why ``Blob.of`` would refuse ``value`` (a dtype off the allow-list, or not bytes, an
+    array or a tensor), or None; checks without copying anything.
+
+    >>> unstorable(np.array(["a"])), unstorable(np.zeros(2))
+    ('a numpy array of dtype <U1 (numeric dtypes only)', None)
+    """
+    if isinstance(value, (bytes, bytearray, memoryview, Blob)):
+        return None
+    if isinstance(value, np.ndarray):
+        return (None if value.dtype.str in _NUMPY_DTYPES
+                else f"a numpy array of dtype {value.dtype} (numeric dtypes only)")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        name = str(value.dtype).removeprefix("torch.")
+        return (None if name in _TORCH_ITEMSIZE and value.layout == torch.strided
+                else f"a torch tensor of dtype {value.dtype}, layout {value.layout}")
+    return f"a {type(value).__name__} (bytes, numpy arrays and torch tensors only)"
 
 
 def _itemsize(kind: ValueKind, dtype: object) -> int:

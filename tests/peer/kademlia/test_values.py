@@ -115,3 +115,14 @@ class TestFuzzedValueStores:
             assert record is not None and record.version == best
             assert record.value.to_value() == f"{best[0]}/{best[1]}".encode()
 
+
+
+class TestBlobShapes:
+    @pytest.mark.parametrize("value", [np.array(2.5), np.asfortranarray(np.ones((3, 4))),
+                                       np.arange(16.0).reshape(4, 4)[:, ::2], np.zeros((2, 0))],
+                             ids=["0-d", "fortran", "strided", "empty"])
+    def test_a_value_comes_back_with_its_shape_and_contents(self, value: np.ndarray) -> None:
+        # a 0-d array came back of shape (1,): np.ascontiguousarray makes it 1-d
+        got = Blob.of(value).to_value()
+        assert got.shape == value.shape and got.dtype == value.dtype
+        np.testing.assert_array_equal(got, value)
