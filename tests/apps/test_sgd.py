@@ -21,6 +21,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIELDS = {"loss", "weight_error", "steps_per_worker", "updates", "seconds"}
 
 
+def spy_on_start(monkeypatch, option):
+    """The ``option=`` every ``param.Job.start`` of the test is given, in a list."""
+    from engines import param
+    seen = []
+    start = param.Job.start
+
+    def spy(job, *args, **kwargs):
+        seen.append(kwargs.get(option))
+        return start(job, *args, **kwargs)
+    monkeypatch.setattr(param.Job, "start", spy)
+    return seen
+
+
 class TestSGD:
     def test_cli_json_is_the_only_output(self):
         out = subprocess.run([sys.executable, "-m", "actorpy", "sgd", "--model", "linear",
@@ -169,15 +182,7 @@ class TestSGD:
     @pytest.mark.parametrize("flags, overlap", [([], True), (["--no-overlap"], False)])
     def test_no_overlap_makes_each_step_wait_for_its_reply(self, monkeypatch, capsys, flags,
                                                           overlap):
-        from engines import param
-        seen = []
-        start = param.Job.start
-
-        def spy(job, *args, **kwargs):
-            seen.append(kwargs.get("overlap"))
-            return start(job, *args, **kwargs)
-
-        monkeypatch.setattr(param.Job, "start", spy)
+        seen = spy_on_start(monkeypatch, "overlap")
         assert sgd.main(["--barrier", "ssp", "--staleness", "2", "--steps", "20",
                          "--workers", "1", "--json", *flags]) == 0
         assert seen == [overlap]
@@ -196,7 +201,6 @@ class TestSGD:
     def test_resume_goes_on_from_the_checkpoint(self, tmp_path, capsys, monkeypatch):
         """A run stopped (or killed) with --checkpoint-dir goes on with --resume: its step
         and update counts carry on from the checkpoint. Before, the apps had no --resume."""
-        from engines import param
         flags = ["--workers", "1", "--json", "--checkpoint-dir", str(tmp_path)]
         with pytest.raises(CheckpointError) as missing:    # the command line's words
             sgd.main(["--steps", "30", "--resume", *flags])
@@ -207,13 +211,7 @@ class TestSGD:
             sgd.main(["--resume", "--compare", "bsp", "asp", *flags])
         assert sgd.main(["--steps", "30", *flags]) == 0
         assert json.loads(capsys.readouterr().out)["updates"] == 30
-        resumed = []
-        start = param.Job.start
-
-        def spy(job, *args, **kwargs):
-            resumed.append(kwargs.get("resume"))
-            return start(job, *args, **kwargs)
-        monkeypatch.setattr(param.Job, "start", spy)
+        resumed = spy_on_start(monkeypatch, "resume")
         assert sgd.main(["--steps", "40", "--resume", *flags]) == 0
         out = json.loads(capsys.readouterr().out)
         assert resumed == [True]
