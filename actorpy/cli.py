@@ -197,11 +197,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     alive = sum(r["state"] in ("joining", "alive", "suspect") for r in rows)
     print(f"manager {args.manager}: {alive} alive, {len(rows) - alive} gone")
-    print(f"{'NODE':<16} {'ROLE':<8} {'STATE':<6} {'HOST':<16} {'PID':>7} {'HEARTBEAT':>10}  ADDRESS")
+    print(f"{'NODE':<16} {'ROLE':<8} {'STATE':<6} {'HOST':<16} {'PID':>7} {'HEARTBEAT':>10}  "
+          "ADDRESS")
     for r in sorted(rows, key=lambda r: (r["state"] != "alive", r["role"], r["node_id"])):
         age = f"{r['heartbeat_age_s']:.1f}s ago"
+        why = f"  ({r['reason']})" if r["reason"] else ""
         print(f"{r['node_id']:<16} {r['role']:<8} {r['state']:<6} {r['host'][:16]:<16} "
-              f"{r['pid']:>7} {age:>10}  {r['address']}{'  (' + r['reason'] + ')' if r['reason'] else ''}")
+              f"{r['pid']:>7} {age:>10}  {r['address']}{why}")
     return 0
 
 

@@ -4,7 +4,8 @@ through any live peer and serves the jobs submitted to it (``Job.run_overlay``, 
 
     actorpy secret --out cluster.secret                      # once; copy it to every host
     actorpy peer --bind tcp://10.0.0.4:7400 --secret-file cluster.secret
-    actorpy peer --bind tcp://10.0.0.5:7400 --bootstrap tcp://10.0.0.4:7400 --secret-file cluster.secret
+    actorpy peer --bind tcp://10.0.0.5:7400 --bootstrap tcp://10.0.0.4:7400 \\
+        --secret-file cluster.secret
 
 The first line on stdout says where the peer listens (``--bind tcp://HOST:0`` picks a free
 port). SIGTERM or Ctrl-C hands the keys it stores to the next closest peers, then exits (status

@@ -257,8 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         apputil.print_json(result)
     else:
-        print(f"{label} on {len(result['steps_per_worker'])} peers: loss {result['loss']:.4g}  weight error "
-              f"{result['weight_error']:.4f}  updates {result['updates']}  "
+        print(f"{label} on {len(result['steps_per_worker'])} peers: loss {result['loss']:.4g}  "
+              f"weight error {result['weight_error']:.4f}  updates {result['updates']}  "
               f"{result['seconds']:.2f} s  steps per peer {result['steps_per_worker']}",
               file=sys.stdout)
     if args.plot:   # after the results: a plot that cannot be written does not lose them

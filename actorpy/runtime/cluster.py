@@ -74,7 +74,8 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
                 "its manager holds two sockets per worker, within ZeroMQ's 1023 per process; "
                 "for more, run `actorpy manager` and `actorpy worker` on several machines")
         local = LocalCluster(n, config, log_level)
-        security, bind, manager_address = local.security, local.bind_for(node_id), local.manager_address
+        security, bind = local.security, local.bind_for(node_id)
+        manager_address = local.manager_address
     else:
         security = security_for(address, secret=secret, secret_file=secret_file)
         bind, manager_address = node_bind(address, node_id), address

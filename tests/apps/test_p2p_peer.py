@@ -46,7 +46,8 @@ def _peer(secret_file: str, bootstrap: str | None = None) -> subprocess.Popen:
 def _endpoint(proc: subprocess.Popen) -> str:
     line = _first_line(proc, 30)
     match = READY.search(line)
-    assert match, f"not a ready line: {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+    stderr = proc.stderr.read() if proc.poll() is not None else ""
+    assert match, f"not a ready line: {line!r}; stderr: {stderr}"
     return match.group(1)
 
 

@@ -166,7 +166,8 @@ class TestArguments:
 
     def test_repr_names_the_lineage(self, cluster):
         d = mapre.from_items(cluster, [1], 2).map(str).filter(len).distinct()
-        assert repr(d) == "<Dataset 2 partitions: from_items -> map(str) -> filter(len) -> distinct>"
+        assert repr(d) == ("<Dataset 2 partitions: from_items -> map(str) -> filter(len) "
+                           "-> distinct>")
 
 
 def test_reduce_matches_functools(clusters):
