@@ -38,6 +38,25 @@ def describe(value: Any) -> str:
     return f"a {dtype} {kind} of shape {tuple(value.shape)}"
 
 
+def yes_or_no(value: Any, what: str) -> bool:
+    """``value`` as the answer a yes/no callback (``what``: "stop", say) must give: a bool,
+    numpy's included, an int, or a one-value (0-d) array or tensor. Anything else is a
+    ``TypeError`` naming the callback: a string such as "no" is true, and an array of
+    several values has no truth at all.
+
+    >>> yes_or_no(np.float32(0.01) < 0.05, "stop")
+    True
+    >>> yes_or_no("no", "stop")
+    Traceback (most recent call last):
+    TypeError: stop returned a str; it must return True (stop) or False (go on)
+    """
+    if isinstance(value, (bool, np.bool_, int, np.integer)) or (
+            family(value) is not None and tuple(value.shape) == ()):
+        return bool(value)
+    raise TypeError(f"{what} returned {describe(value)}; it must return True (stop) or False "
+                    "(go on)")
+
+
 def fits(value: Any, like: Any) -> bool:
     """True if ``value`` is an array or tensor of the family, shape and dtype of ``like``."""
     fam = family(value)

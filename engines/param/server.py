@@ -28,6 +28,7 @@ from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.clock import Clock
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
+from actorpy.values import yes_or_no
 from engines.param.checkpoint import Snapshot
 from engines.param.errors import CallbackError, KeyNotLocal, UpdateError
 from engines.param.gate import Gate, follower_policy
@@ -401,7 +402,10 @@ class ServerCore:
         if answer is None:   # a missing `return`: it would never stop, until timeout_s
             raise CallbackError(f"stop returned None on server shard {self.config.shard}; it "
                                 "must return True (stop) or False (go on)")
-        return bool(answer)
+        try:
+            return yes_or_no(answer, "stop")
+        except TypeError as exc:
+            raise CallbackError(f"{exc} (on server shard {self.config.shard})") from None
 
     def _barrier_failed(self, exc: Exception, worker: NodeId | None) -> CallbackError:
         """A custom barrier (``register_barrier``, or a policy of the user's) raised while

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from actorpy.barrier import Decision
-from actorpy.values import family
+from actorpy.values import family, yes_or_no
 
 from .barrier import OverlayBarrier, balanced_batch, pipeline_depth
 from .calls import OwnerCalls, Phase
@@ -438,7 +438,7 @@ class PeerRunner(OwnerCalls):
             if stop is None:   # a missing `return`: it would never stop, until the timeout
                 raise TypeError("stop returned None; it must return True (stop) or False "
                                 "(go on)")
-            stop = bool(stop)
+            stop = yes_or_no(stop, "stop")
         except Exception as exc:
             self._fail(exc)
             return True

@@ -272,13 +272,15 @@ class TestBadInput:
                 first.result()
         self._assert_clean(cluster, first)
 
-    def test_a_stop_that_returns_none_is_a_clear_error(self, cluster):
-        # before: None is false, so the job ran until timeout_s (600 s by default)
+    @pytest.mark.parametrize("answer, said", [
+        (None, "None on server shard 0"),   # before: false, so it ran until timeout_s
+        ("no", r"a str; it must return True \(stop\) or False \(go on\) \(on server shard 0"),
+        (np.zeros(2), "a float64 array of shape \\(2,\\)")])  # before: "true" / numpy's error
+    def test_a_stop_that_returns_no_yes_or_no_is_a_clear_error(self, cluster, answer, said):
         job = _job(ASP())
-        job.register_stop(lambda store: None)
+        job.register_stop(lambda store: answer)
         run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
-        with pytest.raises(RemoteError, match="stop returned None on server shard 0; it must "
-                                              "return True"):
+        with pytest.raises(RemoteError, match=f"stop returned {said}"):
             run.result()
         self._assert_clean(cluster, run)
 

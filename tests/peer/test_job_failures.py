@@ -100,8 +100,9 @@ class TestFailures:
 
     def test_a_stop_whose_answer_is_not_a_truth_value_fails_the_job(self) -> None:
         job = linreg(ASP(), steps=5)
-        job.register_stop(lambda ctx: np.array([True, False]))
-        with pytest.raises(RemoteError, match="truth value of an array"):
+        job.register_stop(lambda ctx: np.array([True, False]))   # before: numpy's "truth
+        with pytest.raises(RemoteError,                            # value of an array ..."
+                           match=r"stop returned a bool array of shape \(2,\); it must"):
             run(job, peers=3, max_s=60)
 
     def test_no_peer_or_an_empty_model_is_a_config_error(self) -> None:
@@ -131,11 +132,14 @@ class TestFailures:
             with pytest.raises(ConfigError, match=r"init\['w0'\] is an array of dtype object"):
                 start(peers=2, init={**init(), "w0": np.array([1, "a"], dtype=object)})
 
-    def test_a_stop_that_returns_none_fails_the_job(self) -> None:
-        # before: None is false, so every peer ran until the run's timeout
+    @pytest.mark.parametrize("answer, said", [
+        (None, "None"),          # before: None is false, so every peer ran until the timeout
+        ("no", "a str"),         # before: "no" is true: every peer stopped at once
+        ([True, False], "a list")])
+    def test_a_stop_that_returns_no_yes_or_no_fails_the_job(self, answer, said) -> None:
         job = linreg(ASP(), steps=5)
-        job.register_stop(lambda ctx: None)
-        with pytest.raises(RemoteError, match="stop returned None; it must return True"):
+        job.register_stop(lambda ctx: answer)
+        with pytest.raises(RemoteError, match=f"stop returned {said}; it must return True"):
             run(job, peers=3, max_s=60)
 
     def test_missing_callbacks_are_a_config_error(self) -> None:
