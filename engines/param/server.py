@@ -47,7 +47,8 @@ class ShardConfig:
     shard: int = 0
     shards: int = 1
     policy: Any = BSP()
-    aggregate: str = "mean"            # "mean" (weighted by batch), "sum", "each" (one pull per update)
+    #: "mean" (weighted by batch), "sum", "each" (one pull per update)
+    aggregate: str = "mean"
     expected: frozenset[NodeId] = frozenset()  # start barrier: nobody starts before these joined
     batch: int = 1
     balance: bool = False              # LB-BSP batch sizes (coordinator)
