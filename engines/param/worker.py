@@ -116,7 +116,6 @@ class _Loop:
     def run(self) -> WorkerResult:
         t = self.task
         me = NodeId(self.ctx.node_id)
-        self.t0 = time.perf_counter()
         rng = np.random.default_rng([t.seed, t.slot])
         data = None
         if t.data is not None:
@@ -139,10 +138,10 @@ class _Loop:
             futures = self._start(requests)
             if all(f.done() for f in futures):   # answered at once (its shard is here and
                 ahead = None                      # was idle): the next step reads the reply
-                replies = self._collect(futures, len(requests), step=wctx.step)
+                replies = self._collect(futures, step=wctx.step)
                 continue
             ahead = self._step(wctx, values)
-            replies = self._collect(futures, len(requests), step=wctx.step - 1)
+            replies = self._collect(futures, step=wctx.step - 1)
 
     def _values(self, replies: list[tuple], wctx: WorkerContext) -> Any:
         """The values the shards' replies carry (and the batch LB-BSP set), or the
@@ -190,13 +189,13 @@ class _Loop:
 
     def _exchange(self, requests: list[tuple[int, Any]], step: int = 0) -> list[tuple]:
         """Send one request per shard and wait for every reply (``_collect``)."""
-        return self._collect(self._start(requests), len(requests), step)
+        return self._collect(self._start(requests), step)
 
     def _start(self, requests: list[tuple[int, Any]]) -> dict[cf.Future, int]:
         """Send one request per shard; the futures of their replies, by shard."""
         return {self._send(i, kind, payload): i for i, (kind, payload) in enumerate(requests)}
 
-    def _collect(self, futures: dict[cf.Future, int], count: int, step: int) -> list[tuple]:
+    def _collect(self, futures: dict[cf.Future, int], step: int) -> list[tuple]:
         """Wait for every reply (raw reply tuples, by shard), or for the first reply that
         ends this worker (alone in the list). A lost shard is looked up again at the
         conductor and rejoined at ``step``.
@@ -205,7 +204,7 @@ class _Loop:
         comes to this thread's own socket and this thread reads it while it waits, with no
         other thread in between (a lost shard still fails the future from the I/O thread,
         which wakes this one)."""
-        replies: list[Any] = [None] * count
+        replies: list[Any] = [None] * len(futures)
         while futures:
             left = self.deadline - time.monotonic()
             if left <= 0:

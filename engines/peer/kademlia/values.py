@@ -78,22 +78,20 @@ class Blob:
             data = memoryview(value).cast("B")
             return cls(ValueKind.BYTES, "|u1", (data.nbytes,), data)
         if isinstance(value, np.ndarray):
-            if value.dtype.str not in _NUMPY_DTYPES:
-                raise TypeError(f"cannot store a numpy array of dtype {value.dtype}: numeric "
-                                "dtypes only")
+            if not _numpy_ok(value):
+                raise TypeError(f"cannot store {unstorable(value)}")
             array = np.ascontiguousarray(value)   # a 0-d array comes back 1-d from it:
             return cls(ValueKind.NUMPY, array.dtype.str, tuple(value.shape),   # keep ()
                        array.reshape(-1).view(np.uint8))
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(value, torch.Tensor):
+            if not _torch_ok(torch, value):
+                raise TypeError(f"cannot store {unstorable(value)}")
             name = str(value.dtype).removeprefix("torch.")
-            if name not in _TORCH_ITEMSIZE or value.layout != torch.strided:
-                raise TypeError(f"cannot store a torch tensor of dtype {value.dtype}")
             t = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
             return cls(ValueKind.TORCH, name, tuple(t.shape),
                        t.reshape(-1).view(torch.uint8).numpy())
-        raise TypeError(f"the overlay stores bytes, numpy arrays and torch tensors, not "
-                        f"{type(value).__name__}")
+        raise TypeError(f"cannot store {unstorable(value)}")
 
     @property
     def nbytes(self) -> int:
@@ -138,14 +136,22 @@ def unstorable(value: Any) -> str | None:
     if isinstance(value, (bytes, bytearray, memoryview, Blob)):
         return None
     if isinstance(value, np.ndarray):
-        return (None if value.dtype.str in _NUMPY_DTYPES
+        return (None if _numpy_ok(value)
                 else f"a numpy array of dtype {value.dtype} (numeric dtypes only)")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        name = str(value.dtype).removeprefix("torch.")
-        return (None if name in _TORCH_ITEMSIZE and value.layout == torch.strided
+        return (None if _torch_ok(torch, value)
                 else f"a torch tensor of dtype {value.dtype}, layout {value.layout}")
     return f"a {type(value).__name__} (bytes, numpy arrays and torch tensors only)"
+
+
+def _numpy_ok(value: np.ndarray) -> bool:
+    return value.dtype.str in _NUMPY_DTYPES
+
+
+def _torch_ok(torch: Any, value: Any) -> bool:
+    return (str(value.dtype).removeprefix("torch.") in _TORCH_ITEMSIZE
+            and value.layout == torch.strided)
 
 
 def _itemsize(kind: ValueKind, dtype: object) -> int:
