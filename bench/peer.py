@@ -201,8 +201,9 @@ class PeerPush:
     """``bench/ps.py``'s ``Push`` for a peer (peer 1 sleeps twice its compute when
     ``straggle``); it remembers the error of the w it was handed, for ``PeerStop``."""
 
-    def __init__(self, seed: int, features: int, straggle: bool) -> None:
-        self.ws, self.straggle = ps.w_star(seed, features), straggle
+    def __init__(self, seed: int, features: int, straggle: bool,
+                 slack_ns: int = ps.ps_problem.STRAGGLER_SLACK_NS) -> None:
+        self.ws, self.straggle, self.slack_ns = ps.w_star(seed, features), straggle, slack_ns
         self.error = float("inf")
 
     def __call__(self, ctx: peer.PeerContext, values: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +214,7 @@ class PeerPush:
         i = ctx.rng.integers(0, len(y), ctx.batch_size)
         g = ps.gradient(w, x[i], y[i])
         if self.straggle and ctx.index == 1:
-            time.sleep(2 * (time.perf_counter() - t0))
+            ps.straggler_wait(t0, self.slack_ns)
         return {"w": g}
 
 
@@ -237,7 +238,7 @@ def p2p_job_a(cluster: Any, args: argparse.Namespace, barrier: Policy, straggle:
     job = peer.Job("bench-a", barrier=barrier, seed=args.seed, rpc_timeout_s=0.5,
                    durable=durable, batch=args.batch, balance=balance, overlap=overlap)
     job.register_schedule(lambda ctx: ["w"])
-    push = PeerPush(args.seed, args.features, straggle)
+    push = PeerPush(args.seed, args.features, straggle, args.straggler_slack_ns)
     job.register_push(push)
     job.register_pull(ps.Pull(args.lr))
     job.register_stop(PeerStop(push, args.target))
@@ -323,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.002)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--target", type=float, default=0.05)
+    parser.add_argument("--straggler-slack-ns", type=int, default=ps.ps_problem.STRAGGLER_SLACK_NS,
+                        help="the straggler's timer slack, so that its sleep ends on time "
+                        "(ps_problem.straggler_wait; 0: the OS default, 50 us on Linux)")
     parser.add_argument("--peers-a", type=lambda s: [int(n) for n in s.split(",")],
                         default=[2, 4],
                         help="P2P peers for Job A, one table each (default 2,4: one peer per "
@@ -359,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.lr}, batch {args.batch} per worker / peer, target |w-w*|/|w*| < "
               f"{args.target}; 2 workers; P2P: {peers} peers, no server; pBSP/pSSP sample "
               f"{min(args.sample, peers - 1)}")
+        print(ps.straggler_line(args))
         times = job_a_rows(args, peers)
         loss = {n: times[(n, True)] - times[(n, False)]
                 for n in (PSSP, DEEPER, BALANCED, "P2P BSP")}

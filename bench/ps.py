@@ -85,7 +85,7 @@ import numpy as np  # noqa: E402
 
 import ps_problem  # noqa: E402  (bench/ is this script's directory)
 from ps_plain import plain_run, single_process  # noqa: E402
-from ps_problem import error, gradient, half, w_star  # noqa: E402  (also bench/peer.py's)
+from ps_problem import error, gradient, half, straggler_wait, w_star  # noqa: E402
 
 # The callbacks below use the problem on the workers, which cannot import bench/.
 cloudpickle.register_pickle_by_value(ps_problem)
@@ -104,10 +104,11 @@ class Data:
 
 
 class Push:
-    """Minibatch gradient; slot 1 sleeps twice its compute time when ``straggle``."""
+    """Minibatch gradient; slot 1 sleeps twice its compute time when ``straggle``
+    (``ps_problem.straggler_wait``, the thread's timer slack set to ``slack_ns``)."""
 
-    def __init__(self, straggle: bool) -> None:
-        self.straggle = straggle
+    def __init__(self, straggle: bool, slack_ns: int = ps_problem.STRAGGLER_SLACK_NS) -> None:
+        self.straggle, self.slack_ns = straggle, slack_ns
 
     def __call__(self, ctx: Any, values: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -115,7 +116,7 @@ class Push:
         i = ctx.rng.integers(0, len(y), ctx.batch_size)
         g = gradient(values["w"], x[i], y[i])
         if self.straggle and ctx.slot == 1:
-            time.sleep(2 * (time.perf_counter() - t0))
+            straggler_wait(t0, self.slack_ns)
         return {"w": g}
 
 
@@ -170,7 +171,7 @@ def actorpy_job_a(cluster: Any, args: argparse.Namespace, barrier: Any, straggle
     from engines import param
 
     job = param.Job("bench-a", barrier=barrier, seed=args.seed, data=Data(args.rows, args.features))
-    job.register_push(Push(straggle))
+    job.register_push(Push(straggle, args.straggler_slack_ns))
     job.register_pull(Pull(args.lr))
     job.register_stop(Target(args.seed, args.features, args.target))
     run = job.start(cluster, init={"w": np.zeros(args.features, dtype=np.float32)},
@@ -247,6 +248,30 @@ def _release_factor(text: str) -> float | None:
     return value
 
 
+def straggler_line(args: argparse.Namespace, steps: int = 300) -> str:
+    """How much slower the straggler's step is than its compute, measured here: a minibatch
+    gradient of Job A's shape, then ``straggler_wait`` (its timer slack as set, and the OS
+    default), medians of ``steps``."""
+    x, y = half(args.seed, 0, min(args.rows // 2, 20_000), args.features)
+    w, rng = np.zeros(args.features, dtype=np.float32), np.random.default_rng(0)
+    factors: dict[int, float] = {}
+    for slack in dict.fromkeys((args.straggler_slack_ns, 0)):
+        ratios = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            i = rng.integers(0, len(y), args.batch)
+            gradient(w, x[i], y[i])
+            t1 = time.perf_counter()
+            straggler_wait(t0, slack)
+            ratios.append((time.perf_counter() - t0) / (t1 - t0))
+        factors[slack] = statistics.median(ratios)
+    straggler_wait(time.perf_counter(), 0)   # this thread's slack back to the default
+    ps_problem.forget_prctl()   # the module travels by value: a ctypes pointer cannot
+    return (f"straggler: its step takes {factors[args.straggler_slack_ns]:.2f}x its compute "
+            f"(timer slack {args.straggler_slack_ns} ns), {factors[0]:.2f}x with the OS "
+            "default slack (measured here, medians of 300)")
+
+
 def _key(name: str) -> str:
     """A row's name for ``--only``: "pSSP" for "pSSP(1,4)" and "pSSP(1,4), release at 2x"."""
     return name.split("(")[0].split(",")[0]
@@ -266,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-repeat", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3,
                         help="alternating runs per Job A row (medians are reported)")
+    parser.add_argument("--straggler-slack-ns", type=int, default=ps_problem.STRAGGLER_SLACK_NS,
+                        help="the straggler's timer slack, so that its sleep ends on time "
+                        "(ps_problem.straggler_wait; 0: the OS default, 50 us on Linux)")
     parser.add_argument("--blas-threads", default="1",
                         help="BLAS threads per process, or 'default' for the library's "
                         "own (set before numpy loads; see _blas_threads)")
@@ -296,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Job A: {args.rows} x {args.features} float32, lr {args.lr}, batch {args.batch} per "
           f"worker, target |w-w*|/|w*| < {args.target}; 2 workers, 1 server; "
           f"{os.cpu_count()} cores; BLAS threads per process: {args.blas_threads}")
+    print(straggler_line(args))
     header = f"  {'':<42} {'to target':>10} {'updates':>8} {'ms/update':>9} {'error':>8}"
     # Each barrier's runs with and without the straggler (and the plain PS's) alternate,
     # args.repeat times, and the medians are reported: on a shared machine the load drifts

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from ps_problem import error, gradient, half, w_star
+from ps_problem import error, gradient, half, straggler_wait, w_star
 
 
 def plain_server(address: str, mode: str, workers: int, features: int, lr: float,
@@ -67,7 +67,7 @@ def plain_server(address: str, mode: str, workers: int, features: int, lr: float
 
 
 def plain_worker(address: str, slot: int, rows: int, features: int, batch: int, seed: int,
-                 straggle: bool, rate_floats: int) -> None:
+                 slow: bool, rate_floats: int, slack_ns: int) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
@@ -89,8 +89,8 @@ def plain_worker(address: str, slot: int, rows: int, features: int, batch: int, 
         t0 = time.perf_counter()
         i = rng.integers(0, len(y), batch)
         g = gradient(w, x[i], y[i])
-        if straggle and slot == 1:
-            time.sleep(2 * (time.perf_counter() - t0))
+        if slow and slot == 1:
+            straggler_wait(t0, slack_ns)
         sock.send(g, copy=False)
     sock.close()
     ctx.term()
@@ -113,7 +113,7 @@ def plain_run(args: argparse.Namespace, mode: str, straggle: bool, workers: int 
         assert parent.poll(60) and parent.recv() == "bound"
         procs += [spawn.Process(target=plain_worker, args=(
             address, slot, args.rows // 2, features, args.batch, args.seed, straggle,
-            rate_floats)) for slot in range(workers)]
+            rate_floats, args.straggler_slack_ns)) for slot in range(workers)]
         for p in procs:
             p.start()
         if not parent.poll(args.timeout):

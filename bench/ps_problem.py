@@ -7,9 +7,16 @@ workers (which cannot import bench/).
 """
 from __future__ import annotations
 
+import ctypes
+import time
+
 import numpy as np
 
 NOISE = 0.1
+#: the straggler thread's timer slack (``--straggler-slack-ns``; Linux's default is 50 us)
+STRAGGLER_SLACK_NS = 1
+_PR_SET_TIMERSLACK = 29
+_prctl: list = []
 
 
 def w_star(seed: int, features: int) -> np.ndarray:
@@ -30,3 +37,26 @@ def gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def error(w: np.ndarray, ws: np.ndarray) -> float:
     return float(np.linalg.norm(w - ws) / np.linalg.norm(ws))
+
+
+def forget_prctl() -> None:
+    """Drop the cached ``prctl`` (a ctypes pointer: this module is pickled by value)."""
+    _prctl.clear()
+
+
+def straggler_wait(t0: float, slack_ns: int = STRAGGLER_SLACK_NS) -> None:
+    """The straggler's wait: twice its compute since ``t0``, so that its step takes 3x.
+
+    A sleep ends when the thread's timer slack allows: with Linux's default 50 us, a 0.45 ms
+    sleep woke ~75 us late here (a 3.3x straggler, not 3x), with 1 ns ~25 us late (the
+    machine's own wake-up). So the calling thread's slack is set to ``slack_ns`` first (0:
+    the thread's default; nothing where prctl is missing)."""
+    spent = time.perf_counter() - t0
+    if not _prctl:
+        try:
+            _prctl.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError):
+            _prctl.append(None)
+    if _prctl[0] is not None:
+        _prctl[0](_PR_SET_TIMERSLACK, ctypes.c_ulong(slack_ns), 0, 0, 0)
+    time.sleep(2 * spent)
