@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, SerializationError
+from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import NodeEvent, NodeEventKind
@@ -228,8 +228,6 @@ class Conductor(Service):
 
     # ----------------------------------------------------------------- helpers
     def _submit(self, worker: NodeId) -> None:
-        if self.run.failure is not None:
-            return
         run, o = self.run, self.run.options
         self._seen.add(worker)
         slot = (self._free_slots.pop(0) if self._free_slots
@@ -241,13 +239,6 @@ class Conductor(Service):
                           run.job.seed, o.batch, left, o.overlap)
         try:
             fut = run.cluster.submit_task(task, worker, what=f"worker task of job {self.name!r}")
-        except SerializationError as exc:
-            # push or data= cannot be pickled: the same for every worker, so the job fails
-            # now (it waited out its timeout before, each worker counted as refusing)
-            self._slots.pop(worker, None)
-            self._fail(exc)
-            self.ctx.post(self._check)      # ends the job (maybe still constructing here)
-            return
         except ActorpyError as exc:   # it died meanwhile: its DEAD event follows
             log.info("job %s: could not give %s a task: %s", self.name, worker, exc)
             return
