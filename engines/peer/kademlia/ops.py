@@ -296,11 +296,12 @@ class NodeOps:
                 retry = self._probe(pending.contact, now, eff)
             self._keep_late(rpc_id, pending, retry, now, eff)
         elif self._keep_late(rpc_id, pending, None, now, eff):
-            # consecutive misses, the last one before rpc_timeout_s: what waits on the
-            # contact goes on without it now, but the eviction (what re-replication, owners
-            # and barriers act on) waits until rpc_timeout_s passed with no answer
-            # (``_expire_late``), so a live peer that is only slow keeps its place
-            self._give_up(pending, op, now, eff)
+            # consecutive misses, the last one before rpc_timeout_s: a lookup goes on
+            # without the contact now, but the eviction (what re-replication, owners and
+            # barriers act on) and the end of a PING waits until rpc_timeout_s passed with
+            # no answer (``_expire_late``), so a live peer that is only slow keeps its place
+            if op is not None and op.lookup is not None:
+                self._give_up(pending, op, now, eff)
         else:
             self._evict(node_id, now, eff)      # consecutive misses: dead (or gone)
             self._give_up(pending, op, now, eff)
@@ -328,9 +329,14 @@ class NodeOps:
             eff.timers.append(SetTimer(left, TimerKind.RPC_TIMEOUT, rpc_id))
             return
         del self._late[rpc_id]
+        if pending.retry is not None:
+            return
         node_id = pending.contact.node_id
-        if pending.retry is None and self._failures.get(node_id, 0) >= self.config.max_failures:
+        if self._failures.get(node_id, 0) >= self.config.max_failures:
             self._evict(node_id, now, eff)   # no answer since its last miss: dead (or gone)
+        op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+        if op is not None and op.lookup is None:
+            self._give_up(pending, op, now, eff)      # a PING that was never answered
 
     def _on_late(self, pending: _Pending, sender: Contact, message: Message, now: float,
                  eff: Effects) -> None:
@@ -347,10 +353,11 @@ class NodeOps:
             self._note_alive(sender, message.step, now, eff)
             return
         if retry is None:
-            # given up (no retry left): a lookup still running takes the answer all the same
+            # no retry left: a PING still waits for it, and a lookup still running that gave
+            # up on the contact takes the answer all the same
             op = self._ops.get(pending.op_id) if pending.op_id is not None else None
-            if op is not None and op.lookup is not None and not op.lookup.is_done \
-                    and op.lookup.revive(sender.node_id):
+            if op is not None and (op.lookup is None or not op.lookup.is_done
+                                   and op.lookup.revive(sender.node_id)):
                 op.in_flight += 1
                 self._answered(pending, sender, message, now, eff)
             else:

@@ -63,9 +63,10 @@ class TestPing:
         start = net.clock.now()
         done = net.run_op(live[0], lambda node, now: node.ping(net.contact(live[5]), now))
         assert done.contacts == ()
-        # asked twice, after adaptive timeouts (round trips here are 10-100 ms), not 2 x 2 s
-        assert 2 * FAST.min_rpc_timeout_s <= net.clock.now() - start < FAST.rpc_timeout_s
-        net.run_for(FAST.rpc_timeout_s)     # evicted once rpc_timeout_s passed unanswered
+        # asked again after an adaptive timeout (round trips here are 10-100 ms); the PING
+        # ends with the eviction, rpc_timeout_s after the second try went unanswered
+        waited = net.clock.now() - start
+        assert FAST.rpc_timeout_s < waited < FAST.rpc_timeout_s + 0.5
         assert net.nodes[live[5]].node_id not in me.routing and me.steps.get(
             net.nodes[live[5]].node_id) is None
 
