@@ -273,6 +273,11 @@ class KademliaNode(NodeOps):
         gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
         return Reply(call.rpc_id, self.node_id, status, tuple(args), value, self.step, gossip)
 
+    def rpc_timeout(self, node_id: int) -> float:
+        """How long a PING or FIND_NODE sent to ``node_id`` now would wait for its answer
+        (adaptive, see ``KademliaConfig.min_rpc_timeout_s``)."""
+        return self._rtt.timeout(node_id)
+
     def is_gone(self, node_id: int, now: float) -> bool:
         """Whether ``node_id`` left or was found dead lately (evicted, not yet heard from)."""
         return self._is_dead(node_id, now)
