@@ -316,7 +316,8 @@ class PeerService(Service):
         runner = self.peer.runner
         node = self.peer.node
         return {"address": self.address, "rejected": self.rejected, "late": self.late,
-                "unreachable": self.unreachable,
+                "unreachable": self.unreachable, "rpcs": node.stats.rpcs_sent,
+                "timeouts": node.stats.timeouts, "late_replies": node.stats.late_replies,
                 "table": sorted(c.address for c in node.routing.contacts()),
                 "keys": sorted(int(k) for k in node.storage.keys()),
                 "phase": int(runner.phase) if runner else int(Phase.IDLE),

@@ -164,8 +164,9 @@ class NodeOps:
                 self._recheck_at[node_id] = now + 10 * self.config.rpc_timeout_s
                 self._probe(contact, now, eff)
 
-    def _evict(self, node_id: int, now: float, eff: Effects) -> None:
-        """``node_id`` is dead or left: forget it everywhere, then re-replicate its keys."""
+    def _evict(self, node_id: int, now: float, eff: Effects, keys: bool = True) -> None:
+        """``node_id`` is dead or left: forget it everywhere, then (``keys``; False when
+        ``_keys_at_risk`` did it already) re-replicate its keys."""
         self._dead[node_id] = now + self.config.dead_for_s
         self._failures.pop(node_id, None)
         self._suspects.discard(node_id)
@@ -173,6 +174,12 @@ class NodeOps:
         self.routing.remove(node_id)
         self.subtrees.forget(node_id)
         self.steps.forget(node_id)
+        if keys:
+            self._keys_at_risk(node_id, now, eff)
+
+    def _keys_at_risk(self, node_id: int, now: float, eff: Effects) -> None:
+        """``node_id`` is gone, or given up on: write no more to it as a cached holder, and
+        store again the keys it held with us (extra copies at worst, if it is alive)."""
         for key in [k for k, (held, _) in self._holders.items()
                     if any(c.node_id == node_id for c in held)]:
             del self._holders[key]
@@ -297,9 +304,12 @@ class NodeOps:
             self._keep_late(rpc_id, pending, retry, now, eff)
         elif self._keep_late(rpc_id, pending, None, now, eff):
             # consecutive misses, the last one before rpc_timeout_s: a lookup goes on
-            # without the contact now, but the eviction (what re-replication, owners and
-            # barriers act on) and the end of a PING waits until rpc_timeout_s passed with
-            # no answer (``_expire_late``), so a live peer that is only slow keeps its place
+            # without the contact and its keys are stored again now (as the eviction did
+            # before: extra copies at worst), but the eviction (out of the table, the steps,
+            # the samples) and the end of a PING wait until rpc_timeout_s passed with no
+            # answer (``_expire_late``), so a live peer that is only slow keeps its place
+            if failures == self.config.max_failures:
+                self._keys_at_risk(node_id, now, eff)
             if op is not None and op.lookup is not None:
                 self._give_up(pending, op, now, eff)
         else:
@@ -333,7 +343,8 @@ class NodeOps:
             return
         node_id = pending.contact.node_id
         if self._failures.get(node_id, 0) >= self.config.max_failures:
-            self._evict(node_id, now, eff)   # no answer since its last miss: dead (or gone)
+            # no answer since its last miss: dead (or gone); its keys were seen to
+            self._evict(node_id, now, eff, keys=False)
         op = self._ops.get(pending.op_id) if pending.op_id is not None else None
         if op is not None and op.lookup is None:
             self._give_up(pending, op, now, eff)      # a PING that was never answered
