@@ -27,11 +27,11 @@ from actorpy.errors import ProtocolError
 from .events import Done, Effects, KademliaConfig, OpKind, Send, SetTimer, TimerKind
 from .ids import KadId, random_id_in_range, short
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
-                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
+                       FindValue, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
                        Stored, Value)
-from .ops import ADAPTIVE_KINDS, NodeOps, NodeStats, _Op, _Pending
+from .ops import NodeOps, NodeStats, _Op, _Pending
 from .routing import Contact, RoutingTable
-from .rtt import RttEstimator
+from .rtt import ADAPTIVE_KINDS, RttEstimator
 from .rpc import decode
 from .sampling import SampleOp, Sampler, SubtreeCache
 from .services import sample_depth, table_size_estimate

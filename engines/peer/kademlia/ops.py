@@ -18,7 +18,7 @@ from .lookup import Lookup
 from .messages import NO_STEP, FindNode, FindValue, Kind, Message, Nodes, Ping, Pong, Reply, \
     Store, Stored, Value
 from .routing import Contact, RoutingTable
-from .rtt import RttEstimator
+from .rtt import ADAPTIVE_KINDS, READ_KINDS, RttEstimator
 from .sampling import SampleOp, SubtreeCache
 from .steps import StepTable
 from .storage import Storage
@@ -26,14 +26,6 @@ from .upkeep import STORE_OPS, Upkeep
 from .values import Blob
 
 log = logging.getLogger("engines.peer.kademlia.node")
-
-#: requests timed out adaptively (``rtt.py``): small, answered at once by the node, with
-#: small answers. STORE, FIND_VALUE and CALL move values of any size (and a CALL waits on its
-#: engine), so they keep the fixed ``rpc_timeout_s``.
-ADAPTIVE_KINDS = frozenset({Kind.PING, Kind.FIND_NODE})
-#: requests whose late answer may stand in for their retry's (reads: asking twice changes
-#: nothing at the peer)
-READ_KINDS = frozenset({Kind.PING, Kind.FIND_NODE, Kind.FIND_VALUE})
 
 
 @dataclass
@@ -399,6 +391,12 @@ class NodeOps:
             if op is not None:
                 op.in_flight -= 1
             self._give_up(pending, op, now, eff)
+        for rpc_id in [r for r, p in self._late.items()
+                       if p.contact.node_id == node_id and p.retry is None]:
+            pending = self._late.pop(rpc_id)      # a PING given up on, waiting for its end
+            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+            if op is not None and op.lookup is None:
+                self._give_up(pending, op, now, eff)
 
     def _give_up(self, pending: _Pending, op: _Op | None, now: float, eff: Effects) -> None:
         """An operation's request to a peer now evicted will get no answer: go on without."""

@@ -20,6 +20,15 @@ reply (``high`` itself until the first reply).
 """
 from __future__ import annotations
 
+from .messages import Kind
+
+#: requests timed out adaptively: small, answered at once by the node, with small answers.
+#: STORE, FIND_VALUE and CALL move values of any size (and a CALL waits on its engine), so
+#: they keep the fixed ``rpc_timeout_s``.
+ADAPTIVE_KINDS = frozenset({Kind.PING, Kind.FIND_NODE})
+#: requests whose late answer may stand in for their retry's (reads: asking twice changes
+#: nothing at the peer)
+READ_KINDS = frozenset({Kind.PING, Kind.FIND_NODE, Kind.FIND_VALUE})
 #: the most doublings kept (the timeout is capped at ``high`` long before in practice)
 MAX_BACKOFF = 1 << 10
 

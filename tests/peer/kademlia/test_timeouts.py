@@ -171,6 +171,19 @@ class TestAdaptiveTimeouts:
         node = net.nodes["n0"]
         assert node.stats.timeouts >= 1 and node.stats.late_replies >= 1
 
+    def test_a_ping_given_up_on_ends_when_the_peer_leaves(self) -> None:
+        net = steady_net(30, seed=76)
+        net.run_op("n0", lambda n, now: n.ping(net.contact("n9"), now))
+        net.attach("n9", Stalled(net, "n9", 1.5))
+        start = net.clock.now()
+        op_id, eff = net.nodes["n0"].ping(net.contact("n9"), start)
+        net.apply("n0", eff)
+        net.run_for(0.5)                   # two misses: waits for its answer or eviction
+        assert net.nodes["n0"].stats.timeouts == 2 and ("n0", op_id) not in net.results
+        net.leave("n9")                    # its LEAVE ends the PING at once
+        assert net.results[("n0", op_id)].contacts == ()
+        assert net.clock.now() - start < 1.0
+
     def test_fixed_timeouts_when_the_floor_is_the_ceiling(self) -> None:
         config = KademliaConfig(refresh_on_join=False, min_rpc_timeout_s=2.0)
         node = KademliaNode(KadId(1), "a", config)
