@@ -37,6 +37,7 @@ class _Pending:
     key: int = 0
     sent_s: float = 0.0
     retry: int | None = None    # timed out (kept in ``_late``): the rpc id of its retry
+    final: bool = False         # ... its last try: no answer by rpc_timeout_s evicts
 
 
 @dataclass
@@ -294,7 +295,7 @@ class NodeOps:
             elif node_id in self.routing:
                 retry = self._probe(pending.contact, now, eff)
             self._keep_late(rpc_id, pending, retry, now, eff)
-        elif self._keep_late(rpc_id, pending, None, now, eff):
+        elif self._keep_late(rpc_id, pending, None, now, eff, final=True):
             # consecutive misses, the last one before rpc_timeout_s: a lookup goes on
             # without the contact and its keys are stored again now (as the eviction did
             # before: extra copies at worst), but the eviction (out of the table, the steps,
@@ -309,14 +310,14 @@ class NodeOps:
             self._give_up(pending, op, now, eff)
 
     def _keep_late(self, rpc_id: int, pending: _Pending, retry: int | None, now: float,
-                   eff: Effects) -> bool:
+                   eff: Effects, final: bool = False) -> bool:
         """Remember a request timed out before ``rpc_timeout_s`` until then, so its answer
         is still taken if it comes late (``_on_late``), not refused as unsolicited; False
         if ``rpc_timeout_s`` has passed."""
         left = pending.sent_s + self.config.rpc_timeout_s - now
         if left <= 1e-3:
             return False
-        pending.retry = retry
+        pending.retry, pending.final = retry, final
         self._late[rpc_id] = pending
         eff.timers.append(SetTimer(left, TimerKind.RPC_TIMEOUT, rpc_id))
         return True
@@ -331,7 +332,7 @@ class NodeOps:
             eff.timers.append(SetTimer(left, TimerKind.RPC_TIMEOUT, rpc_id))
             return
         del self._late[rpc_id]
-        if pending.retry is not None:
+        if not pending.final:
             return
         node_id = pending.contact.node_id
         if self._failures.get(node_id, 0) >= self.config.max_failures:
@@ -392,7 +393,7 @@ class NodeOps:
                 op.in_flight -= 1
             self._give_up(pending, op, now, eff)
         for rpc_id in [r for r, p in self._late.items()
-                       if p.contact.node_id == node_id and p.retry is None]:
+                       if p.contact.node_id == node_id and p.final]:
             pending = self._late.pop(rpc_id)      # a PING given up on, waiting for its end
             op = self._ops.get(pending.op_id) if pending.op_id is not None else None
             if op is not None and op.lookup is None:
