@@ -62,6 +62,22 @@ class TestEstimator:
         assert est.srtt(4) is None
 
 
+class TestLookupRevive:
+    def test_a_contact_given_up_on_that_answers_late_counts_in_a_running_lookup(self) -> None:
+        from engines.peer.kademlia.lookup import Lookup
+        from engines.peer.kademlia.routing import Contact
+        a, b, c = Contact(KadId(1), "a"), Contact(KadId(2), "b"), Contact(KadId(8), "c")
+        lk = Lookup(KadId(0), [a, b, c], ksize=3, alpha=3)
+        assert len(lk.next_queries()) == 3
+        lk.on_failure(KadId(1))
+        lk.on_nodes(KadId(2), [])
+        assert not lk.revive(KadId(2))               # answered: nothing to revive
+        assert lk.revive(KadId(1)) and lk.is_pending(KadId(1))
+        lk.on_nodes(KadId(1), [])
+        lk.on_nodes(KadId(8), [])
+        assert lk.is_done and [x.address for x in lk.result()] == ["a", "b", "c"]
+
+
 class Stalled:
     """A live node whose process stalls: everything it sends goes out ``stall_s`` late."""
 
