@@ -113,12 +113,25 @@ def wait_repaired(cluster: Any, refs: list[Any], infos: list[tuple[int, str]],
         time.sleep(POLL_S)
 
 
-def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
+def false_timeouts(cluster: Any, refs: list[Any], live: list[int]) -> str:
+    """What the live peers' requests timed out on so far, while no peer was dead: every
+    timeout a live peer's (an adaptive timeout shorter than a stalled process)."""
+    status = [cluster.call(refs[i], PeerKind.STATUS, timeout_s=CALL_S) for i in live]
+    rpcs = sum(s.get("rpcs", 0) for s in status)
+    timeouts = sum(s.get("timeouts", 0) for s in status)
+    late = sum(s.get("late_replies", 0) + s.get("late", 0) for s in status)
+    return (f"before the kills: {timeouts} of {rpcs} requests timed out on a live peer "
+            f"({100 * timeouts / max(1, rpcs):.2f} %), {late} answers came late")
+
+
+def lookup_rows(peers: int, workers: int, count: int, seed: int,
+                min_timeout_s: float | None = None) -> list[str]:
     """Lookups among ``peers`` on ``workers`` processes, then again after a quarter of the
     processes were SIGKILLed, one per wave, each wave's keys repaired before the next (the
-    last line: the repairs)."""
+    last lines: the repairs, and the timeouts on live peers before the kills)."""
+    floor = {} if min_timeout_s is None else {"min_rpc_timeout_s": min_timeout_s}
     config = KademliaConfig(rpc_timeout_s=0.25, replica_check_s=0.5, replication=3,
-                            refresh_on_join=False)
+                            refresh_on_join=False, **floor)  # type: ignore[arg-type]
     rng = random.Random(seed)
     rows = []
     with actorpy.connect(workers=workers, task_threads=2) as cluster:
@@ -140,6 +153,8 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
         doomed: list[str] = []          # every copy died in one wave: none to repair from
         unrepaired: list[str] = []      # short of live holders REPAIR_S after its wave
         for dead in (False, True):
+            if dead:
+                false = false_timeouts(cluster, refs, live)
             for victim in waves if dead else ():
                 dying = {i for i in live if refs[i].node == victim}
                 # every copy, the 3 closest peers' and any other (its writer keeps one)
@@ -183,6 +198,7 @@ def lookup_rows(peers: int, workers: int, count: int, seed: int) -> list[str]:
                     f"{max(repairs):.2f} s ({' '.join(f'{s:.2f}' for s in repairs)})"
                     + (f"; not back within {REPAIR_S:g} s: {', '.join(unrepaired)}"
                        if unrepaired else ""))
+        rows.append(false)
     return rows
 
 
@@ -317,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="worker processes for the lookup part; a quarter of them are "
                              "killed, one per wave (default 16; 4: 16 of 64 peers at once)")
     parser.add_argument("--lookups", type=int, default=200)
+    parser.add_argument("--min-timeout-ms", type=float, default=None,
+                        help="the lookup part's min_rpc_timeout_s, in ms (default: the "
+                             "KademliaConfig default)")
     parser.add_argument("--full", action="store_true",
                         help="Job A at the issue's size, 100 000 x 1000 (default 20 000 rows)")
     parser.add_argument("--rows", type=int, default=None)
@@ -356,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'N':>5} {'dead':>5} {'median ms':>9} {'p95 ms':>9} {'rounds':>6} "
               f"{'failed':>7} {'lost':>5} {'doomed':>6} {'node med':>9} {'node p95':>9} "
               f"{'wall s':>7}")
-        for line in lookup_rows(args.peers, args.lookup_workers, args.lookups, args.seed):
+        floor = None if args.min_timeout_ms is None else args.min_timeout_ms / 1e3
+        for line in lookup_rows(args.peers, args.lookup_workers, args.lookups, args.seed,
+                                floor):
             print(line, flush=True)
     for part, peers in enumerate([] if args.only_lookups else args.peers_a):
         print(f"\n2{'abcdefgh'[part]}. Job A: {args.rows} x {args.features} float32, lr "

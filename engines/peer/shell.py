@@ -14,7 +14,8 @@ drives one ``Peer`` (its Kademlia node and, in a job, its runner).
 - A message that the node refuses (``ProtocolError``: malformed, oversize, impostor) is
   dropped with one WARNING naming the sender. A sender that is in the routing table (a
   peer answering with garbage) is dropped from it too; any other sender leaves the table as
-  it was. An unsolicited answer (mostly one after its RPC timeout) is only counted.
+  it was. An unsolicited answer (mostly one after its RPC timeout) is only counted (the node
+  itself takes one that came after an adaptive timeout but within ``rpc_timeout_s``).
 - The driver's control kinds (``INFO``, ``JOIN``, ``SET``, ``GET``, ``START``, ``STATUS``,
   ``LEAVE``) are requests answered when the node's operation is ``Done`` (deferred replies).
 - A standalone peer's job is leased to its driver (``DRIVER_LEASE_S``). The renewal is the
@@ -316,7 +317,8 @@ class PeerService(Service):
         runner = self.peer.runner
         node = self.peer.node
         return {"address": self.address, "rejected": self.rejected, "late": self.late,
-                "unreachable": self.unreachable,
+                "unreachable": self.unreachable, "rpcs": node.stats.rpcs_sent,
+                "timeouts": node.stats.timeouts, "late_replies": node.stats.late_replies,
                 "table": sorted(c.address for c in node.routing.contacts()),
                 "keys": sorted(int(k) for k in node.storage.keys()),
                 "phase": int(runner.phase) if runner else int(Phase.IDLE),

@@ -26,7 +26,18 @@ class KademliaConfig:
         ksize: bucket size and lookup width *k*.
         alpha: lookup concurrency (requests in flight per lookup).
         replication: how many of the closest nodes store a value (default: ``ksize``).
-        rpc_timeout_s: how long to wait for a reply before the contact counts as failed.
+        rpc_timeout_s: the longest wait for a reply before the request counts as missed,
+            and the wait for every request that carries or may bring back a value of any
+            size (STORE, FIND_VALUE, CALL) or before any round trip was measured.
+        min_rpc_timeout_s: the shortest wait for a PING or FIND_NODE (small requests the
+            node answers at once): those time out after ``srtt + 4 * rttvar`` of the
+            contact's measured round trips (``rtt.py``; the pooled estimate for one never
+            measured), clamped to ``[min_rpc_timeout_s, rpc_timeout_s]`` and doubled per
+            timeout until the contact answers again. A reply that comes after its timeout
+            (but within ``rpc_timeout_s``) still counts: the contact is alive, and a lookup
+            waiting on the retry takes it. Set it to ``rpc_timeout_s`` for fixed timeouts.
+            The default leaves room for a loaded 2-core machine that stalls a process for
+            tens of milliseconds (loopback round trips are ~0.1-1 ms).
         max_failures: consecutive unanswered RPCs after which a contact is dropped from the
             table and skipped for ``dead_for_s``. After a miss short of that, the contact is
             PINGed and not handed out until it answers, so one lost message costs nothing.
@@ -51,6 +62,7 @@ class KademliaConfig:
     alpha: int = 3
     replication: int | None = None
     rpc_timeout_s: float = 2.0
+    min_rpc_timeout_s: float = 0.05
     max_failures: int = 2
     dead_for_s: float = 300.0
     refresh_interval_s: float = 3600.0

@@ -138,6 +138,16 @@ class Lookup:
         """``from_id`` timed out or sent a bad reply: skip it from now on."""
         self._settle(from_id, FAILED)
 
+    def revive(self, from_id: KadId) -> bool:
+        """``from_id``, given up on (``on_failure``), answered after all: in flight again,
+        so that its answer (``on_nodes`` / ``on_value``) counts; False if it was not failed."""
+        if self._state.get(from_id) != FAILED:
+            return False
+        self._state[from_id] = IN_FLIGHT
+        self.in_flight += 1
+        self._top_cache = None
+        return True
+
     @property
     def is_done(self) -> bool:
         """True once a value was found or the ``ksize`` closest live candidates all answered."""

