@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError
+from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError, ServiceOverloaded
 from actorpy.ids import NodeId
 from engines.param.errors import JobFailed, UpdateError
 from engines.param.kinds import ParamKind, Status
@@ -103,6 +103,11 @@ class WorkerTask:
         return _Loop(self, ctx).run()
 
 
+def _overloaded(exc: BaseException) -> bool:
+    """A refusal by a full inbox (as such, or as the remote error a reply carried)."""
+    return isinstance(exc, ServiceOverloaded) or isinstance(exc.__cause__, ServiceOverloaded)
+
+
 class _Loop:
     """One worker's run (state kept out of the picklable task)."""
 
@@ -112,6 +117,7 @@ class _Loop:
         self.generation = task.generation
         self.deadline = time.monotonic() + task.timeout_s
         self.t0 = time.perf_counter()
+        self._sent: dict[cf.Future, tuple[int, Any]] = {}   # (kind, payload) in flight
 
     def run(self) -> WorkerResult:
         t = self.task
@@ -205,14 +211,21 @@ class _Loop:
         other thread in between (a lost shard still fails the future from the I/O thread,
         which wakes this one)."""
         replies: list[Any] = [None] * len(futures)
-        while futures:
-            left = self.deadline - time.monotonic()
+        later: list[tuple[float, int, tuple[int, Any]]] = []   # refused as overloaded
+        refusals = 0
+        while futures or later:
+            now = time.monotonic()
+            for item in [item for item in later if item[0] <= now]:
+                later.remove(item)
+                futures[self._send(item[1], *item[2])] = item[1]
+            left = self.deadline - now
             if left <= 0:
                 raise ActorpyTimeout(f"worker {self.ctx.node_id} waited past the job's "
                                      f"timeout_s={self.task.timeout_s} for its server shards")
-            done = self.ctx.node.wait(futures, left)
+            done = self.ctx.node.wait(futures, min([left] + [t - now for t, _, _ in later]))
             for fut in done:
                 i = futures.pop(fut)
+                sent = self._sent.pop(fut, None)
                 try:
                     raw = fut.result(0)
                 except NodeLost as exc:
@@ -221,19 +234,30 @@ class _Loop:
                         raise
                     futures[self._rejoin(i, step)] = i
                     continue
-                except RemoteError as exc:   # our update was refused: report it as ours
-                    if isinstance(exc.__cause__, UpdateError):
+                except (ServiceOverloaded, RemoteError) as exc:
+                    if sent is not None and _overloaded(exc):
+                        # the shard's inbox was full (large updates from many workers at
+                        # once): the request was not taken, so it goes again after a pause
+                        # that doubles, 1 ms to 0.1 s (before, the job failed)
+                        refusals += 1
+                        pause = min(0.1, 0.001 * 2 ** min(refusals, 7))
+                        later.append((time.monotonic() + pause, i, sent))
+                        continue
+                    if isinstance(exc.__cause__, UpdateError):   # our update was refused
                         raise UpdateError(str(exc.__cause__)) from None
                     raise
                 if raw[0] != Status.GO:
                     for other in futures:
+                        self._sent.pop(other, None)
                         self.ctx.node.forget(other)
                     return [raw]
                 replies[i] = raw
         return replies
 
     def _send(self, shard: int, kind: int, payload: Any) -> cf.Future:
-        return self.ctx.call_async(self.refs[shard], kind, payload, direct=True)
+        fut = self.ctx.call_async(self.refs[shard], kind, payload, direct=True)
+        self._sent[fut] = (kind, payload)
+        return fut
 
     def _rejoin(self, shard: int, step: int) -> cf.Future:
         """Shard ``shard`` was lost: ask the conductor for its replacement, then join it."""
