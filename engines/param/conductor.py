@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost
+from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, SerializationError
 from actorpy.ids import NodeId
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import NodeEvent, NodeEventKind
@@ -239,6 +239,13 @@ class Conductor(Service):
                           run.job.seed, o.batch, left, o.overlap)
         try:
             fut = run.cluster.submit_task(task, worker, what=f"worker task of job {self.name!r}")
+        except SerializationError as exc:
+            # push or data cannot be pickled (a lock, a generator): no worker can ever get a
+            # task, so fail now; before, it was taken for a worker that died meanwhile and
+            # the job waited out its timeout
+            self._fail(exc)
+            self.ctx.schedule(0.0, self._check)   # __init__ may be submitting: end later
+            return
         except ActorpyError as exc:   # it died meanwhile: its DEAD event follows
             log.info("job %s: could not give %s a task: %s", self.name, worker, exc)
             return

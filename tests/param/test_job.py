@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -179,6 +180,20 @@ class TestBadInput:
         assert err.remote_type == "ZeroDivisionError" and err.node_id in cluster.workers()
         assert "failing_push" in err.remote_traceback and "bad batch" in str(err)
         assert isinstance(err.__cause__, ZeroDivisionError)
+        self._assert_clean(cluster, run)
+
+    def test_a_push_that_cannot_be_pickled_fails_the_run_at_once(self, cluster):
+        # before: taken for a worker that died while it got its task, so the run waited out
+        # its timeout_s and said only that the stop condition was not reached
+        lock = threading.Lock()
+        job = _job(ASP())
+        job.register_push(lambda ctx, values: (lock, {"w": values["w"]})[1])
+        job.register_stop(pb.StepStop(10))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(actorpy.SerializationError, match=r"\.push -> captured variable "
+                                                             r"'lock' -> _thread\.lock object"):
+            run.result(timeout_s=20)
+        assert time.monotonic() - run.t0 < 20
         self._assert_clean(cluster, run)
 
     def test_a_push_that_returns_none_is_a_clear_error(self, cluster):
