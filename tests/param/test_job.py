@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -164,6 +165,12 @@ def failing_pull(store, updates):
     raise KeyError("no such layer")
 
 
+def _found_nothing(name):
+    found = Future()
+    found.set_result(None)
+    return found
+
+
 class TestBadInput:
     def _assert_clean(self, cluster, run):
         assert run.done() and run.services_stopped == [True]
@@ -282,6 +289,26 @@ class TestBadInput:
                                                           "running on this cluster"):
                 job.run(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
         finally:
+            first.cancel()
+            with pytest.raises(param.JobFailed):
+                first.result()
+        self._assert_clean(cluster, first)
+
+    def test_a_run_started_since_the_name_check_is_refused_in_the_same_words(self, cluster,
+                                                                              monkeypatch):
+        # two runs checking at once both find no 'lin/shard0'; the second's shard then failed
+        # with the name service's "stop that service first, or choose another name"
+        job = _job(ASP())
+        job.register_stop(pb.StepStop(10**9))
+        first = job.start(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+        try:
+            monkeypatch.setattr(cluster, "lookup_async", _found_nothing)
+            with pytest.raises(actorpy.ConfigError, match="a job named 'lin' is already "
+                                                          "running on this cluster") as info:
+                job.run(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+            assert "another run of this command there?" in info.value.cli_message
+        finally:
+            monkeypatch.undo()
             first.cancel()
             with pytest.raises(param.JobFailed):
                 first.result()
