@@ -167,8 +167,9 @@ PROG = "actorpy p2p-sgd"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG,
                                      description=apputil.summary(__doc__))
-    parser.add_argument("--peers", type=int, default=4, help="peers (default 4); several "
-                        "per worker when there are more peers than workers")
+    parser.add_argument("--peers", type=int, help="peers (default 4); several per worker "
+                        "when there are more peers than workers (with --bootstrap: every "
+                        "peer of the overlay)")
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
     group = parser.add_argument_group("barrier")
     group.add_argument("--barrier", choices=BARRIERS, default="pssp", help="default pssp")
@@ -211,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
+    if args.bootstrap and args.peers is not None:   # it trained on all of them regardless
+        raise ConfigError("--bootstrap trains on every standalone peer of the overlay: it "
+                          "takes no --peers (start or stop `actorpy peer` processes instead)")
+    if args.peers is None:
+        args.peers = 4
     if args.decay is None and args.model == "logistic":
         args.decay = 100.0
     if min(args.peers, args.steps, args.batch, args.rows, args.features) < 1:
