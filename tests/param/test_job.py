@@ -314,6 +314,33 @@ class TestBadInput:
                 first.result()
         self._assert_clean(cluster, first)
 
+    def test_a_run_interrupted_by_ctrl_c_stops_its_job(self):
+        """A notebook's interrupt: the job went on without its driver until timeout_s,
+        holding the workers and its name, so running the cell again was refused."""
+        script = (
+            "import os, signal, threading, numpy as np, actorpy\n"
+            "from actorpy.barrier import BSP\n"
+            "from engines import param\n"
+            "from tests.param import problems as pb\n"
+            "job = param.Job('lin', barrier=BSP(), seed=1, data=pb.linear_data)\n"
+            "job.register_push(pb.linear_push)\n"
+            "job.register_pull(pb.SGDPull(0.1))\n"
+            "job.register_stop(pb.StepStop(10**9))\n"
+            "with actorpy.connect(workers=2) as c:\n"
+            "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+            "    try:\n"
+            "        job.run(c, init={'w': np.zeros(pb.D)}, timeout_s=120)\n"
+            "    except KeyboardInterrupt:\n"
+            "        print('interrupted', flush=True)\n"
+            "    job.register_stop(pb.StepStop(3))\n"
+            "    run = job.start(c, init={'w': np.zeros(pb.D)}, timeout_s=120)\n"
+            "    run.result()\n"
+            "    print('again', run.stats.steps_per_worker, flush=True)\n")
+        out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == ["interrupted", "again [3, 3]"], out.stderr
+
     @pytest.mark.parametrize("answer, said", [
         (None, "None on server shard 0"),   # before: false, so it ran until timeout_s
         ("no", r"a str; it must return True \(stop\) or False \(go on\) \(on server shard 0"),
