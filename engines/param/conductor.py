@@ -127,10 +127,15 @@ class Conductor(Service):
 
     def _timed_out(self) -> None:
         if not self._ending():
-            self._fail(ActorpyTimeout(
-                f"job {self.name!r} did not reach its stop condition within "
-                f"timeout_s={self.run.options.timeout_s}; raise it, or check the stop "
-                "function and the workers' logs"))
+            limit = self.run.options.timeout_s
+            late = ActorpyTimeout(f"job {self.name!r} did not reach its stop condition within "
+                                  f"timeout_s={limit}; raise it, or check the stop function "
+                                  "and the workers' logs")
+            # the apps (`actorpy sgd`, `actorpy dnn`) name their flag, and have no stop
+            # function of the user's
+            late.cli_message = (f"job {self.name!r} did not finish within --timeout {limit:g} "
+                                "s; raise --timeout (or lower --steps)")
+            self._fail(late)
         self._check()
 
     def _grace_over(self) -> None:

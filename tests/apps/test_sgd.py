@@ -163,6 +163,14 @@ class TestSGD:
             sgd.main(["--plot", str(link), "--workers", "0"])
         assert link.is_symlink() and not (tmp_path / "target.png").exists()
 
+    def test_a_run_past_its_timeout_names_the_flag(self):
+        # before: "within timeout_s=1.0; raise it, or check the stop function and the
+        # workers' logs": the API's words, where the command has --timeout and no stop function
+        with pytest.raises(actorpy.ActorpyTimeout) as info:
+            sgd.main(["--timeout", "1", "--steps", str(10**7), "--workers", "1"])
+        assert info.value.cli_message == ("job 'sgd-linear' did not finish within --timeout 1 "
+                                          "s; raise --timeout (or lower --steps)")
+
     def test_an_empty_plot_path_is_refused_before_training(self):
         # before: `--plot "$UNSET"` trained, drew nothing and said nothing (exit 0)
         for main in (sgd.main, p2p_sgd.main):
