@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from actorpy import apputil
-from actorpy.errors import ConfigError
+from actorpy.errors import ActorpyTimeout, ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
 from apps.sgd import (Pull, data_bytes, generate, gradient, loss, quiet, sample_bytes,
                       true_weights)
@@ -258,7 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "with `actorpy worker --manager ...`")
             check_batch_on_workers(cluster, args.batch, sample_bytes(args.features),
                                    peers=args.peers)
-        result, trace = train(cluster, args, barrier)
+        try:
+            result, trace = train(cluster, args, barrier)
+        except ActorpyTimeout as exc:   # the engine's words name its timeout_s=
+            exc.cli_message = (f"training did not finish within --timeout {args.timeout:g} "
+                               "s; raise --timeout (or lower --steps or --peers)")
+            raise
     warn_if_diverged(PROG, label, result)
     if args.json:
         apputil.print_json(result)
