@@ -265,14 +265,16 @@ def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("status", help="list a cluster's nodes")
-    p.add_argument("--manager", required=True)
-    p.add_argument("--secret-file")
-    p.add_argument("--timeout-s", type=float, default=5.0)
+    p.add_argument("--manager", required=True, help="tcp://HOST:PORT or ipc://PATH")
+    p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
+    p.add_argument("--timeout-s", type=float, default=5.0,
+                   help="how long the manager may take to answer (default 5)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("demo", help="run the demo on an embedded local cluster")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2,
+                   help="worker processes of the embedded cluster (default 2)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("secret", help="make a fresh random cluster secret",

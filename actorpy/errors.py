@@ -48,6 +48,10 @@ class ServiceOverloaded(ServiceError):
     retry later, or slow down."""
 
 
+class ServiceNameTaken(ServiceError):
+    """Another service holds the name a service was started with."""
+
+
 class ServiceNotFound(ServiceError, LookupError):
     """No service of that name is registered in the cluster."""
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from actorpy import apputil
-from actorpy.errors import ConfigError
+from actorpy.errors import ActorpyTimeout, ConfigError
 # Pull is the PS app's: an owner's store has the same get/set as the server's.
 from apps.sgd import (Pull, data_bytes, generate, gradient, loss, quiet, sample_bytes,
                       true_weights)
@@ -167,8 +167,9 @@ PROG = "actorpy p2p-sgd"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG,
                                      description=apputil.summary(__doc__))
-    parser.add_argument("--peers", type=int, default=4, help="peers (default 4); several "
-                        "per worker when there are more peers than workers")
+    parser.add_argument("--peers", type=int, help="peers (default 4); several per worker "
+                        "when there are more peers than workers (with --bootstrap: every "
+                        "peer of the overlay)")
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
     group = parser.add_argument_group("barrier")
     group.add_argument("--barrier", choices=BARRIERS, default="pssp", help="default pssp")
@@ -211,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
+    if args.bootstrap and args.peers is not None:   # it trained on all of them regardless
+        raise ConfigError("--bootstrap trains on every standalone peer of the overlay: it "
+                          "takes no --peers (start or stop `actorpy peer` processes instead)")
+    if args.peers is None:
+        args.peers = 4
     if args.decay is None and args.model == "logistic":
         args.decay = 100.0
     if min(args.peers, args.steps, args.batch, args.rows, args.features) < 1:
@@ -252,7 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "with `actorpy worker --manager ...`")
             check_batch_on_workers(cluster, args.batch, sample_bytes(args.features),
                                    peers=args.peers)
-        result, trace = train(cluster, args, barrier)
+        try:
+            result, trace = train(cluster, args, barrier)
+        except ActorpyTimeout as exc:   # the engine's words name its timeout_s=
+            exc.cli_message = (f"training did not finish within --timeout {args.timeout:g} "
+                               "s; raise --timeout (or lower --steps or --peers)")
+            raise
     warn_if_diverged(PROG, label, result)
     if args.json:
         apputil.print_json(result)

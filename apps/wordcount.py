@@ -22,7 +22,7 @@ from itertools import chain
 from typing import Any, Iterable, Iterator, Sequence
 
 from actorpy import apputil
-from actorpy.errors import ActorpyError, ConfigError
+from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError
 from engines import mapre
 
 #: Splits no smaller than this (the default of ``mapre.load``) ...
@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         line = (f"{bad.path}: byte offset {bad.offset} is not valid UTF-8; fix the file, or "
                 "pass `--errors replace` to read such bytes as U+FFFD" if bad is not None
                 else str(exc.__cause__) if isinstance(exc.__cause__, mapre.InputNotWords)
+                # the engine's words name its timeout_s= ("pass a larger timeout_s")
+                else f"counting did not finish within --timeout-s {args.timeout_s:g} s; "
+                "raise --timeout-s" if isinstance(exc, ActorpyTimeout)
                 else apputil.error_line(exc))
         print(f"actorpy wordcount: {line}", file=sys.stderr)
         return 1

@@ -49,6 +49,22 @@ def check_plot_path(path: str | None) -> None:
         if suffix and suffix not in _plot_formats():
             raise ConfigError(f"--plot {path}: matplotlib writes no .{suffix} files; use "
                               f"one of {', '.join(sorted(_plot_formats()))}")
+        _check_writable(path)
+
+
+def _check_writable(path: str) -> None:
+    """Open ``path`` for writing as the plot will (a read-only file system, a directory
+    this user may not write to), leaving it as it was: created, then removed at once (the
+    file a link names, not the link)."""
+    target = os.path.realpath(path)
+    existed = os.path.exists(target)
+    try:
+        os.close(os.open(target, os.O_WRONLY | os.O_APPEND | (0 if existed else
+                                                              os.O_CREAT | os.O_EXCL)))
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: cannot write it: {exc.strerror or exc}") from None
+    if not existed:
+        os.remove(target)
 
 
 def plot_file(path: str) -> str:

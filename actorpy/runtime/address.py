@@ -27,6 +27,19 @@ def is_endpoint(address: object) -> bool:
         0 <= int(address.rsplit(":", 1)[1]) < 65536
 
 
+def _why_not(address: object) -> str:
+    """What is wrong with an address that is almost right (said after the general rule).
+
+    >>> _why_not("ipc:///tmp/my dir/m"), _why_not("tcp://h:99999"), _why_not("http://h")
+    (': an ipc path may hold no spaces or control characters', ': the port is 0 to 65535', '')
+    """
+    if isinstance(address, str) and address.startswith("ipc://"):
+        return ": an ipc path may hold no spaces or control characters"
+    if isinstance(address, str) and re.fullmatch(r"tcp://.+:\d+", address):
+        return ": the port is 0 to 65535"
+    return ""
+
+
 def security_for(address: str, *, secret: str | bytes | None = None,
                  secret_file: str | None = None) -> Security:
     """The security an address implies: ipc -> the directory's permissions, tcp -> CURVE.
@@ -36,7 +49,8 @@ def security_for(address: str, *, secret: str | bytes | None = None,
             users, or tcp without a cluster secret.
     """
     if not is_endpoint(address):
-        raise ConfigError(f"address must be tcp://HOST:PORT or ipc://PATH, not {address!r}")
+        raise ConfigError(f"address must be tcp://HOST:PORT or ipc://PATH, not {address!r}"
+                          + _why_not(address))
     refuse_ipv6(address)
     if address.startswith("ipc://"):
         folder = os.path.dirname(address[len("ipc://"):]) or "."

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 #: Workers of an embedded local cluster: its manager keeps a link and a monitor socket per
 #: worker, within ZeroMQ's 1023 sockets per process (about 500 workers), with room to spare.
 MAX_LOCAL_WORKERS = 256
+#: why a terminated cluster's driver refuses every later call
+TERMINATED = ("this cluster was terminated (its `with actorpy.connect(...)` block ended, or "
+              "terminate() was called); connect again to run more")
 
 
 def connect(address: str | None = None, *, secret: str | bytes | None = None,
@@ -353,7 +356,7 @@ class Cluster(Caller):
         if os.getpid() != pid:  # a forked child: its copies of the sockets are not its own
             return
         services.close()
-        node.close()
+        node.close(why=TERMINATED)
         if local is not None:
             local.close()
 

@@ -116,6 +116,8 @@ class Directory:
         self._backlogged: set[Link] = set()
         self.events = Listeners()
         self._closed = False
+        #: said by every call refused once closed ("is closed: " and why, where known)
+        self.closed_why = "is closed"
         self.node_id = sender.decode("ascii")
         #: called with a node id when a message is parked for it (outside the lock)
         self.on_unknown: Callable[[NodeId], None] | None = None
@@ -205,7 +207,7 @@ class Directory:
         """The link to ``dest``, created now; None when the message was parked or dropped."""
         with self._lock:
             if self._closed:
-                raise NodeLost(self.node_id, f"node {self.node_id} is closed")
+                raise NodeLost(self.node_id, f"node {self.node_id} {self.closed_why}")
             if dest in self._dead:
                 log.debug("dropping a message for dead node %s", dest)
                 return None
@@ -290,7 +292,7 @@ class Directory:
     def _send_failed(self, dest: NodeId, exc: zmq.ZMQError | None) -> None:
         """A send found its link closed: the node is closing (raise) or the peer died (drop)."""
         if self._closed:
-            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
+            raise NodeLost(self.node_id, f"node {self.node_id} {self.closed_why}")
         if dest in self._dead or exc is None:
             log.debug("dropping a message for dead node %s", dest)
             return
@@ -300,7 +302,7 @@ class Directory:
     def _new_link(self, peer: Peer) -> Link:
         """Open the DEALER to ``peer`` (directory lock held)."""
         if self._closed:
-            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
+            raise NodeLost(self.node_id, f"node {self.node_id} {self.closed_why}")
         watch = peer.node_id in self._watched
         monitor = None
         try:

@@ -168,7 +168,10 @@ def _release_inherited(keep: tuple[int, ...]) -> None:
                 os.fstat(fd)  # the listing's own descriptor is gone already
             except OSError:
                 continue
-            os.dup2(null, fd)
+            try:
+                os.dup2(null, fd)
+            except OSError:   # at or above RLIMIT_NOFILE (inherited from before a lower
+                os.close(fd)  # ulimit -n): no descriptor of ours can take its number
     finally:
         os.close(null)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from actorpy.errors import ServiceError
+from actorpy.errors import ServiceError, ServiceNameTaken
 from actorpy.ids import NodeId
 from actorpy.runtime.context import ServiceRef
 from actorpy.runtime.mailbox import MAX_SERVICE_ID
@@ -53,7 +53,7 @@ class NameRegistry:
             return
         held = self._refs.get(name)
         if held is not None and (held.node, held.service) != (owner, sid):
-            self.node.reply_error(msg, ServiceError(
+            self.node.reply_error(msg, ServiceNameTaken(
                 f"the service name {name!r} is taken by service {held.service} on {held.node}; "
                 "stop that service first, or choose another name"))
         elif len(self._by_node[owner]) >= MAX_SERVICE_ID:

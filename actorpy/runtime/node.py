@@ -157,13 +157,16 @@ class Node(NodePeers, NodeMessaging):
         self._loop.start()
         return self
 
-    def close(self, linger_ms: int | None = None) -> None:
+    def close(self, linger_ms: int | None = None, *, why: str = "") -> None:
         """Stop the loop, fail pending requests and close every socket (idempotent).
 
         ``linger_ms`` (default: the node's) bounds how long unsent messages may delay it.
+        ``why``, where given, ends the NodeLost of every later call ("node X is closed: ...").
         Called from a handler (the I/O thread), the sockets close when the handler returns."""
         if self._closed.is_set():
             return
+        if why:
+            self._dir.closed_why = f"is closed: {why}"
         self._closed.set()
         self._requests.fail_all(lambda f: NodeLost(self.node_id, f"node {self.node_id} closed"))
         self._dir.close(self.linger_ms if linger_ms is None else linger_ms)

@@ -76,7 +76,7 @@ class NodeMessaging:
             SerializationError: the payload cannot be pickled or cannot fit max_frame_bytes.
         """
         if self._closed.is_set():
-            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
+            raise NodeLost(self.node_id, f"node {self.node_id} {self._dir.closed_why}")
         frames = wm.assemble(service, kind, self._sender, payload, request_id=request_id,
                              step=step, chunk_bytes=self.chunk_bytes,
                              max_frame_bytes=self.max_frame_bytes, snapshot=snapshot,
@@ -175,7 +175,7 @@ class NodeMessaging:
     def _send_direct(self, dest: NodeId, service: int, kind: int, payload: Any, rid: int,
                      step: int, from_service: int) -> None:
         if self._closed.is_set():
-            raise NodeLost(self.node_id, f"node {self.node_id} is closed")
+            raise NodeLost(self.node_id, f"node {self.node_id} {self._dir.closed_why}")
         frames = wm.assemble(service, kind, self._sender, payload, request_id=rid, step=step,
                              chunk_bytes=self.chunk_bytes, max_frame_bytes=self.max_frame_bytes,
                              from_service=from_service)

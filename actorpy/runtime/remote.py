@@ -25,18 +25,24 @@ class RemoteFailure:
 
 def capture(exc: BaseException, node_id: str) -> RemoteFailure:
     """Describe ``exc`` for the caller; keeps the exception itself when it pickles."""
-    if isinstance(exc, RemoteError):  # already remote: pass the original fields along
+    if isinstance(exc, RemoteError):  # already remote: pass the original fields along,
+        # and the original itself where it was rebuilt here (a service's name refused by
+        # the manager reached its starter with no exception to test for)
+        cause = exc.__cause__
         return RemoteFailure(exc.remote_type, exc.remote_message, exc.remote_traceback,
-                             exc.node_id, None)
+                             exc.node_id, None if cause is None else _pickled(cause))
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     text = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
-    try:
-        pickled: bytes | None = cloudpickle.dumps(exc, protocol=5)
-    except Exception:  # an exception holding unpicklable state still reports its text
-        pickled = None
-    return RemoteFailure(name, str(exc), text, node_id, pickled,
+    return RemoteFailure(name, str(exc), text, node_id, _pickled(exc),
                          exc.node_id if isinstance(exc, NodeLost) else None)
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    try:
+        return cloudpickle.dumps(exc, protocol=5)
+    except Exception:  # an exception holding unpicklable state still reports its text
+        return None
 
 
 def rebuild(failure: RemoteFailure, with_cause: bool = True) -> RemoteError:

@@ -18,7 +18,7 @@ from engines.mapre import io
 from engines.mapre import plan as P
 from engines.mapre.codec import iter_unpacked, unpack
 from engines.mapre.engine import Engine
-from engines.mapre.errors import EmptyDatasetError, JobFailed, OutputExists
+from engines.mapre.errors import ArgumentError, EmptyDatasetError, JobFailed, OutputExists
 from engines.mapre.scheduler import MAX_ATTEMPTS, Job, Stage
 from engines.mapre.shuffle import combine
 from engines.mapre.tasks import (Collect, CombineByKey, Count, Fold, Reduce, Save, Take,
@@ -150,7 +150,11 @@ def top(engine: Engine, node: P.Node, n: int, key: Callable[[Any], Any] | None,
 
 def save(engine: Engine, node: P.Node, directory: str | os.PathLike[str], overwrite: bool,
          timeout_s: float, progress: bool | None) -> str:
-    path = os.path.abspath(os.fspath(directory))
+    given = os.fspath(directory) if isinstance(directory, (str, os.PathLike)) else None
+    if not isinstance(given, str) or not given:   # "" was the driver's current directory
+        raise ArgumentError(f"save() takes a directory as a non-empty str or os.PathLike, "
+                            f"got {directory!r}")
+    path = os.path.abspath(given)
     if overwrite and os.path.isdir(path):  # overwriting would delete the input before it is read
         here = os.path.realpath(path)
         inputs = {os.path.realpath(os.path.dirname(split.path)) for n in P.walk(node)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from operator import itemgetter
+from operator import index, itemgetter
 from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar
 
 from actorpy.errors import ConfigError
@@ -38,6 +38,18 @@ def _check_fn(fn: Any, what: str) -> None:
 #: before a shuffle). ``from_items(partitions=10**9)`` built 10**9 lists in the driver: 13 GB
 #: and still going past its action's timeout.
 MAX_PARTITIONS = 1 << 16
+
+
+def _count(n: Any, what: str) -> int:
+    """``n`` of ``take(n)`` / ``top(n)``: an int >= 0 (numpy's too). A str, a float or a
+    negative number was taken through ``int()`` or as no items."""
+    try:
+        count = index(n)
+    except TypeError:
+        count = -1
+    if isinstance(n, bool) or count < 0:
+        raise ArgumentError(f"{what}: n must be an integer >= 0, got {n!r}")
+    return count
 
 
 def _check_partitions(n: int | None, what: str) -> None:
@@ -381,7 +393,8 @@ class Dataset(Generic[T]):
 
             mapre.load(cluster, "book.txt").take(3)                   # the first 3 lines
         """
-        return actions.take(self._engine, self._node, int(n), timeout_s, progress)
+        return actions.take(self._engine, self._node, _count(n, "take"), timeout_s,
+                            progress)
 
     def top(self, n: int, key: Callable[[T], Any] | None = None, *,
             timeout_s: float = DEFAULT_TIMEOUT_S, progress: bool | None = None) -> list[T]:
@@ -393,7 +406,8 @@ class Dataset(Generic[T]):
         """
         if key is not None:
             _check_fn(key, "top")
-        return actions.top(self._engine, self._node, int(n), key, timeout_s, progress)
+        return actions.top(self._engine, self._node, _count(n, "top"), key, timeout_s,
+                           progress)
 
     def save(self, directory: str | os.PathLike[str], *, overwrite: bool = False,
              timeout_s: float = DEFAULT_TIMEOUT_S, progress: bool | None = None) -> str:

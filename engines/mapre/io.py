@@ -325,9 +325,12 @@ def write_part(items: Iterable[Any], directory: str, part: int) -> tuple[int, in
                 f.write("\n".join(batch) + "\n")
             size = f.tell()
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:
+            # a failed write names no file ("No space left on device"): name the part
+            raise OSError(exc.errno, exc.strerror, final) from exc
         raise
     return rows, size
 

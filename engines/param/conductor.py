@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost
+from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, SerializationError
 from actorpy.ids import NodeId
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import NodeEvent, NodeEventKind
@@ -127,10 +127,15 @@ class Conductor(Service):
 
     def _timed_out(self) -> None:
         if not self._ending():
-            self._fail(ActorpyTimeout(
-                f"job {self.name!r} did not reach its stop condition within "
-                f"timeout_s={self.run.options.timeout_s}; raise it, or check the stop "
-                "function and the workers' logs"))
+            limit = self.run.options.timeout_s
+            late = ActorpyTimeout(f"job {self.name!r} did not reach its stop condition within "
+                                  f"timeout_s={limit}; raise it, or check the stop function "
+                                  "and the workers' logs")
+            # the apps (`actorpy sgd`, `actorpy dnn`) name their flag, and have no stop
+            # function of the user's
+            late.cli_message = (f"job {self.name!r} did not finish within --timeout {limit:g} "
+                                "s; raise --timeout (or lower --steps)")
+            self._fail(late)
         self._check()
 
     def _grace_over(self) -> None:
@@ -239,6 +244,13 @@ class Conductor(Service):
                           run.job.seed, o.batch, left, o.overlap)
         try:
             fut = run.cluster.submit_task(task, worker, what=f"worker task of job {self.name!r}")
+        except SerializationError as exc:
+            # push or data cannot be pickled (a lock, a generator): no worker can ever get a
+            # task, so fail now; before, it was taken for a worker that died meanwhile and
+            # the job waited out its timeout
+            self._fail(exc)
+            self.ctx.schedule(0.0, self._check)   # __init__ may be submitting: end later
+            return
         except ActorpyError as exc:   # it died meanwhile: its DEAD event follows
             log.info("job %s: could not give %s a task: %s", self.name, worker, exc)
             return

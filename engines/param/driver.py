@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, RemoteError
+from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, RemoteError,
+                            ServiceNameTaken)
 from actorpy.ids import NodeId
 from actorpy.values import check_model
 from engines.param.errors import CheckpointError
@@ -140,8 +141,7 @@ class Run:
         # the name service's words ("stop that service first"), which a CLI user cannot do.
         if self.cluster.lookup_async(f"{self.job.name}/shard0").result(
                 self.cluster.config.start_timeout_s) is not None:
-            raise ConfigError(f"a job named {self.job.name!r} is already running on this "
-                              "cluster; wait for it to end, or give this one another name")
+            raise self.name_taken()
         live = self.cluster.workers()
         servers_on = o.server_nodes or ()
         if o.server_nodes is not None:
@@ -181,6 +181,8 @@ class Run:
             self.stop_services()
             if isinstance(exc.__cause__, (CheckpointError, ConfigError)):
                 raise exc.__cause__ from None
+            if isinstance(exc.__cause__, ServiceNameTaken):   # a run started since the lookup
+                raise self.name_taken() from None
             raise
         except BaseException:
             self.stop_services()
@@ -200,6 +202,16 @@ class Run:
             raise self.failure
         assert self.model is not None
         return self.model
+
+    def name_taken(self) -> ConfigError:
+        """The error for a job of this name already running on the cluster."""
+        name = self.job.name
+        err = ConfigError(f"a job named {name!r} is already running on this cluster; wait for "
+                          "it to end, or give this one another name")
+        # the apps take no name: a second run of one with --manager waits for the first
+        err.cli_message = (f"a job named {name!r} is already running on this cluster (another "
+                           "run of this command there?); wait for it to end")
+        return err
 
     def trains(self, node: NodeId) -> bool:
         """Whether ``node`` may get a worker task (``workers=``, ``server_nodes=``)."""

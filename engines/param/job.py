@@ -32,6 +32,9 @@ from engines.param.store import Store
 from engines.param.worker import DataContext, WorkerContext
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: how long an interrupted ``run`` waits for its job to stop on the cluster (its shards and
+#: worker tasks end at their next step; a callback stuck in user code is not waited for)
+CANCEL_WAIT_S = 10.0
 
 Schedule = Callable[[Store, list[NodeId]], Mapping[NodeId, Sequence[str]]]
 PushFn = Callable[[WorkerContext, dict[str, Any]], dict[str, Any]]
@@ -247,7 +250,16 @@ class Job:
                          straggler_factor=straggler_factor,
                          straggler_patience=straggler_patience, workers=workers,
                          server_nodes=server_nodes, overlap=overlap)
-        return run.result()
+        try:
+            return run.result()
+        except BaseException:
+            # Ctrl-C (a notebook's interrupt): the job must not go on without its driver,
+            # holding the workers' task slots and its name (a rerun was refused: "already
+            # running") until its timeout_s
+            if not run.done():
+                run.cancel()
+                run.finished.wait(CANCEL_WAIT_S)
+            raise
 
     def __repr__(self) -> str:
         return f"<param.Job {self.name!r} barrier={self.barrier!r} seed={self.seed}>"

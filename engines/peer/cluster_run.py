@@ -144,6 +144,8 @@ class ClusterRun:
         self.refs: list[Any] = []
         self.addresses: list[str] = []
         self.lost: set[int] = set()
+        #: how the last peer counted lost went ("" while none is)
+        self.last_loss = ""
         self.left: set[int] = set()
         self.last: dict[int, dict[str, Any]] = {}
         self.on_poll = on_poll
@@ -266,9 +268,10 @@ class ClusterRun:
             except _TimeUp:
                 raise
             except (NodeLost, RemoteError, TimeoutError) as exc:
-                log.warning("peer %s is gone (%s); the job goes on without it",
-                            self.addresses[i] if self.addresses else i, exc)
+                where = self.addresses[i] if self.addresses else i
+                log.warning("peer %s is gone (%s); the job goes on without it", where, exc)
                 self.lost.add(i)
+                self.last_loss = f"the last, {where}: {exc}"
         return {i: self.last[i] for i in self._live() if i in self.last}
 
     def _call_by_deadline(self, i: int, kind: PeerKind, *payload: Any) -> Any:
@@ -298,7 +301,10 @@ class ClusterRun:
                 raise ActorpyError(                     # that left the cluster
                     "every peer of the job is gone: this driver lost its connection to the "
                     "cluster's manager; is `actorpy manager` still running?")
-            raise ActorpyError("every peer of the job is gone")
+            # how the last went: a callback that killed its peer (KeyboardInterrupt,
+            # SystemExit) was said only in the workers' logs
+            raise ActorpyError("every peer of the job is gone"
+                               + (f" ({self.last_loss})" if self.last_loss else ""))
         for s in live.values():
             if s["phase"] == Phase.FAILED:
                 kind, message, trace = s["error"] or ("Error", "failed", "")

@@ -71,6 +71,22 @@ class TestCli:
         with pytest.raises(ConfigError, match="--overlap 99 is more than 13"):
             p2p_sgd.main(["--overlap", "99", "--workers", "0"])
 
+    def test_bootstrap_takes_no_peers(self):
+        # before: `--bootstrap ... --peers 2` trained on every peer of the overlay, saying
+        # nothing of the --peers it was given
+        with pytest.raises(ConfigError, match="--bootstrap trains on every standalone peer of "
+                                              "the overlay: it takes no --peers"):
+            p2p_sgd.main(["--bootstrap", "tcp://127.0.0.1:9", "--peers", "2"])
+        assert p2p_sgd.parse([]).peers == 4
+
+    def test_a_run_past_its_timeout_names_the_flag(self):
+        # before: "... give it a longer timeout_s or fewer peers", the engine's names
+        with pytest.raises(actorpy.ActorpyTimeout) as info:
+            p2p_sgd.main(["--timeout", "1", "--steps", str(10**8), "--workers", "1",
+                          "--peers", "1"])
+        assert info.value.cli_message == ("training did not finish within --timeout 1 s; "
+                                          "raise --timeout (or lower --steps or --peers)")
+
     def test_target_stops_the_peers_early(self, capsys):
         # pssp, not asp: under ASP a peer slow to begin (1 and 3 steps while the key's
         # owner ran 47, traced) pushed gradients of a w read 40 updates earlier onto the

@@ -2,6 +2,7 @@
 training on an existing cluster that grows while it runs."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -136,6 +137,40 @@ class TestSGD:
         with pytest.raises(ConfigError, match="curves.png is not a regular file"):
             sgd.main(["--plot", str(tmp_path / "curves.png"), "--workers", "0"])
 
+    @pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs sysfs")
+    def test_a_plot_path_it_may_not_write_is_refused_before_training(self, tmp_path):
+        # before: trained, then "--plot F: cannot write it: Permission denied" (sysfs takes
+        # no new files, whoever asks; a read-only file system failed the same way)
+        for main in (sgd.main, p2p_sgd.main):
+            with pytest.raises(ConfigError, match="--plot /sys/curves.png: cannot write it: "
+                                                  "Permission denied"):
+                main(["--plot", "/sys/curves.png", "--workers", "0"])
+        existing = tmp_path / "curves.png"
+        existing.write_bytes(b"kept")
+        with pytest.raises(ConfigError, match="--workers must be"):   # the probe passed
+            sgd.main(["--plot", str(existing), "--workers", "0"])
+        assert existing.read_bytes() == b"kept"
+        with pytest.raises(ConfigError, match="--workers must be"):
+            sgd.main(["--plot", str(tmp_path / "new.png"), "--workers", "0"])
+        assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]   # the probe is gone
+        link = tmp_path / "link.png"
+        link.symlink_to(tmp_path / "gone" / "curves.png")   # a path open() cannot create
+        with pytest.raises(ConfigError, match=f"--plot {link}: cannot write it: No such"):
+            sgd.main(["--plot", str(link), "--workers", "0"])
+        link.unlink()
+        link.symlink_to(tmp_path / "target.png")   # one it can: the link stays a link
+        with pytest.raises(ConfigError, match="--workers must be"):
+            sgd.main(["--plot", str(link), "--workers", "0"])
+        assert link.is_symlink() and not (tmp_path / "target.png").exists()
+
+    def test_a_run_past_its_timeout_names_the_flag(self):
+        # before: "within timeout_s=1.0; raise it, or check the stop function and the
+        # workers' logs": the API's words, where the command has --timeout and no stop function
+        with pytest.raises(actorpy.ActorpyTimeout) as info:
+            sgd.main(["--timeout", "1", "--steps", str(10**7), "--workers", "1"])
+        assert info.value.cli_message == ("job 'sgd-linear' did not finish within --timeout 1 "
+                                          "s; raise --timeout (or lower --steps)")
+
     def test_an_empty_plot_path_is_refused_before_training(self):
         # before: `--plot "$UNSET"` trained, drew nothing and said nothing (exit 0)
         for main in (sgd.main, p2p_sgd.main):
@@ -145,10 +180,14 @@ class TestSGD:
     @pytest.mark.parametrize("main, flags", [(sgd.main, []), (p2p_sgd.main, ["--peers", "1"])],
                              ids=["sgd", "p2p-sgd"])
     def test_a_plot_that_cannot_be_written_keeps_the_results(self, tmp_path, capsys, main,
-                                                              flags):
+                                                              flags, monkeypatch):
         plot = tmp_path / "curves.png"
-        plot.symlink_to(tmp_path / "gone" / "curves.png")   # a path open() cannot create
-        with pytest.raises(ConfigError, match=f"--plot {plot}: cannot write it: No such"):
+        import matplotlib.figure   # a disk that fills up while it trains
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+        with pytest.raises(ConfigError, match=f"--plot {plot}: cannot write it: No space"):
             main([*flags, "--steps", "5", "--workers", "1", "--plot", str(plot), "--json"])
         assert set(json.loads(capsys.readouterr().out)) == FIELDS   # printed before the plot
 

@@ -86,6 +86,15 @@ def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
     assert json.loads(replaced.stdout) == {"café": 2, "bar": 1, "fo\ufffdo": 1}
 
 
+def test_a_run_past_its_timeout_names_the_flag(tmp_path, capsys):
+    # before: "reduce_by_key_locally did not finish within 1e-06 s; pass a larger timeout_s
+    # (or check the workers' logs)": the engine's names, not the command's
+    (tmp_path / "t.txt").write_text("x y\n" * 1000, encoding="utf-8")
+    assert wordcount.main(["--workers", "1", "--timeout-s", "1e-6", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == ("actorpy wordcount: counting did not finish within "
+                                       "--timeout-s 1e-06 s; raise --timeout-s\n")
+
+
 def test_table_columns_line_up_for_wide_and_combining_characters():
     lines = wordcount.format_top({"日本": 3, "cafe\u0301": 2, "😀": 2, "naïve": 1}, 10)
     ends = {wordcount.columns(line) for line in lines}

@@ -142,3 +142,16 @@ class TestMapDeadline:
             assert isinstance(info.value, TimeoutError)
             pids = cluster.map(hold, [0.0] * 4, timeout_s=60)
             assert len(pids) == 4 and set(pids) <= {r["pid"] for r in cluster.nodes()}
+
+
+class TestTerminated:
+    def test_a_call_after_the_with_block_says_the_cluster_was_terminated(self):
+        # before: "node d-... is closed", which reads as a lost node, not a finished `with`
+        with actorpy.connect(workers=1) as cluster:
+            assert cluster.submit(abs, -3).result(30) == 3
+        for call in (lambda: cluster.submit(abs, -3), lambda: cluster.map(abs, [1], timeout_s=5),
+                     lambda: cluster.lookup("anything")):
+            with pytest.raises(actorpy.NodeLost, match=r"is closed: this cluster was terminated "
+                                                       r"\(its `with actorpy\.connect\(\.\.\.\)` "
+                                                       r"block ended"):
+                call()

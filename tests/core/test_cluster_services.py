@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import actorpy
-from actorpy.errors import ActorpyTimeout, RemoteError, ServiceDead, ServiceNotFound, TaskCancelled
+from actorpy.errors import (ActorpyTimeout, RemoteError, ServiceDead, ServiceNameTaken,
+                            ServiceNotFound, TaskCancelled)
 from actorpy.runtime.service import Envelope, Service, ServiceContext, handles
 from actorpy.runtime.tasks import CancelState, ContextCallTask
 from tests.conftest import wait_until
@@ -101,8 +102,10 @@ class TestServices:
         found, total = cluster.submit_task(ContextCallTask(from_worker, ("test/counter",)),
                                            w1).result(30)
         assert (found, total) == (ref, 15)
-        with pytest.raises(RemoteError, match="'test/counter' is taken"):
+        with pytest.raises(RemoteError, match="'test/counter' is taken") as info:
             cluster.start_service(Counter, node=w1, name="test/counter", timeout_s=10)
+        # relayed by w1 from the manager: the original still comes along (it did not)
+        assert isinstance(info.value.__cause__, ServiceNameTaken)
         assert cluster.stop_service(ref) is True
         wait_until(lambda: cluster.lookup_async("test/counter").result(10) is None, 10,
                    "the name to be released")

@@ -44,6 +44,12 @@ class TestConfig:
     def test_connect_rejects_bad_addresses(self, monkeypatch):
         with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
             actorpy.connect("http://example:80")
+        # before: only the general rule, which these look as if they follow
+        with pytest.raises(ConfigError, match="'ipc:///tmp/a b/m': an ipc path may hold no "
+                                              "spaces or control characters"):
+            actorpy.connect("ipc:///tmp/a b/m")
+        with pytest.raises(ConfigError, match="'tcp://127.0.0.1:99999': the port is 0 to 65535"):
+            actorpy.connect("tcp://127.0.0.1:99999")
         monkeypatch.delenv("ACTORPY_SECRET", raising=False)
         with pytest.raises(ConfigError, match="secret"):
             actorpy.connect("tcp://127.0.0.1:1")

@@ -185,3 +185,15 @@ def test_a_worker_that_could_not_join_a_listener_speaking_http_closes_at_once():
             server.join(5.0)
             for conn in held:
                 conn.close()
+
+
+def test_every_option_of_the_core_commands_says_what_it_is():
+    # before: `actorpy status --help` listed --manager, --secret-file and --timeout-s bare,
+    # and `actorpy demo --help` its --workers
+    parser = cli.build_parser(with_apps=False)
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    bare = [f"{name} {'/'.join(a.option_strings)}"
+            for name, sub in commands.items() if name in cli.CORE_COMMANDS
+            for a in sub._actions if a.option_strings and not a.help]
+    assert bare == []
+

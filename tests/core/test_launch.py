@@ -100,6 +100,24 @@ def test_forked_children_hold_none_of_the_drivers_descriptors():
     assert out.stdout.split() == ["EOF"]  # no cluster process kept the write end open
 
 
+ABOVE_THE_LIMIT = """
+import os, resource, actorpy
+high = os.dup2(os.open(os.devnull, os.O_RDONLY), 200)   # held from before a lower ulimit -n
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+with actorpy.connect(workers=1) as c:
+    print("RESULT", c.submit(pow, 2, 3).result(30), flush=True)
+"""
+
+
+def test_a_descriptor_above_the_open_files_limit_does_not_stop_a_fork():
+    # before: dup2(/dev/null, 200) failed with EBADF in every forked child ("the local
+    # manager exited before it was ready"): a shell's `ulimit -n 64` with a higher
+    # descriptor inherited (an ssh session's, a test harness's)
+    out = _run(ABOVE_THE_LIMIT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["RESULT", "8"]
+
+
 FORKED_CHILD = """
 import os, signal, subprocess
 from actorpy.runtime import launch

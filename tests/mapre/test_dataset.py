@@ -6,7 +6,9 @@ import collections
 import functools
 import heapq
 import operator
+import re
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -163,6 +165,16 @@ class TestArguments:
                      lambda n: mapre.from_items(cluster, [1], partitions=n)):
             with pytest.raises(ValueError, match=f"partitions={10**9} is more than 65536"):
                 make(10**9)
+
+    def test_take_and_top_need_a_count(self, cluster):
+        # before: int(n), so top("3") gave 3 items, take(2.5) 2 and take(-1) none
+        d = mapre.from_items(cluster, [3, 1, 2])
+        for bad in ("3", 2.5, -1, None, True):
+            for action in (d.take, d.top):
+                with pytest.raises(mapre.ArgumentError, match=f"n must be an integer >= 0, "
+                                                              f"got {re.escape(repr(bad))}"):
+                    action(bad, timeout_s=30)
+        assert d.take(0, timeout_s=30) == [] and d.top(np.int64(2), timeout_s=30) == [3, 2]
 
     def test_repr_names_the_lineage(self, cluster):
         d = mapre.from_items(cluster, [1], 2).map(str).filter(len).distinct()

@@ -1,7 +1,10 @@
 """Reading splits on line boundaries, decoding errors, inputs and outputs (no cluster)."""
 from __future__ import annotations
 
+import errno
 import os
+import subprocess
+import sys
 import unicodedata
 
 import pytest
@@ -13,6 +16,7 @@ from engines.mapre.errors import (ArgumentError, InputDecodeError, InputNotFound
                                   OutputExists)
 from engines.mapre.plan import Split
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINE = st.lists(st.sampled_from(["a", "é", "e\u0301", "\u00a0", " ", "\r", "日", "\t",
                                  "\U0001f600", "z"]), max_size=12).map("".join)
 
@@ -237,3 +241,24 @@ class TestOutput:
             io.prepare_output(out, overwrite=False)
         io.prepare_output(out, overwrite=True)
         assert os.listdir(out) == []
+
+    def test_a_part_that_cannot_be_written_is_named(self, tmp_path):
+        # a full disk's "[Errno 28] No space left on device" named no file (save's error
+        # said only which partition); the file-size limit fails a write the same way
+        out = str(tmp_path / "out")
+        io.prepare_output(out, overwrite=False)
+        child = (
+            "import resource, signal, sys\n"
+            "from engines.mapre import io\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+            "try:\n"
+            "    io.write_part(['x' * 100] * 1000, sys.argv[1], 3)\n"
+            "except OSError as exc:\n"
+            "    print(exc)\n")
+        done = subprocess.run([sys.executable, "-c", child, out], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT)
+        assert done.stdout.strip() == (f"[Errno {errno.EFBIG}] {os.strerror(errno.EFBIG)}: "
+                                       f"{os.path.join(out, 'part-00003')!r}"), done.stderr
+        assert os.listdir(out) == []   # no temporary left behind
+

@@ -109,6 +109,15 @@ class TestSave:
         d.map(str.upper).save(str(out), overwrite=True, timeout_s=60)
         assert mapre.load(cluster, str(out)).collect(timeout_s=60) == [s.upper() for s in data]
 
+    def test_a_directory_that_names_nothing_is_refused(self, cluster, tmp_path, monkeypatch):
+        # "" was the driver's current directory: parts landed there (once it was empty)
+        monkeypatch.chdir(tmp_path)
+        d = mapre.from_items(cluster, range(4), partitions=2)
+        for bad in ("", b"out", None):
+            with pytest.raises(mapre.ArgumentError, match="save\\(\\) takes a directory"):
+                d.save(bad, timeout_s=60)
+        assert os.listdir(tmp_path) == []
+
     def test_empty_dataset_saves_and_loads(self, cluster, tmp_path):
         out = str(tmp_path / "empty")
         mapre.from_items(cluster, [], partitions=2).save(out, timeout_s=60)

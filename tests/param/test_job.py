@@ -7,7 +7,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -163,6 +165,12 @@ def failing_pull(store, updates):
     raise KeyError("no such layer")
 
 
+def _found_nothing(name):
+    found = Future()
+    found.set_result(None)
+    return found
+
+
 class TestBadInput:
     def _assert_clean(self, cluster, run):
         assert run.done() and run.services_stopped == [True]
@@ -179,6 +187,20 @@ class TestBadInput:
         assert err.remote_type == "ZeroDivisionError" and err.node_id in cluster.workers()
         assert "failing_push" in err.remote_traceback and "bad batch" in str(err)
         assert isinstance(err.__cause__, ZeroDivisionError)
+        self._assert_clean(cluster, run)
+
+    def test_a_push_that_cannot_be_pickled_fails_the_run_at_once(self, cluster):
+        # before: taken for a worker that died while it got its task, so the run waited out
+        # its timeout_s and said only that the stop condition was not reached
+        lock = threading.Lock()
+        job = _job(ASP())
+        job.register_push(lambda ctx, values: (lock, {"w": values["w"]})[1])
+        job.register_stop(pb.StepStop(10))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(actorpy.SerializationError, match=r"\.push -> captured variable "
+                                                             r"'lock' -> _thread\.lock object"):
+            run.result(timeout_s=20)
+        assert time.monotonic() - run.t0 < 20
         self._assert_clean(cluster, run)
 
     def test_a_push_that_returns_none_is_a_clear_error(self, cluster):
@@ -271,6 +293,53 @@ class TestBadInput:
             with pytest.raises(param.JobFailed):
                 first.result()
         self._assert_clean(cluster, first)
+
+    def test_a_run_started_since_the_name_check_is_refused_in_the_same_words(self, cluster,
+                                                                              monkeypatch):
+        # two runs checking at once both find no 'lin/shard0'; the second's shard then failed
+        # with the name service's "stop that service first, or choose another name"
+        job = _job(ASP())
+        job.register_stop(pb.StepStop(10**9))
+        first = job.start(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+        try:
+            monkeypatch.setattr(cluster, "lookup_async", _found_nothing)
+            with pytest.raises(actorpy.ConfigError, match="a job named 'lin' is already "
+                                                          "running on this cluster") as info:
+                job.run(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+            assert "another run of this command there?" in info.value.cli_message
+        finally:
+            monkeypatch.undo()
+            first.cancel()
+            with pytest.raises(param.JobFailed):
+                first.result()
+        self._assert_clean(cluster, first)
+
+    def test_a_run_interrupted_by_ctrl_c_stops_its_job(self):
+        """A notebook's interrupt: the job went on without its driver until timeout_s,
+        holding the workers and its name, so running the cell again was refused."""
+        script = (
+            "import os, signal, threading, numpy as np, actorpy\n"
+            "from actorpy.barrier import BSP\n"
+            "from engines import param\n"
+            "from tests.param import problems as pb\n"
+            "job = param.Job('lin', barrier=BSP(), seed=1, data=pb.linear_data)\n"
+            "job.register_push(pb.linear_push)\n"
+            "job.register_pull(pb.SGDPull(0.1))\n"
+            "job.register_stop(pb.StepStop(10**9))\n"
+            "with actorpy.connect(workers=2) as c:\n"
+            "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+            "    try:\n"
+            "        job.run(c, init={'w': np.zeros(pb.D)}, timeout_s=120)\n"
+            "    except KeyboardInterrupt:\n"
+            "        print('interrupted', flush=True)\n"
+            "    job.register_stop(pb.StepStop(3))\n"
+            "    run = job.start(c, init={'w': np.zeros(pb.D)}, timeout_s=120)\n"
+            "    run.result()\n"
+            "    print('again', run.stats.steps_per_worker, flush=True)\n")
+        out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == ["interrupted", "again [3, 3]"], out.stderr
 
     @pytest.mark.parametrize("answer, said", [
         (None, "None on server shard 0"),   # before: false, so it ran until timeout_s

@@ -298,6 +298,20 @@ def test_a_barrier_that_raises_fails_the_job_at_once(cluster):
     assert time.monotonic() - started < 20
 
 
+def interrupting_push(ctx, values):
+    raise KeyboardInterrupt("pressed in a callback")
+
+
+def test_a_callback_that_kills_every_peer_is_named_in_the_error(cluster):
+    # before: "every peer of the job is gone", the KeyboardInterrupt only in the workers' logs
+    job = linreg(ASP(), steps=5)
+    job.register_push(interrupting_push)
+    with pytest.raises(actorpy.ActorpyError, match=r"every peer of the job is gone \(the last, "
+                                                   r".*died: KeyboardInterrupt: pressed in a "
+                                                   r"callback"):
+        job.run(cluster, peers=2, init=init(), data=shard, timeout_s=30)
+
+
 def test_a_pull_that_hangs_ends_the_job_soon_after_its_timeout():
     """An owner's pull that never returns: with timeout_s=4 the job failed after 24 s (the
     hung peer's leave and stop waited 10 s each); a failed job now waits 2 s for each. Its
