@@ -1,0 +1,127 @@
+"""A step's arrays on the wire: the small arrays of one dtype packed into one buffer.
+
+A model of many small keys (a torch model has one per parameter tensor) sent as a dict of
+arrays paid per array on each side of every message: pickling and unpickling each array
+(~2 and ~1.5 us), checking it against the model, averaging it. ``pack`` turns a dict of
+values into ``(loose, groups, order)``: every numpy array or CPU-able torch tensor of at most
+``PACK_MAX_BYTES``, with at least one other of its family and dtype, is copied into that
+dtype's one flat buffer (one memcpy per array, one frame for the lot), and a group is
+``(signature, flat)`` with ``signature = (dtype, is_torch, keys, shapes)``. The rest
+travels ``loose``, as before: a large array stays zero-copy (its own out-of-band frame),
+and anything that is not an array or tensor (which the shard refuses) reaches the shard
+as it was sent. A dict with nothing to pack is sent as the plain dict (one key: as before).
+
+``unpack`` gives back the dict, each packed value a view of its group's flat buffer (no
+copy), and the groups: the shard checks a group's signature against the model once
+(``ServerCore``) and averages a round's flat buffers in one operation per group.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Mapping
+
+import numpy as np
+
+#: Arrays up to this size are packed; a larger one is its own frame, never copied.
+PACK_MAX_BYTES = 64 << 10
+_KINDS = frozenset("biufc")   # bool, integers, floats, complex: flat bytes are the value
+
+Signature = tuple[str, bool, tuple[Any, ...], tuple[tuple[int, ...], ...]]
+Group = tuple[Signature, Any]
+
+
+def pack(values: Mapping[Any, Any] | None) -> Any:
+    """``values`` for the wire: the plain dict when nothing is worth packing, else
+    ``(loose, groups, order)`` (see the module docstring)."""
+    if not values:
+        return values
+    torch = sys.modules.get("torch")
+    arrays: dict[Any, list[tuple[Any, Any]]] = {}   # by numpy dtype (no dtype.str each)
+    tensors: dict[Any, list[tuple[Any, Any]]] = {}  # by torch dtype
+    for key, value in values.items():
+        if type(value) is np.ndarray:
+            if value.nbytes <= PACK_MAX_BYTES and value.dtype.kind in _KINDS:
+                arrays.setdefault(value.dtype, []).append((key, value))
+        elif torch is not None and _packs(value, torch):
+            tensors.setdefault(value.dtype, []).append((key, value))
+    members = [*((d, False, m) for d, m in arrays.items()),
+               *((d, True, m) for d, m in tensors.items())]
+    if not any(len(m) > 1 for _, _, m in members):
+        return values if type(values) is dict else dict(values)
+    packed: set[Any] = set()
+    groups = []
+    for dtype, is_torch, items in members:
+        if len(items) < 2:
+            continue
+        keys = tuple(k for k, _ in items)
+        if not is_torch:
+            shapes = tuple(v.shape for _, v in items)
+            flat = np.concatenate([v.reshape(-1) for _, v in items])
+            flat.setflags(write=False)   # fresh and never changed: sent without a copy
+            groups.append(((dtype.str, False, keys, shapes), flat))
+        else:
+            shapes = tuple(tuple(v.shape) for _, v in items)
+            flat = torch.cat([_torch_flat(v) for _, v in items])
+            groups.append(((str(dtype), True, keys, shapes), flat))
+        packed.update(keys)
+    loose = {k: v for k, v in values.items() if k not in packed}
+    # the keys' order, when the parts would not give it back (a single group does)
+    order = tuple(values) if loose or len(groups) > 1 else None
+    return (loose, tuple(groups), order)
+
+
+def unpack(wire: Any) -> tuple[dict[Any, Any], tuple[Group, ...]]:
+    """The dict ``pack`` was given (in its order; packed values as views of their group's
+    buffer), and its groups (none for a plain dict)."""
+    if type(wire) is not tuple:
+        return (wire or {}), ()
+    loose, groups, order = wire
+    values = dict(loose)
+    for (_, _, keys, shapes), flat in groups:
+        values.update(zip(keys, views(flat, shapes)))
+    if order is not None:
+        values = {k: values[k] for k in order}
+    return values, groups
+
+
+def views(flat: Any, shapes: tuple[tuple[int, ...], ...]) -> list[Any]:
+    """``flat`` cut into arrays (or tensors) of ``shapes``, each a view (no copy)."""
+    out = []
+    start = 0
+    for shape in shapes:
+        end = start + math.prod(shape)
+        out.append(flat[start:end].reshape(shape))
+        start = end
+    if start != flat.shape[0]:
+        raise ValueError(f"a packed buffer of {flat.shape[0]} values holds shapes of {start}")
+    return out
+
+
+def read_only(wire: Any) -> bool:
+    """Whether every array of a packed (or plain) dict is a read-only numpy array: safe to
+    send uncopied."""
+    loose, groups = wire[:2] if type(wire) is tuple else (wire or {}, ())
+    return all(isinstance(v, np.ndarray) and not v.flags.writeable
+               for v in [*loose.values(), *(flat for _, flat in groups)])
+
+
+def largest(wire: Any) -> int:
+    """The size in bytes of the largest array of a packed (or plain) dict."""
+    loose, groups = wire[:2] if type(wire) is tuple else (wire or {}, ())
+    return max((int(getattr(v, "nbytes", 0)) for v in
+                [*loose.values(), *(flat for _, flat in groups)]), default=0)
+
+
+def _packs(value: Any, torch: Any) -> bool:
+    """Whether a torch value packs: a plain small strided tensor needing no grad."""
+    return (type(value) is torch.Tensor and not value.requires_grad
+            and value.layout == torch.strided and not value.is_quantized
+            and value.element_size() * value.nelement() <= PACK_MAX_BYTES)
+
+
+def _torch_flat(tensor: Any) -> Any:
+    t = tensor.detach()
+    if t.device.type != "cpu":   # a CUDA tensor pushed is moved to the CPU, as the wire does
+        t = t.cpu()
+    return t.resolve_conj().resolve_neg().reshape(-1)
