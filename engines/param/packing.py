@@ -17,6 +17,7 @@ copy), and the groups: the shard checks a group's signature against the model on
 """
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from typing import Any, Mapping
@@ -37,35 +38,43 @@ def pack(values: Mapping[Any, Any] | None) -> Any:
     if not values:
         return values
     torch = sys.modules.get("torch")
-    arrays: dict[Any, list[tuple[Any, Any]]] = {}   # by numpy dtype (no dtype.str each)
-    tensors: dict[Any, list[tuple[Any, Any]]] = {}  # by torch dtype
+    arrays: dict[Any, tuple[list, list]] = {}    # numpy dtype -> (keys, arrays)
+    tensors: dict[Any, tuple[list, list]] = {}   # torch dtype -> (keys, tensors)
     for key, value in values.items():
-        if type(value) is np.ndarray:
-            if value.nbytes <= PACK_MAX_BYTES and value.dtype.kind in _KINDS:
-                arrays.setdefault(value.dtype, []).append((key, value))
+        if type(value) is np.ndarray:   # (by dtype object: no dtype.str made per array)
+            group = arrays.get(value.dtype)
+            if group is None:
+                if value.dtype.kind not in _KINDS:
+                    continue
+                group = arrays[value.dtype] = ([], [])
+            if value.nbytes <= PACK_MAX_BYTES:
+                group[0].append(key)
+                group[1].append(value)
         elif torch is not None and _packs(value, torch):
-            tensors.setdefault(value.dtype, []).append((key, value))
+            group = tensors.setdefault(value.dtype, ([], []))
+            group[0].append(key)
+            group[1].append(value)
     members = [*((d, False, m) for d, m in arrays.items()),
                *((d, True, m) for d, m in tensors.items())]
-    if not any(len(m) > 1 for _, _, m in members):
+    if not any(len(m[0]) > 1 for _, _, m in members):
         return values if type(values) is dict else dict(values)
     packed: set[Any] = set()
     groups = []
-    for dtype, is_torch, items in members:
-        if len(items) < 2:
+    for dtype, is_torch, (keys, items) in members:
+        if len(keys) < 2:
             continue
-        keys = tuple(k for k, _ in items)
         if not is_torch:
-            shapes = tuple(v.shape for _, v in items)
-            flat = np.concatenate([v.reshape(-1) for _, v in items])
+            flat = np.concatenate(items, axis=None)   # each raveled: one copy, in C
             flat.setflags(write=False)   # fresh and never changed: sent without a copy
-            groups.append(((dtype.str, False, keys, shapes), flat))
+            groups.append(((dtype.str, False, tuple(keys), tuple(v.shape for v in items)),
+                           flat))
         else:
-            shapes = tuple(tuple(v.shape) for _, v in items)
-            flat = torch.cat([_torch_flat(v) for _, v in items])
-            groups.append(((str(dtype), True, keys, shapes), flat))
+            flat = torch.cat([_torch_flat(v) for v in items])
+            groups.append(((str(dtype), True, tuple(keys),
+                            tuple(tuple(v.shape) for v in items)), flat))
         packed.update(keys)
-    loose = {k: v for k, v in values.items() if k not in packed}
+    loose = {} if len(packed) == len(values) else {k: v for k, v in values.items()
+                                                    if k not in packed}
     # the keys' order, when the parts would not give it back (a single group does)
     order = tuple(values) if loose or len(groups) > 1 else None
     return (loose, tuple(groups), order)
@@ -86,13 +95,21 @@ def unpack(wire: Any) -> tuple[dict[Any, Any], tuple[Group, ...]]:
 
 
 def views(flat: Any, shapes: tuple[tuple[int, ...], ...]) -> list[Any]:
-    """``flat`` cut into arrays (or tensors) of ``shapes``, each a view (no copy)."""
-    out = []
+    """``flat`` cut into arrays (or tensors) of ``shapes``, each a view (no copy). A run of
+    keys of one shape is cut at once (the rows of one reshape: no Python per key)."""
+    out: list[Any] = []
     start = 0
-    for shape in shapes:
-        end = start + math.prod(shape)
-        out.append(flat[start:end].reshape(shape))
-        start = end
+    for shape, run in itertools.groupby(shapes):
+        count = len(list(run))
+        size = math.prod(shape)
+        block = flat[start:start + count * size]
+        if not shape or block.shape[0] != count * size:   # 0-d: a row would be a scalar
+            out.extend(block[i * size:(i + 1) * size].reshape(shape) for i in range(count))
+        elif hasattr(block, "unbind"):
+            out.extend(block.reshape((count, *shape)).unbind(0))
+        else:
+            out.extend(block.reshape((count, *shape)))
+        start += count * size
     if start != flat.shape[0]:
         raise ValueError(f"a packed buffer of {flat.shape[0]} values holds shapes of {start}")
     return out
