@@ -87,6 +87,17 @@ def test_torch_tensors_round_trip_as_tensors():
     assert back["s"].shape == () and back["w"][0, 1] == 4.0   # the transpose's values
 
 
+def test_cuda_tensors_are_packed_from_the_cpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    values = {"a": torch.ones(3, device="cuda"), "b": torch.zeros(2, 2, device="cuda").t()}
+    back, groups = unpack(_wire(pack(values)))
+    assert len(groups) == 1
+    for key, value in values.items():
+        assert back[key].device.type == "cpu" and torch.equal(back[key], value.cpu()), key
+
+
 def _packed_push(step: int, updates: dict[str, Any], batch: int = 1) -> Push:
     return Push.of((step, _wire(pack(updates)), batch, 0.1))
 
