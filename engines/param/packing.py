@@ -35,8 +35,8 @@ Group = tuple[Signature, Any]
 def pack(values: Mapping[Any, Any] | None) -> Any:
     """``values`` for the wire: the plain dict when nothing is worth packing, else
     ``(loose, groups, order)`` (see the module docstring)."""
-    if not values:
-        return values
+    if not values or len(values) < 2:   # nothing to pack together (Job A: one key)
+        return values if values is None or type(values) is dict else dict(values)
     torch = sys.modules.get("torch")
     arrays: dict[Any, tuple[list, list]] = {}    # numpy dtype -> (keys, arrays)
     tensors: dict[Any, tuple[list, list]] = {}   # torch dtype -> (keys, tensors)
