@@ -45,7 +45,8 @@ compute hides behind its round trip, which the engine's default ``overlap=True``
 LB-DSSP are the same policies with balanced batches.)
 
 Files: this one has the actorpy callbacks and runs, the report and main; Job A's problem
-is in bench/ps_problem.py, the plain-pyzmq PS and single-process SGD in bench/ps_plain.py.
+is in bench/ps_problem.py, the plain-pyzmq PS and single-process SGD in bench/ps_plain.py,
+the many-small-keys rows (the engine and their own plain PS) in bench/ps_many.py.
 """
 from __future__ import annotations
 

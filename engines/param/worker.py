@@ -4,8 +4,9 @@ Each step is one PUSH request to every server shard (this shard's updates, the s
 the batch used and the compute time) and one reply from each, which the shard defers while
 the barrier holds the worker and which carries the fresh values of the keys scheduled next.
 Values arrive as read-only arrays on the received frames (no copy); updates leave the same
-way, the small ones of a dtype packed into one buffer (``packing``). With ``overlap`` (``WorkerTask.overlap``) the next step computes while a push travels,
-on the values the reply before carried.
+way, the small ones of a dtype packed into one buffer (``packing``). With ``overlap``
+(``WorkerTask.overlap``) the next step computes while a push travels, on the values the
+reply before carried.
 """
 from __future__ import annotations
 
