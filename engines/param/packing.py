@@ -118,16 +118,16 @@ def views(flat: Any, shapes: tuple[tuple[int, ...], ...]) -> list[Any]:
 def read_only(wire: Any) -> bool:
     """Whether every array of a packed (or plain) dict is a read-only numpy array: safe to
     send uncopied."""
-    loose, groups = wire[:2] if type(wire) is tuple else (wire or {}, ())
-    return all(isinstance(v, np.ndarray) and not v.flags.writeable
-               for v in [*loose.values(), *(flat for _, flat in groups)])
+    arrays = (wire or {}).values() if type(wire) is not tuple else [
+        *wire[0].values(), *(flat for _, flat in wire[1])]
+    return all(isinstance(v, np.ndarray) and not v.flags.writeable for v in arrays)
 
 
 def largest(wire: Any) -> int:
     """The size in bytes of the largest array of a packed (or plain) dict."""
-    loose, groups = wire[:2] if type(wire) is tuple else (wire or {}, ())
-    return max((int(getattr(v, "nbytes", 0)) for v in
-                [*loose.values(), *(flat for _, flat in groups)]), default=0)
+    arrays = (wire or {}).values() if type(wire) is not tuple else [
+        *wire[0].values(), *(flat for _, flat in wire[1])]
+    return max((int(getattr(v, "nbytes", 0)) for v in arrays), default=0)
 
 
 def _packs(value: Any, torch: Any) -> bool:

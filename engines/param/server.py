@@ -278,10 +278,12 @@ class ServerCore:
                               "return a dict of key -> update")
         # A packed group whose signature (dtype, keys, shapes) fit the model once fits it
         # always: the model's keys, shapes and dtypes never change. Checked key by key once.
-        known = [sig[2] for sig, _ in groups if sig in self._valid]
-        if len(known) == len(groups) and sum(map(len, known)) == len(updates):
-            return
-        skip = set().union(*known)
+        skip: set[Any] = set()
+        if groups:
+            known = [sig[2] for sig, _ in groups if sig in self._valid]
+            if len(known) == len(groups) and sum(map(len, known)) == len(updates):
+                return
+            skip = skip.union(*known)
         for key, value in updates.items():
             if key in skip:
                 continue
@@ -293,9 +295,10 @@ class ServerCore:
                 raise UpdateError(f"the update for key {key!r} reached shard "
                                   f"{self.config.shard}, but shard {owner} holds it")
             check_update(key, value, self.store.get(key)[0], f"the update from worker {w}")
-        if len(self._valid) > 64:   # a job pushing ever new key sets: keep the latest
-            self._valid.clear()
-        self._valid.update(dict.fromkeys(sig for sig, _ in groups))
+        if groups:
+            if len(self._valid) > 64:   # a job pushing ever new key sets: keep the latest
+                self._valid.clear()
+            self._valid.update(dict.fromkeys(sig for sig, _ in groups))
 
     def _recheck(self, flush: bool, first: NodeId | None = None) -> None:
         """Release every held worker the barrier now lets go (``first`` already decided),
