@@ -33,7 +33,8 @@ float32 (1M by default) with 1 and 2 workers, ASP, against plain pyzmq moving th
 ``connect()`` to the first push reaching the server.
 
 Every process gets one BLAS thread unless ``--blas-threads`` says otherwise (see
-``_blas_threads``); ``--only`` runs a few Job A rows and nothing else.
+``_blas_threads``); ``--only`` runs a few Job A rows and nothing else (``--only many-keys``:
+the many-small-keys rows of bench/ps_many.py, also run after Job A's by default).
 
 Targets (printed, never asserted): ms per update <= 1.3x plain in the same mode; 1M-float
 rate >= 0.8x plain; with the straggler, pSSP, DSSP and LB-BSP lose < 25 % against their own
@@ -44,7 +45,8 @@ compute hides behind its round trip, which the engine's default ``overlap=True``
 LB-DSSP are the same policies with balanced batches.)
 
 Files: this one has the actorpy callbacks and runs, the report and main; Job A's problem
-is in bench/ps_problem.py, the plain-pyzmq PS and single-process SGD in bench/ps_plain.py.
+is in bench/ps_problem.py, the plain-pyzmq PS and single-process SGD in bench/ps_plain.py,
+the many-small-keys rows (the engine and their own plain PS) in bench/ps_many.py.
 """
 from __future__ import annotations
 
@@ -83,12 +85,14 @@ _blas_threads(sys.argv[1:])
 import cloudpickle  # noqa: E402
 import numpy as np  # noqa: E402
 
+import ps_many  # noqa: E402
 import ps_problem  # noqa: E402  (bench/ is this script's directory)
 from ps_plain import plain_run, single_process  # noqa: E402
 from ps_problem import error, gradient, half, straggler_wait, w_star  # noqa: E402
 
 # The callbacks below use the problem on the workers, which cannot import bench/.
 cloudpickle.register_pickle_by_value(ps_problem)
+cloudpickle.register_pickle_by_value(ps_many)
 
 #: the row suffix of runs whose shard has a worker of its own (--server-node)
 ON_SERVER_NODE = ", shard on a server node"
@@ -300,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=lambda s: s.split(","), default=None,
                         metavar="ROW,...", help="run only these Job A rows (of BSP, ASP, "
                         "pSSP, DSSP, LB-BSP, LB-pSSP, LB-DSSP; BSP and ASP bring their plain "
-                        "PS), with and without the straggler, and nothing else")
+                        "PS), with and without the straggler, and nothing else; many-keys: "
+                        "the many-small-keys rows (bench/ps_many.py)")
     parser.add_argument("--release-factor", type=_release_factor, default=2.0,
                         help="also run pSSP, DSSP and LB-BSP with the engine's straggler "
                         "policy (straggler_factor=, a number > 1; 0: not)")
@@ -342,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         runs += [(name + tag, barrier, args.release_factor) for name, barrier, _ in runs
                  if _key(name) in ("pSSP", "DSSP", "LB-BSP")]
     if args.only is not None:
-        unknown = set(args.only) - {_key(name) for name, _, _ in runs}
+        unknown = set(args.only) - {_key(name) for name, _, _ in runs} - {"many-keys"}
         if unknown:
             parser.error(f"--only: unknown row(s) {', '.join(sorted(unknown))}")
         runs = [run for run in runs if _key(run[0]) in args.only]
@@ -369,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                         results.setdefault((f"plain {name}", straggle), []).append(
                             plain_run(args, name.lower(), straggle))
         med = {key: _median(rows) for key, rows in results.items()}
-        for straggle in (False, True):
+        for straggle in ((False, True) if runs else ()):
             print(("\nworker 2 three times slower (sleeps 2x its compute)" if straggle
                    else "\nno straggler") + f"; medians of {args.repeat} alternating runs")
             print(header)
@@ -398,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                     _row(f"plain pyzmq {name}", plain, extra)
             if not straggle and args.only is None:
                 _row("single-process SGD", single_process(args))
+        if args.only is None or "many-keys" in args.only:
+            ps_many.report(cluster, args.repeat, args.timeout)
         if args.only is not None:
             return 0
 

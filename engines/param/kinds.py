@@ -12,6 +12,7 @@ from enum import IntEnum
 from typing import Any
 
 from actorpy.ids import NodeId
+from engines.param import packing
 
 
 class ParamKind(IntEnum):
@@ -39,15 +40,23 @@ class Status(IntEnum):
 class Push:
     """A worker's step: ``step`` steps completed, updates for this shard's keys.
 
-    On the wire it is the plain tuple ``(step, updates, batch, compute_s)`` the worker
-    builds (``Push(*payload)`` on the shard): a tuple pickles in half the time of a
-    dataclass, and this message is sent on every step.
+    On the wire it is the plain tuple ``(step, packed updates, batch, compute_s)`` the
+    worker builds (``Push.of(payload)`` on the shard): a tuple pickles in half the time of
+    a dataclass, and this message is sent on every step. ``groups``: the updates' packed
+    groups (``packing.unpack``), for the shard's checks and averages by group.
     """
 
     step: int
     updates: dict[str, Any]
     batch: int
     compute_s: float
+    groups: tuple[Any, ...] = ()
+
+    @classmethod
+    def of(cls, payload: tuple[int, Any, int, float]) -> Push:
+        step, packed, batch, compute_s = payload
+        updates, groups = packing.unpack(packed)
+        return cls(step, updates, batch, compute_s, groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +69,19 @@ class Reply:
     batch: int | None = None      # a new batch size (LB-BSP), None to keep the current one
     stopped_at: int | None = None  # FINISH: the shard's step when it stopped
 
-    def wire(self) -> tuple[int, int, dict[str, Any] | None, int | None, int | None]:
-        """A plain tuple for the wire (an IntEnum would pickle as a call)."""
-        return (int(self.status), self.step, self.values, self.batch, self.stopped_at)
+    def wire(self, packed: dict[int, Any] | None = None) -> tuple[int, int, Any, int | None,
+                                                                   int | None]:
+        """A plain tuple for the wire (an IntEnum would pickle as a call), the values packed
+        (``packing.pack``; ``packed`` caches them by the values dict's id, for answers
+        sharing one)."""
+        values = self.values
+        if packed is None:
+            wired = packing.pack(values)
+        elif id(values) in packed:
+            wired = packed[id(values)]
+        else:
+            wired = packed[id(values)] = packing.pack(values)
+        return (int(self.status), self.step, wired, self.batch, self.stopped_at)
 
 
 

@@ -22,13 +22,13 @@ from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.clock import Clock
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
 from actorpy.values import yes_or_no
+from engines.param.aggregate import combine
 from engines.param.checkpoint import Snapshot
 from engines.param.errors import CallbackError, KeyNotLocal, UpdateError
 from engines.param.gate import Gate, follower_policy
@@ -128,7 +128,8 @@ class ServerCore:
         self._scheduled: dict[NodeId, tuple[str, ...]] = {}
         self._local_keys = tuple(store.local_keys())   # the default schedule: all of ours
         self._orphaned: list[str] = []
-        self._pending: list[tuple[int, NodeId, dict[str, Any], int]] = []
+        self._pending: list[tuple[int, NodeId, dict[str, Any], int, tuple]] = []
+        self._valid: dict[Any, None] = {}   # packed groups' signatures that fit the model
         self._each = config.aggregate == "each" or (config.aggregate == "mean"
                                                     and is_asynchronous(config.policy))
         self._pulls_since_checkpoint = 0
@@ -174,11 +175,12 @@ class ServerCore:
                                     stopped_at=self._stopped_at))]
         if w not in self.progress.steps:
             return [Answer(w, Reply(Status.RELEASED, self.history.get(w, 0)))]
-        self._validate(w, push.updates)
+        self._validate(w, push.updates, push.groups)
         self.progress.steps[w] = self.history[w] = push.step
         self.held[w] = push.step
         if push.updates:
-            self._pending.append((self.slots.get(w, 0), w, push.updates, max(push.batch, 0)))
+            self._pending.append((self.slots.get(w, 0), w, push.updates, max(push.batch, 0),
+                                  push.groups))
         elif not self._pending and self._cb.stop is not None and self._should_stop():
             # a step with no updates runs no pull, after which stop is checked: check it
             # here, or a job whose pushes return nothing would never stop
@@ -269,12 +271,22 @@ class ServerCore:
                 "trace": list(self.progress.trace)}
 
     # ----------------------------------------------------------------- internals
-    def _validate(self, w: NodeId, updates: Mapping[str, Any]) -> None:
+    def _validate(self, w: NodeId, updates: Mapping[str, Any], groups: tuple = ()) -> None:
         # (typing.Mapping's isinstance goes through typing's __instancecheck__: ~1 us a push)
         if type(updates) is not dict and not isinstance(updates, abc.Mapping):
             raise UpdateError(f"push on worker {w} returned {type(updates).__name__}; it must "
                               "return a dict of key -> update")
+        # A packed group whose signature (dtype, keys, shapes) fit the model once fits it
+        # always: the model's keys, shapes and dtypes never change. Checked key by key once.
+        skip: set[Any] = set()
+        if groups:
+            known = [sig[2] for sig, _ in groups if sig in self._valid]
+            if len(known) == len(groups) and sum(map(len, known)) == len(updates):
+                return
+            skip = skip.union(*known)
         for key, value in updates.items():
+            if key in skip:
+                continue
             if not self.store.is_local(key):
                 owner = self.store.shard_of(key) if isinstance(key, str) else None
                 if owner is None:
@@ -283,6 +295,10 @@ class ServerCore:
                 raise UpdateError(f"the update for key {key!r} reached shard "
                                   f"{self.config.shard}, but shard {owner} holds it")
             check_update(key, value, self.store.get(key)[0], f"the update from worker {w}")
+        if groups:
+            if len(self._valid) > 64:   # a job pushing ever new key sets: keep the latest
+                self._valid.clear()
+            self._valid.update(dict.fromkeys(sig for sig, _ in groups))
 
     def _recheck(self, flush: bool, first: NodeId | None = None) -> None:
         """Release every held worker the barrier now lets go (``first`` already decided),
@@ -310,11 +326,15 @@ class ServerCore:
                 return
         batches = self._balancer.batches() if self._balancer is not None else {}
         plan = self._schedule(workers)
+        everything = None   # the default schedule's values: one dict for every worker
         for w in workers:
             self.held.pop(w, None)
             keys = plan.get(w, ())
             self._scheduled[w] = keys
-            values = {k: self.store.get(k)[0] for k in keys if self.store.is_local(k)}
+            if keys is self._local_keys:
+                everything = values = everything or self.store.values()
+            else:
+                values = {k: self.store.get(k)[0] for k in keys if self.store.is_local(k)}
             self._out.append(Answer(w, Reply(Status.GO, self.progress.steps[w], values,
                                              batches.get(w))))
 
@@ -348,10 +368,11 @@ class ServerCore:
         saved = (self.store.values(), self.store.clocks())
         try:
             if self._each:
-                for _, _, updates, _ in pending:
+                for _, _, updates, _, _ in pending:
                     self._call("pull", self._cb.pull, self.store, dict(updates))
             else:
-                self._call("pull", self._cb.pull, self.store, self._combine(pending))
+                self._call("pull", self._cb.pull, self.store,
+                           combine(pending, self.config.aggregate))
         except BaseException:
             self.store.restore(*saved)   # a pull that raised halfway leaves no half-update
             raise
@@ -367,30 +388,6 @@ class ServerCore:
             self._halt(Status.FINISH)
         elif self._halt_at is not None and self.store.step >= self._halt_at:
             self._halt(Status.FINISH)
-
-    def _combine(self, pending: list[tuple[int, NodeId, dict[str, Any], int]]) -> dict[str, Any]:
-        """Each key's sum, or batch-weighted mean, over the buffered updates. A key with one
-        update is passed as received (no copy); a mean accumulates in place on a fresh
-        array (one temporary per further update)."""
-        combined: dict[str, Any] = {}
-        if len(pending) == 1:
-            updates = pending[0][2]
-            return {key: updates[key] for key in sorted(updates)}
-        # Overflow is not reported here: pull gets the inf or nan and its own code decides
-        # (numpy's warning, from this line on a shard's node, was nothing a user could act on).
-        with np.errstate(over="ignore", invalid="ignore"):
-            for key in sorted({k for _, _, u, _ in pending for k in u}):
-                parts = [(u[key], b) for _, _, u, b in pending if key in u]
-                if len(parts) == 1:
-                    combined[key] = parts[0][0]
-                elif self.config.aggregate == "sum":
-                    acc = parts[0][0] + parts[1][0]
-                    for value, _ in parts[2:]:
-                        acc += value
-                    combined[key] = acc
-                else:
-                    combined[key] = _mean(parts)
-        return combined
 
     def _should_stop(self) -> bool:
         try:
@@ -477,18 +474,3 @@ def is_asynchronous(policy: Any) -> bool:
     if isinstance(policy, SSP):
         return policy.staleness > 0
     return isinstance(policy, (ASP, PSP, DSSP))
-
-
-def _mean(parts: list[tuple[Any, int]]) -> Any:
-    """``Σ b_i u_i / Σ b_i`` (equal weights if no batch is positive), the same operations in
-    the same order as ``actorpy.barrier.weighted_average``, but accumulated in place: the
-    first product is a fresh array, so adding to it changes nothing anyone holds."""
-    weights = [b for _, b in parts]
-    if sum(weights) <= 0:
-        weights = [1] * len(parts)
-    total = sum(w for w in weights if w > 0)
-    terms = [(u, w / total) for (u, _), w in zip(parts, weights) if w > 0]
-    acc = terms[0][0] * terms[0][1]
-    for u, c in terms[1:]:
-        acc += u * c
-    return acc

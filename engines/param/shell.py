@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 
 from actorpy.clock import SystemClock
 from actorpy.errors import ConfigError
@@ -24,7 +23,7 @@ from actorpy.runtime.node import NodeEvent, NodeEventKind
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
 from actorpy.values import QUICK_MODEL_BYTES, nbytes
 from actorpy.wire.serde import IN_BAND_MAX_BYTES
-from engines.param import checkpoint
+from engines.param import checkpoint, packing
 from engines.param.errors import UpdateError
 from engines.param.kinds import Join, ParamKind, Push
 from engines.param.server import Answer, Callbacks, CheckpointDue, ServerCore, ShardConfig
@@ -121,7 +120,7 @@ class ShardService(Service):
         worker = NodeId(env.sender)
         if self._first_push_wall is None:
             self._first_push_wall = time.time()
-        push = Push(*payload)
+        push = Push.of(payload)
         return self._answer(worker, env, lambda: self.core.push(worker, push))
 
     @handles(ParamKind.HALT)
@@ -225,18 +224,19 @@ class ShardService(Service):
         mine = None
         local: list[tuple[Reply, Any]] = []
         here = self.ctx.node_id
+        packed: dict[int, Any] = {}   # answers released together share one values dict
         for action in actions:
             if isinstance(action, Answer):
                 if action.worker == current:
-                    mine = action.reply.wire()
+                    mine = action.reply.wire(packed)
                     continue
                 reply = self._waiting.pop(action.worker, None)
                 if reply is None:
                     continue
                 if reply.sender == here:
-                    local.append((reply, action.reply.wire()))
+                    local.append((reply, action.reply.wire(packed)))
                 else:
-                    reply.send(action.reply.wire())
+                    reply.send(action.reply.wire(packed))
             elif isinstance(action, CheckpointDue) and self._path is not None:
                 self._save(action.snapshot)
         if self._halted_at is None and self.core.halted is not None:
@@ -280,12 +280,13 @@ class ShardService(Service):
                       self._path, exc)
 
 
-def _read_only(values: dict[str, Any] | None) -> bool:
-    """Whether every value of a reply is a read-only numpy array (safe to send uncopied)."""
-    return all(isinstance(v, np.ndarray) and not v.flags.writeable
-               for v in (values or {}).values())
+def _read_only(values: Any) -> bool:
+    """Whether every value of a reply (packed) is a read-only numpy array (safe to send
+    uncopied)."""
+    return packing.read_only(values)
 
 
-def _in_band(values: dict[str, Any] | None) -> bool:
-    """Whether every array of a reply is small enough to travel inside the pickle."""
-    return all(v.nbytes <= IN_BAND_MAX_BYTES for v in (values or {}).values())
+def _in_band(values: Any) -> bool:
+    """Whether every array of a reply (packed) is small enough to travel inside the
+    pickle."""
+    return packing.largest(values) <= IN_BAND_MAX_BYTES

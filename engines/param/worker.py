@@ -4,8 +4,9 @@ Each step is one PUSH request to every server shard (this shard's updates, the s
 the batch used and the compute time) and one reply from each, which the shard defers while
 the barrier holds the worker and which carries the fresh values of the keys scheduled next.
 Values arrive as read-only arrays on the received frames (no copy); updates leave the same
-way. With ``overlap`` (``WorkerTask.overlap``) the next step computes while a push travels,
-on the values the reply before carried.
+way, the small ones of a dtype packed into one buffer (``packing``). With ``overlap``
+(``WorkerTask.overlap``) the next step computes while a push travels, on the values the
+reply before carried.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError, ServiceOverloa
 from actorpy.ids import NodeId
 from engines.param.errors import JobFailed, UpdateError
 from engines.param.kinds import ParamKind, Status
+from engines.param.packing import pack, unpack
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +160,12 @@ class _Loop:
                 return WorkerResult(wctx.worker, t.slot, step, Status(status),
                                     time.perf_counter() - self.t0, stopped_at)
         if len(replies) == 1:
-            values = replies[0][2] or {}
+            values = unpack(replies[0][2])[0]
             wctx.step = max(wctx.step, replies[0][1])
         else:
             values = {}
             for _, step, part, _, _ in replies:
-                values.update(part or {})
+                values.update(unpack(part)[0])
                 wctx.step = max(wctx.step, step)
         batch = replies[0][3]
         if batch is not None:   # LB-BSP: the coordinator's new batch for this worker
@@ -186,11 +188,11 @@ class _Loop:
         compute_s = time.perf_counter() - started
         wctx.step += 1
         if len(self.refs) == 1:   # every key (an unknown one too, which the shard refuses)
-            return [(ParamKind.PUSH, (wctx.step, updates, wctx.batch_size, compute_s))]
+            return [(ParamKind.PUSH, (wctx.step, pack(updates), wctx.batch_size, compute_s))]
         parts: list[dict[str, Any]] = [{} for _ in self.refs]
         for key, value in updates.items():   # an unknown key goes to shard 0
             parts[self.task.key_map.get(key, 0)][key] = value
-        return [(ParamKind.PUSH, (wctx.step, part, wctx.batch_size, compute_s))
+        return [(ParamKind.PUSH, (wctx.step, pack(part), wctx.batch_size, compute_s))
                 for part in parts]
 
     def _exchange(self, requests: list[tuple[int, Any]], step: int = 0) -> list[tuple]:
