@@ -28,5 +28,6 @@ from engines.param.job import Job, balances
 from engines.param.store import Store
 from engines.param.worker import DataContext, WorkerContext
 
-__all__ = ["Job", "balances", "Run", "RunStats", "Store", "WorkerContext", "DataContext", "ParamError",
-           "UpdateError", "CheckpointError", "KeyNotLocal", "CallbackError", "JobFailed"]
+__all__ = ["Job", "balances", "Run", "RunStats", "Store", "WorkerContext", "DataContext",
+           "ParamError", "UpdateError", "CheckpointError", "KeyNotLocal", "CallbackError",
+           "JobFailed"]

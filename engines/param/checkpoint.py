@@ -43,6 +43,41 @@ class Snapshot:
     pulls: int = 0
 
 
+class SaveLog:
+    """A shard's checkpoint writes, for its log and its stats: the first of a run of failed
+    writes is said at ERROR and the rest at DEBUG (a full disk said one line per checkpoint,
+    hundreds in a run), the write that ends such a run at INFO.
+
+    >>> saves = SaveLog()
+    >>> saves.failed(OSError(28, "No space left on device")), saves.failed(OSError(28, "x"))
+    (True, False)
+    >>> saves.written(40), saves.stats()
+    (2, {'checkpoint_failures': 2, 'checkpoint_error': '[Errno 28] x', 'checkpoint_step': 40})
+    """
+
+    def __init__(self) -> None:
+        self.failures = 0              # in the whole run
+        self.error: str | None = None  # the last failure's
+        self.step: int | None = None   # the step of the last checkpoint written
+        self._run = 0                  # failures since the last write
+
+    def failed(self, exc: BaseException) -> bool:
+        """A write failed; whether it is the first of a run (to be said loudly)."""
+        self.failures += 1
+        self._run += 1
+        self.error = str(exc)
+        return self._run == 1
+
+    def written(self, step: int) -> int:
+        """A write at ``step`` succeeded; how many failed right before it."""
+        run, self._run, self.step = self._run, 0, step
+        return run
+
+    def stats(self) -> dict[str, Any]:
+        return {"checkpoint_failures": self.failures, "checkpoint_error": self.error,
+                "checkpoint_step": self.step}
+
+
 def path_for(directory: str, job: str, shard: int, shards: int) -> str:
     """Where shard ``shard`` of ``shards`` of ``job`` keeps its checkpoint."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job) or "job"

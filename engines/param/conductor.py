@@ -305,4 +305,13 @@ class Conductor(Service):
                              max((s["updates"] for s in shard_stats), default=0),
                              float(coordinator.get("train_seconds") or 0.0),
                              dict(self._statuses), self._restarts,
-                             coordinator.get("first_push_wall"), shard_stats, trace)
+                             coordinator.get("first_push_wall"), shard_stats, trace,
+                             sum(s.get("checkpoint_failures", 0) for s in shard_stats))
+        if run.stats.checkpoint_failures:
+            said = "; ".join(f"shard {i}: {s['checkpoint_failures']} (the last: "
+                             f"{s['checkpoint_error']}), its last written at step "
+                             f"{s['checkpoint_step']}" for i, s in enumerate(shard_stats)
+                             if s.get("checkpoint_failures"))
+            log.warning("job %s: %d checkpoints could not be written; %s; a resume starts "
+                        "from the last one written", self.name, run.stats.checkpoint_failures,
+                        said)

@@ -66,6 +66,9 @@ class RunStats:
         first_push_wall: wall-clock time of the first push at the coordinator.
         trace: the rows callbacks added with ``store.record`` on every shard (``t`` is
             seconds since that shard's start barrier opened).
+        checkpoint_failures: checkpoints the shards could not write (``checkpoint_dir``
+            filled up or went away meanwhile, say); each shard's ``checkpoint_error`` and
+            ``checkpoint_step`` (its last written) are in ``shards``.
     """
 
     workers: list[NodeId]
@@ -77,6 +80,7 @@ class RunStats:
     first_push_wall: float | None = None
     shards: list[dict[str, Any]] = field(default_factory=list)
     trace: list[dict[str, float]] = field(default_factory=list)
+    checkpoint_failures: int = 0
 
 
 def _is_int(value: Any) -> bool:

@@ -71,6 +71,7 @@ class ShardService(Service):
         super().__init__(ctx)
         self.spec = spec
         self._path = spec.checkpoint_path()
+        self._saves = checkpoint.SaveLog()
         if spec.checkpoint_dir is not None and not os.path.isdir(spec.checkpoint_dir):
             raise ConfigError(f"checkpoint_dir {spec.checkpoint_dir!r} is not a directory on "
                               f"the server's node {ctx.node_id}; create it (every shard host "
@@ -91,7 +92,9 @@ class ShardService(Service):
             # for checkpoints must not learn that it has none when a shard is lost. (Resumed,
             # it writes back the model and clocks it just read.)
             try:
-                self._write(self.core.snapshot())
+                snapshot = self.core.snapshot()
+                self._write(snapshot)
+                self._saves.written(snapshot.base_step)
             except OSError as exc:
                 raise ConfigError(f"checkpoint_dir {spec.checkpoint_dir!r}: shard {c.shard} "
                                   f"cannot write {self._path} on the server's node "
@@ -154,6 +157,7 @@ class ShardService(Service):
         end = self._halted_at if self._halted_at is not None else time.monotonic()
         stats["train_seconds"] = end - self._started_at if self._started_at is not None else 0.0
         stats["first_push_wall"] = self._first_push_wall
+        stats.update(self._saves.stats())
         t0 = self._started_at if self._started_at is not None else 0.0
         stats["trace"] = [{**row, "t": row["t"] - t0} for row in stats["trace"]]
         return stats
@@ -271,13 +275,22 @@ class ShardService(Service):
         checkpoint.save(self._path, snapshot, job=c.job, shard=c.shard, shards=c.shards)
 
     def _save(self, snapshot: checkpoint.Snapshot) -> None:
-        """Write a checkpoint; one that fails is logged and training goes on."""
+        """Write a checkpoint; one that fails is logged (once for a run of failures, see
+        ``checkpoint.SaveLog``), counted in the stats, and training goes on."""
         c = self.spec.config
         try:
             self._write(snapshot)
         except (OSError, ConfigError) as exc:
-            log.error("shard %d of %s could not write its checkpoint %s: %s", c.shard, c.job,
-                      self._path, exc)
+            first = self._saves.failed(exc)
+            log.log(logging.ERROR if first else logging.DEBUG,
+                    "shard %d of %s could not write its checkpoint %s: %s%s", c.shard, c.job,
+                    self._path, exc, "; training goes on, and later failures are counted "
+                    "(the job's stats and its end say how many)" if first else "")
+            return
+        failed = self._saves.written(snapshot.base_step)
+        if failed:
+            log.info("shard %d of %s wrote its checkpoint again, at step %d, after %d failed",
+                     c.shard, c.job, snapshot.base_step, failed)
 
 
 def _read_only(values: Any) -> bool:

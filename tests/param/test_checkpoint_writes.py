@@ -1,0 +1,64 @@
+"""Checkpoints that cannot be written mid-run (the directory went away, the disk filled):
+training goes on, the shard says so once, and the run's stats and end count them."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+
+import numpy as np
+
+import actorpy
+from actorpy.barrier import BSP
+from engines import param
+from engines.param import checkpoint
+
+
+def _push(ctx, values):
+    return {"w": np.ones(100)}
+
+
+def _pull(store, updates):
+    w, _ = store.get("w")
+    store.set("w", w + updates["w"])
+
+
+def test_the_save_log_says_the_first_of_a_run_of_failures():
+    saves = checkpoint.SaveLog()
+    assert saves.stats() == {"checkpoint_failures": 0, "checkpoint_error": None,
+                             "checkpoint_step": None}
+    assert saves.written(0) == 0
+    assert [saves.failed(OSError(28, "full")) for _ in range(3)] == [True, False, False]
+    assert saves.written(30) == 3
+    assert saves.failed(OSError(2, "gone")) is True   # a new run of failures
+    assert saves.stats() == {"checkpoint_failures": 4, "checkpoint_error": "[Errno 2] gone",
+                             "checkpoint_step": 30}
+
+
+def test_a_checkpoint_dir_removed_mid_run_is_counted_and_said_at_the_end(tmp_path, caplog):
+    # before: the shard logged one ERROR line per checkpoint (151 in this run) and the run
+    # ended as if every checkpoint had been written
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    job = param.Job("ckgone", barrier=BSP(), seed=0)
+    job.register_push(_push)
+    job.register_pull(_pull)
+    job.register_stop(lambda store: store.step >= 1500)
+    with actorpy.connect(workers=2) as cluster:
+        run = job.start(cluster, init={"w": np.zeros(100)}, timeout_s=120,
+                        checkpoint_dir=str(folder), checkpoint_every=20)
+        deadline = time.monotonic() + 60
+        while not os.listdir(folder):             # the start's checkpoint is written
+            assert time.monotonic() < deadline, "no checkpoint written within 60 s"
+        shutil.rmtree(folder)
+        with caplog.at_level(logging.WARNING, logger="engines.param.conductor"):
+            w = run.result()["w"]
+    assert np.all(w == 1500)          # training went on to the stop (BSP: a mean a round)
+    shard = run.stats.shards[0]
+    assert run.stats.checkpoint_failures == shard["checkpoint_failures"] > 0
+    assert "does not exist" in shard["checkpoint_error"]
+    assert isinstance(shard["checkpoint_step"], int)
+    said = [r.getMessage() for r in caplog.records if "could not be written" in r.getMessage()]
+    assert len(said) == 1 and f"{run.stats.checkpoint_failures} checkpoints" in said[0]
+
