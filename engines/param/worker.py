@@ -242,7 +242,7 @@ class _Loop:
                         # once): the request was not taken, so it goes again after a pause
                         # that doubles, 1 ms to 0.1 s (before, the job failed)
                         refusals += 1
-                        pause = min(0.1, 0.001 * 2 ** min(refusals, 7))
+                        pause = min(0.1, 0.001 * 2 ** min(refusals - 1, 7))
                         later.append((time.monotonic() + pause, i, sent))
                         continue
                     if isinstance(exc.__cause__, UpdateError):   # our update was refused
