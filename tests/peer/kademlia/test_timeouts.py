@@ -106,6 +106,20 @@ def target_next_to(net: SimNetwork, address: str) -> KadId:
     return KadId(net.nodes[address].node_id ^ 1)
 
 
+
+def _stalled(seed: int, slow: str, stall_s: float) -> tuple[Any, Any, Any, Any]:
+    """A steady 60-node net where n0 has measured ``slow`` (its timeout for it is under
+    0.1 s), then ``slow`` stalls ``stall_s`` on every request: (net, n0's node, slow's id,
+    a target next to slow)."""
+    net = steady_net(60, seed=seed)
+    target = target_next_to(net, slow)
+    net.find_node("n0", target)
+    node, slow_id = net.nodes["n0"], net.nodes[slow].node_id
+    assert node.rpc_timeout(slow_id) < 0.1
+    net.attach(slow, Stalled(net, slow, stall_s))
+    return net, node, slow_id, target
+
+
 class TestAdaptiveTimeouts:
     def test_timeouts_adapt_to_the_measured_round_trips(self) -> None:
         net = steady_net(40, seed=71)
@@ -143,13 +157,8 @@ class TestAdaptiveTimeouts:
             net.nodes[victim].node_id, net.clock.now())
 
     def test_a_slow_live_contact_keeps_its_place_and_its_late_answers_count(self) -> None:
-        net = steady_net(60, seed=73)
-        asker, slow = "n0", "n23"
-        target = target_next_to(net, slow)
-        net.find_node(asker, target)
-        node, slow_id = net.nodes[asker], net.nodes[slow].node_id
-        assert node.rpc_timeout(slow_id) < 0.1
-        net.attach(slow, Stalled(net, slow, 0.3))    # stalls 0.3 s: 6x its timeout
+        net, node, slow_id, target = _stalled(73, "n23", 0.3)   # stalls 0.3 s: 6x its timeout
+        asker = "n0"
         net.run_op(asker, lambda n, now: n.find_node(target, now))
         # timed out twice (~70 then ~140 ms): this lookup went on without it, but its
         # answers, late, are taken (not refused as unsolicited) and keep it in the table
@@ -164,12 +173,8 @@ class TestAdaptiveTimeouts:
         assert done.contacts[0].node_id == slow_id and node.stats.timeouts == timeouts
 
     def test_a_late_answer_feeds_the_lookup_still_waiting_on_the_retry(self) -> None:
-        net = steady_net(60, seed=75)
-        asker, slow = "n0", "n31"
-        target = target_next_to(net, slow)
-        net.find_node(asker, target)
-        node, slow_id = net.nodes[asker], net.nodes[slow].node_id
-        net.attach(slow, Stalled(net, slow, 0.1))   # past its first timeout, not its second
+        net, node, slow_id, target = _stalled(75, "n31", 0.1)   # past its first timeout only
+        asker = "n0"
         done = net.run_op(asker, lambda n, now: n.find_node(target, now))
         assert node.stats.timeouts == 1 and node.stats.late_replies >= 1
         assert done.contacts[0].node_id == slow_id and slow_id in node.routing
