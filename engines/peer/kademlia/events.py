@@ -75,6 +75,11 @@ class KademliaConfig:
     replica_check_s: float = 0.0
     gossip_steps: int = 16
 
+    def __post_init__(self) -> None:
+        # (one over rpc_timeout_s is cut to it: the timeouts are then fixed)
+        if not self.min_rpc_timeout_s > 0:   # 0 or less: every PING and FIND_NODE timed out
+            raise ValueError(f"min_rpc_timeout_s must be > 0, not {self.min_rpc_timeout_s}")
+
     @property
     def copies(self) -> int:
         """The replication factor in effect."""

@@ -98,7 +98,8 @@ class KademliaNode(NodeOps):
         self._rng = rng if rng is not None else random.Random(node_id)
         self._pending: dict[int, _Pending] = {}
         self._late: dict[int, _Pending] = {}    # timed out early, answer still taken
-        self._rtt = RttEstimator(self.config.min_rpc_timeout_s, self.config.rpc_timeout_s)
+        self._rtt = RttEstimator(min(self.config.min_rpc_timeout_s, self.config.rpc_timeout_s),
+                                 self.config.rpc_timeout_s)
         self._ops: dict[int, _Op] = {}
         self._dead: dict[int, float] = {}
         self._failures: dict[int, int] = {}

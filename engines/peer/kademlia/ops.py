@@ -258,10 +258,11 @@ class NodeOps:
         elif isinstance(message, Nodes):
             dead = self._dead
             failures, most = self._failures, self.config.max_failures
-            # skip the dead, and those given up on whose eviction waits (``_on_timeout``)
+            # skip the dead and, but in a FIND_VALUE (an owner's take-over reads every
+            # holder), those given up on whose eviction waits (``_on_timeout``)
             fresh = [c for c in message.contacts
                      if (c.node_id not in dead or not self._is_dead(c.node_id, now))
-                     and failures.get(c.node_id, 0) < most]
+                     and (op.kind == OpKind.FIND_VALUE or failures.get(c.node_id, 0) < most)]
             if len(fresh) < len(message.contacts):
                 self._recheck_dead(message.contacts, now, eff)
             op.lookup.on_nodes(sender.node_id, fresh)

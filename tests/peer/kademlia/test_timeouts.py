@@ -210,3 +210,10 @@ class TestAdaptiveTimeouts:
         node = KademliaNode(KadId(1), "a", config)
         node._rtt.observe(2, 0.001)                    # noqa: SLF001 (a measured contact)
         assert node.rpc_timeout(2) == 2.0
+
+
+@pytest.mark.parametrize("low", [0.0, -0.1, float("nan")])
+def test_a_timeout_floor_of_zero_or_less_is_refused(low: float) -> None:
+    # 0 or less made every PING and FIND_NODE time out at once
+    with pytest.raises(ValueError, match="min_rpc_timeout_s"):
+        KademliaConfig(rpc_timeout_s=2.0, min_rpc_timeout_s=low)
