@@ -64,7 +64,8 @@ def pack(values: Mapping[Any, Any] | None) -> Any:
         if len(keys) < 2:
             continue
         if not is_torch:
-            flat = np.concatenate(items, axis=None)   # each raveled: one copy, in C
+            # each raveled: one copy, in C; dtype= keeps a byte order not native (">f8")
+            flat = np.concatenate(items, axis=None, dtype=dtype)
             flat.setflags(write=False)   # fresh and never changed: sent without a copy
             groups.append(((dtype.str, False, tuple(keys), tuple(v.shape for v in items)),
                            flat))

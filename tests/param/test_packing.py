@@ -52,6 +52,18 @@ def test_mixed_dtypes_shapes_and_layouts_round_trip_in_order():
     assert back["zero_d"].shape == () and float(back["zero_d"]) == 7.0
 
 
+def test_a_byte_order_not_native_is_kept():
+    # before: the packed buffer came back in the native order ("<f8" for ">f8"), and the
+    # shard refused a push that matched a big-endian model (np.load of such files)
+    values = {"p": np.arange(3, dtype=">f8"), "q": np.arange(4, dtype=">f8").reshape(2, 2)}
+    (_, groups, _) = pack(values)
+    assert len(groups) == 1
+    back, _ = unpack(_wire(pack(values)))
+    for key, value in values.items():
+        assert back[key].dtype == np.dtype(">f8"), key
+        np.testing.assert_array_equal(back[key], value)
+
+
 def test_nothing_to_pack_is_the_plain_dict():
     one = {"w": np.zeros(1000, np.float32)}   # Job A: one key, exactly as before
     assert pack(one) is one
