@@ -146,9 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.top < 0:
         parser.error("--top must be >= 0")
     t0 = time.perf_counter()
+    counting = False   # a timeout while connecting is not the count's --timeout-s
     try:
         mapre.list_inputs(args.paths)  # a missing input fails before a cluster starts
         with apputil.connect_from_args(args) as cluster:
+            counting = True
             counts = word_counts(cluster, args.paths, timeout_s=args.timeout_s,
                                  errors=args.errors)
     except ConfigError:  # bad flags: the command line says so with status 2, as for sgd
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 else str(exc.__cause__) if isinstance(exc.__cause__, mapre.InputNotWords)
                 # the engine's words name its timeout_s= ("pass a larger timeout_s")
                 else f"counting did not finish within --timeout-s {args.timeout_s:g} s; "
-                "raise --timeout-s" if isinstance(exc, ActorpyTimeout)
+                "raise --timeout-s" if isinstance(exc, ActorpyTimeout) and counting
                 else apputil.error_line(exc))
         print(f"actorpy wordcount: {line}", file=sys.stderr)
         return 1

@@ -10,6 +10,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actorpy.errors import ActorpyTimeout
 from apps import wordcount
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,6 +85,19 @@ def test_undecodable_bytes_fail_or_are_replaced(tmp_path):
     replaced = _run("--workers", "1", "--errors", "replace", "--json", str(tmp_path / "bad.txt"))
     assert replaced.returncode == 0, replaced.stderr
     assert json.loads(replaced.stdout) == {"café": 2, "bar": 1, "fo\ufffdo": 1}
+
+
+def test_a_manager_that_never_answers_is_not_blamed_on_timeout_s(tmp_path, capsys,
+                                                                  monkeypatch):
+    # before: "counting did not finish within --timeout-s 3600 s; raise --timeout-s", for a
+    # join that waited 30 s for a listener that never answered (review)
+    def silent(args, **settings):
+        raise ActorpyTimeout("no manager answered at tcp://127.0.0.1:1 within 30.0 s")
+    monkeypatch.setattr(wordcount.apputil, "connect_from_args", silent)
+    (tmp_path / "t.txt").write_text("x y\n", encoding="utf-8")
+    assert wordcount.main([str(tmp_path)]) == 1
+    assert capsys.readouterr().err == ("actorpy wordcount: no manager answered at "
+                                       "tcp://127.0.0.1:1 within 30.0 s\n")
 
 
 def test_a_run_past_its_timeout_names_the_flag(tmp_path, capsys):
