@@ -20,12 +20,13 @@ Every ``register_*`` returns its function, so each also works as a decorator.
 """
 from __future__ import annotations
 
+import logging
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision
-from actorpy.errors import ConfigError
+from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import NodeId
 from engines.param.server import AGGREGATES
 from engines.param.store import Store
@@ -41,6 +42,8 @@ PushFn = Callable[[WorkerContext, dict[str, Any]], dict[str, Any]]
 PullFn = Callable[[Store, dict[str, Any]], None]
 StopFn = Callable[[Store], bool]
 BarrierFn = Callable[[int, Any], "bool | Decision"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -257,8 +260,11 @@ class Job:
             # holding the workers' task slots and its name (a rerun was refused: "already
             # running") until its timeout_s
             if not run.done():
-                run.cancel()
-                run.finished.wait(CANCEL_WAIT_S)
+                try:
+                    run.cancel()
+                    run.finished.wait(CANCEL_WAIT_S)
+                except ActorpyError as exc:   # the cluster gone too: the first error stands
+                    log.debug("job %s: could not cancel: %s", self.name, exc)
             raise
 
     def __repr__(self) -> str:

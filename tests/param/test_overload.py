@@ -32,5 +32,6 @@ def test_a_push_refused_by_a_full_inbox_is_sent_again():
         run = job.start(cluster, init={"w": np.zeros(SIZE)}, timeout_s=120)
         w = run.result()["w"]
         updates = run.stats.updates
-    # every update applied once, none lost or doubled by the retries
+    # every update applied once, none lost or doubled by the retries: one a step counted
     assert updates >= 60 and np.all(w == updates)
+    assert updates == sum(run.stats.steps_per_worker)
