@@ -273,7 +273,7 @@ def straggler_line(args: argparse.Namespace, steps: int = 300) -> str:
     ps_problem.forget_prctl()   # the module travels by value: a ctypes pointer cannot
     return (f"straggler: its step takes {factors[args.straggler_slack_ns]:.2f}x its compute "
             f"(timer slack {args.straggler_slack_ns} ns), {factors[0]:.2f}x with the OS "
-            "default slack (measured here, medians of 300)")
+            f"default slack (measured here, medians of {steps})")
 
 
 def _key(name: str) -> str:

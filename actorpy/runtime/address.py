@@ -31,11 +31,16 @@ def _why_not(address: object) -> str:
     """What is wrong with an address that is almost right (said after the general rule).
 
     >>> _why_not("ipc:///tmp/my dir/m"), _why_not("tcp://h:99999"), _why_not("http://h")
-    (': an ipc path may hold no spaces or control characters', ': the port is 0 to 65535', '')
+    (': an ipc path may hold no spaces or NUL characters', ': the port is 0 to 65535', '')
     """
-    if isinstance(address, str) and address.startswith("ipc://"):
-        return ": an ipc path may hold no spaces or control characters"
-    if isinstance(address, str) and re.fullmatch(r"tcp://.+:\d+", address):
+    if not isinstance(address, str):
+        return ""
+    if address.startswith("ipc://") and re.search(r"[\s\x00]", address[6:]):
+        return ": an ipc path may hold no spaces or NUL characters"
+    if address == "ipc://":
+        return ": an ipc address needs a path"
+    port = re.fullmatch(r"tcp://[^\s/:]+:(\d+)", address)
+    if port and int(port.group(1)) > 65535:
         return ": the port is 0 to 65535"
     return ""
 

@@ -46,10 +46,15 @@ class TestConfig:
             actorpy.connect("http://example:80")
         # before: only the general rule, which these look as if they follow
         with pytest.raises(ConfigError, match="'ipc:///tmp/a b/m': an ipc path may hold no "
-                                              "spaces or control characters"):
+                                              "spaces or NUL characters"):
             actorpy.connect("ipc:///tmp/a b/m")
         with pytest.raises(ConfigError, match="'tcp://127.0.0.1:99999': the port is 0 to 65535"):
             actorpy.connect("tcp://127.0.0.1:99999")
+        # and no reason that does not apply (review: a space in a host was told the port's)
+        with pytest.raises(ConfigError, match=r"'tcp://h h:80'[^:]*$"):
+            actorpy.connect("tcp://h h:80")
+        with pytest.raises(ConfigError, match="'ipc://': an ipc address needs a path"):
+            actorpy.connect("ipc://")
         monkeypatch.delenv("ACTORPY_SECRET", raising=False)
         with pytest.raises(ConfigError, match="secret"):
             actorpy.connect("tcp://127.0.0.1:1")
