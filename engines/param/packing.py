@@ -119,16 +119,20 @@ def views(flat: Any, shapes: tuple[tuple[int, ...], ...]) -> list[Any]:
 def read_only(wire: Any) -> bool:
     """Whether every array of a packed (or plain) dict is a read-only numpy array: safe to
     send uncopied."""
-    arrays = (wire or {}).values() if type(wire) is not tuple else [
-        *wire[0].values(), *(flat for _, flat in wire[1])]
-    return all(isinstance(v, np.ndarray) and not v.flags.writeable for v in arrays)
+    return all(isinstance(v, np.ndarray) and not v.flags.writeable for v in _arrays(wire))
 
 
 def largest(wire: Any) -> int:
     """The size in bytes of the largest array of a packed (or plain) dict."""
-    arrays = (wire or {}).values() if type(wire) is not tuple else [
-        *wire[0].values(), *(flat for _, flat in wire[1])]
-    return max((int(getattr(v, "nbytes", 0)) for v in arrays), default=0)
+    return max((int(getattr(v, "nbytes", 0)) for v in _arrays(wire)), default=0)
+
+
+def _arrays(wire: Any) -> list[Any]:
+    """The values a packed (or plain) dict puts on the wire: its loose ones and its groups'
+    flat buffers."""
+    if type(wire) is not tuple:
+        return list((wire or {}).values())
+    return [*wire[0].values(), *(flat for _, flat in wire[1])]
 
 
 def _packs(value: Any, torch: Any) -> bool:

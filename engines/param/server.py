@@ -22,7 +22,6 @@ from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP
 from actorpy.clock import Clock
 from actorpy.errors import ConfigError

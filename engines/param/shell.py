@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-
 from actorpy.clock import SystemClock
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
@@ -186,9 +185,9 @@ class ShardService(Service):
             raise
         mine, local = self._apply(actions, worker)
         try:
-            if mine is not None and not _read_only(mine[2]):
+            if mine is not None and not packing.read_only(mine[2]):
                 return mine   # the runtime's reply copies the arrays first
-            if mine is not None and not local and _in_band(mine[2]):
+            if mine is not None and not local and packing.largest(mine[2]) <= IN_BAND_MAX_BYTES:
                 # The runtime's copy is of arrays that travel out of band: small ones copy
                 # nothing, and a returned reply skips the deferred one's bookkeeping (with
                 # answers for this node to send, the deferred one goes first, see _apply).
@@ -291,15 +290,3 @@ class ShardService(Service):
         if failed:
             log.info("shard %d of %s wrote its checkpoint again, at step %d, after %d failed",
                      c.shard, c.job, snapshot.base_step, failed)
-
-
-def _read_only(values: Any) -> bool:
-    """Whether every value of a reply (packed) is a read-only numpy array (safe to send
-    uncopied)."""
-    return packing.read_only(values)
-
-
-def _in_band(values: Any) -> bool:
-    """Whether every array of a reply (packed) is small enough to travel inside the
-    pickle."""
-    return packing.largest(values) <= IN_BAND_MAX_BYTES
