@@ -361,8 +361,8 @@ class NodeOps:
             # no retry left: a PING still waits for it, and a lookup still running that gave
             # up on the contact takes the answer all the same
             op = self._ops.get(pending.op_id) if pending.op_id is not None else None
-            if op is not None and (op.lookup is None or not op.lookup.is_done
-                                   and op.lookup.revive(sender.node_id)):
+            if op is not None and (op.lookup is None or (not op.lookup.is_done
+                                   and op.lookup.revive(sender.node_id))):
                 op.in_flight += 1
                 self._answered(pending, sender, message, now, eff)
             else:
