@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from typing import Callable
 
 import zmq
@@ -32,6 +33,11 @@ log = logging.getLogger(__name__)
 #: consecutive failing rounds, for this long, make the loop give up
 FATAL_AFTER_S = 10.0
 _BACKOFF_MS = 100
+
+#: ``let_run``: how long the loop may go without a round while a thread keeps the
+#: interpreter busy, and how long that thread then waits for it at most
+LET_RUN_AFTER_S = 0.002
+LET_RUN_WAIT_S = 0.005
 
 
 class SocketLoop:
@@ -66,6 +72,8 @@ class SocketLoop:
         self._stopping = threading.Event()
         self._state = "new"  # "running", then "done" (guarded by the hand-off lock)
         self._throttle = Throttle(10.0)
+        self._round_at = 0.0   # when the loop last went to poll (time.monotonic)
+        self._yielders: deque[threading.Event] = deque()   # threads in let_run
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.on_teardown: Callable[[], None] | None = None
         #: runs on the loop's thread before it closes its sockets (stop socket monitors
@@ -88,6 +96,28 @@ class SocketLoop:
 
     def in_loop(self) -> bool:
         return threading.current_thread() is self.thread
+
+    def let_run(self) -> None:
+        """Give the loop the interpreter lock for a round, if it has gone without one for
+        ``LET_RUN_AFTER_S``: called by a thread that may keep the interpreter busy between
+        pieces of its work (one whose requests a service on this node answers on that
+        thread, a worker beside its shard).
+
+        Such a thread lets go of the lock often (a zmq call, a contended lock) and takes it
+        back at once; a thread that waits for the lock asks for it only when a switch
+        interval passes with no switch at all, so the loop, back from its poll with a
+        message from another node, could wait for it for a second: a remote worker did 5
+        steps while the one beside its shard did 11 000. This wakes the loop and waits
+        until it is back at its poll (at most ``LET_RUN_WAIT_S``), having handled what it
+        had. It costs one round of the loop every ``LET_RUN_AFTER_S`` at most, none while
+        the loop's own traffic keeps it going round."""
+        if (time.monotonic() - self._round_at < LET_RUN_AFTER_S or self._state != "running"
+                or self.in_loop()):
+            return
+        done = threading.Event()
+        self._yielders.append(done)
+        self.wake()
+        done.wait(LET_RUN_WAIT_S)
 
     def wake(self) -> None:
         with self._wake_lock:
@@ -135,6 +165,9 @@ class SocketLoop:
             while not self._stopping.is_set():
                 try:
                     self._handoffs(poller, watched)
+                    self._round_at = time.monotonic()
+                    while self._yielders:
+                        self._yielders.popleft().set()
                     events = dict(poller.poll(timeout_ms))
                     self._dispatch(events, poller, watched)
                     timeout_ms = self._run_tick()

@@ -167,6 +167,11 @@ class NodeMessaging:
             else:
                 self.send(dest, service, kind, payload, request_id=rid, step=step,
                           from_service=from_service)
+                if dest == self.node_id and fut.done():
+                    # answered on this very thread by a service here: a thread that sends
+                    # such requests in a loop never waits, and would keep the I/O thread
+                    # from other nodes' messages (SocketLoop.let_run)
+                    self._loop.let_run()
         except BaseException:
             self._requests.discard(fut)
             raise

@@ -17,6 +17,7 @@ from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, NodeLost,
                             SerializationError)
 from actorpy.ids import NodeId
 from actorpy.runtime import directory
+from actorpy.runtime import loop as loop_module
 from actorpy.runtime.loop import SocketLoop
 from actorpy.runtime.node import Node
 from actorpy.wire import message as wm
@@ -139,6 +140,33 @@ class TestFailFast:
             router.close(linger=0)
             ctx.term()
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+    def test_let_run_gives_a_loop_quiet_for_a_while_a_round(self):
+        # a thread whose requests its own node answers on that thread never waits: it now
+        # hands the loop a round when the loop has gone LET_RUN_AFTER_S without one
+        ticks = []
+        ctx = zmq.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(f"inproc://router-{id(ticks)}")
+
+        def tick(now):
+            ticks.append(now)
+            return None   # no timer: the loop polls until woken
+        loop = SocketLoop(ctx, router, "test-loop", lambda: None, tick, lambda reason: None)
+        loop.start()
+        try:
+            wait_until(lambda: len(ticks) >= 1, 10, "the first tick")
+            began = time.monotonic()
+            while time.monotonic() - began < 2 * loop_module.LET_RUN_AFTER_S:
+                pass   # the loop polls, with nothing to do
+            before = len(ticks)
+            loop.let_run()   # wakes it (with no timer, nothing else would)
+            wait_until(lambda: len(ticks) > before, 10, "the round let_run gave the loop")
+        finally:
+            loop.stop()
+            loop.thread.join(10)
+            router.close(linger=0)
+            ctx.term()
 
     def test_an_undecodable_result_says_it_could_not_be_unpickled(self, pair, tmp_path):
         server, client, _ = pair
