@@ -21,7 +21,7 @@ from actorpy import apputil
 from actorpy.errors import ConfigError
 from apps.training import (add_barrier_arguments, add_server_arguments, barriers_from_args,
                            check_batch, check_batch_on_workers, check_memory, default_lr,
-                           run_barriers, start_options)
+                           job_name, run_barriers, start_options)
 from engines import param
 
 NOISE = 0.1
@@ -141,7 +141,7 @@ class Monitor:
 @quiet
 def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[str, Any], list]:
     """One training run; the JSON fields and the trace."""
-    job = param.Job(f"sgd-{args.model}", barrier=barrier, seed=args.seed,
+    job = param.Job(job_name(args, f"sgd-{args.model}"), barrier=barrier, seed=args.seed,
                     data=Data(args.rows, args.features, args.model))
     job.register_push(Push(args.model))
     lr = args.lr if args.lr is not None else default_lr(args.model, barrier,

@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import os
+import secrets
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -55,6 +56,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="go on from the checkpoint in --checkpoint-dir (of a run that "
                             "was stopped or killed, same flags): its model, clocks and step; "
                             "--steps counts from that run's start")
+    group.add_argument("--job-name", metavar="NAME", default=None,
+                       help="the job's name on the cluster, in its logs and checkpoints "
+                            "(default: the app's name plus a random suffix, so that runs "
+                            "sharing a cluster do not collide; with --checkpoint-dir, the "
+                            "app's name alone, so that --resume finds the checkpoint)")
 
 
 def start_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -62,6 +68,23 @@ def start_options(args: argparse.Namespace) -> dict[str, Any]:
     every = args.checkpoint_every if args.checkpoint_dir is not None else 0
     return {"overlap": not args.no_overlap, "checkpoint_dir": args.checkpoint_dir,
             "checkpoint_every": every, "resume": args.resume}
+
+
+def job_name(args: argparse.Namespace, base: str) -> str:
+    """The job's name: ``--job-name``, else ``base`` with a random suffix ("sgd-linear-3f9a1c"):
+    a job's name is taken on its cluster while it runs, and two runs of one app on one
+    cluster (two users, two terminals) must not refuse each other. A run that checkpoints
+    keeps ``base`` alone: its checkpoint files are named after the job, and ``--resume``
+    (another run) must find them. The suffix is not from the run's seed: it names the run
+    and changes nothing it computes."""
+    name = getattr(args, "job_name", None)
+    if name is not None:
+        if not name.strip():
+            raise ConfigError("--job-name '': name the job")
+        return str(name)
+    if getattr(args, "checkpoint_dir", None) is not None:
+        return base
+    return f"{base}-{secrets.token_hex(3)}"
 
 
 def check_checkpoint_dir(args: argparse.Namespace) -> None:
