@@ -194,6 +194,15 @@ class TestErrors:
         assert isinstance(err.__cause__, ZeroDivisionError)
         assert job_keys(cluster) == 0  # a failed job cleans up too
 
+    def test_a_huge_message_arrives_cut(self, cluster):
+        # before: the whole 3 MB came back twice in the error's text (message, traceback)
+        def huge(x):
+            raise ValueError("x" * 3_000_000 + " on purpose")
+        with pytest.raises(RemoteError) as info:
+            mapre.from_items(cluster, [1], 1).map(huge).collect(timeout_s=60)
+        assert "x on purpose (in stage 'collect'" in info.value.remote_message
+        assert "characters cut" in info.value.remote_message and len(str(info.value)) < 20_000
+
     def test_timeout_is_a_timeout_error(self, cluster):
         slow = mapre.from_items(cluster, [1.0], 1).map(lambda s: threading.Event().wait(s))
         with pytest.raises(TimeoutError, match="did not finish within 0.2 s"):
