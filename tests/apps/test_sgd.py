@@ -221,6 +221,18 @@ class TestSGD:
         assert default_lr("linear", BSP(), 16, averaged=False) == pytest.approx(0.025)
         assert default_lr("linear", PSP(2, 0), 8, averaged=True) == pytest.approx(0.05)
 
+    def test_the_default_lr_holds_with_many_features(self, capsys):
+        # before: lr 0.1 whatever the features; --features 2000 went to a loss of 1e29
+        assert sgd.main(["--features", "2000", "--rows", "2000", "--steps", "150",
+                         "--workers", "1", "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["weight_error"] < 0.7 and err == ""
+        assert default_lr("linear", BSP(), 2, averaged=True, features=2000,
+                          batch=32) == pytest.approx(32 / 2033)
+        assert default_lr("logistic", ASP(), 8, averaged=True, features=2000,
+                          batch=32) == pytest.approx(4 * 32 / 2033 / 2)
+        assert default_lr("linear", BSP(), 2, averaged=True, features=100, batch=32) == 0.1
+
     @pytest.mark.parametrize("flags, overlap", [([], True), (["--no-overlap"], False)])
     def test_no_overlap_makes_each_step_wait_for_its_reply(self, monkeypatch, capsys, flags,
                                                           overlap):
