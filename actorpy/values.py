@@ -58,12 +58,38 @@ def yes_or_no(value: Any, what: str) -> bool:
 
 
 def fits(value: Any, like: Any) -> bool:
-    """True if ``value`` is an array or tensor of the family, shape and dtype of ``like``."""
+    """True if ``value`` is an array or tensor of the family, shape and dtype of ``like``;
+    numpy dtypes that differ in byte order alone count as the same (``as_like`` makes
+    ``value`` the model's): arithmetic on a big-endian model (``np.zeros(3, ">f8")``) gives
+    native-order results, and ``w + u`` was refused as a change of dtype.
+
+    >>> fits(np.zeros(3) + 1, np.zeros(3, ">f8")), fits(np.zeros(3, "<f4"), np.zeros(3, ">f8"))
+    (True, False)
+    """
     if type(value) is np.ndarray and type(like) is np.ndarray:   # the common case, at once
-        return value.shape == like.shape and value.dtype == like.dtype
+        return value.shape == like.shape and (value.dtype == like.dtype
+                                              or _same_but_byte_order(value.dtype, like.dtype))
     fam = family(value)
     return (fam is not None and fam == family(like) and tuple(value.shape) == tuple(like.shape)
-            and value.dtype == like.dtype)
+            and (value.dtype == like.dtype or fam == "numpy"
+                 and _same_but_byte_order(value.dtype, like.dtype)))
+
+
+def _same_but_byte_order(a: np.dtype, b: np.dtype) -> bool:
+    return a.newbyteorder("<") == b.newbyteorder("<")
+
+
+def as_like(value: Any, like: Any) -> Any:
+    """``value`` (which ``fits`` ``like``) in ``like``'s numpy dtype: a copy in the model's
+    byte order where only that differs, else ``value`` itself.
+
+    >>> as_like(np.zeros(2) + 1, np.zeros(2, ">f8")).dtype.str
+    '>f8'
+    """
+    if isinstance(value, np.ndarray) and isinstance(like, np.ndarray) \
+            and value.dtype != like.dtype:
+        return value.astype(like.dtype)
+    return value
 
 
 def check_model(init: Mapping[str, Any], *, bytes_ok: bool = False) -> None:

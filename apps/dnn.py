@@ -26,7 +26,7 @@ import numpy as np
 from actorpy import apputil
 from actorpy.errors import ConfigError
 from apps.training import (add_barrier_arguments, add_server_arguments, check_memory,
-                           run_barriers, start_options)
+                           job_name, run_barriers, start_options)
 from engines import param
 
 MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -280,7 +280,7 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
     x_test, y_test = load("test", args.data)
     model = make_model(x_test.shape[1], args.hidden, args.model)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    job = param.Job("dnn", barrier=barrier, seed=args.seed,
+    job = param.Job(job_name(args, "dnn"), barrier=barrier, seed=args.seed,
                     data=Data(args.data, args.hidden, args.model, args.device))
     job.register_push(push)
     job.register_pull(Pull(args.lr))

@@ -131,8 +131,8 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
     job.register_push(push)
     members = cluster.members() if isinstance(cluster, OverlayClient) else None
     peers = args.peers if members is None else len(members)
-    lr = args.lr if args.lr is not None else default_lr(args.model, barrier, peers,
-                                                         averaged=False)
+    lr = args.lr if args.lr is not None else default_lr(
+        args.model, barrier, peers, averaged=False, features=args.features, batch=args.batch)
     job.register_pull(Pull(lr, args.decay))
     job.register_stop(StopAfter(args.steps, push, args.target))
     trace = Trace(args.seed, args.features, args.model, 0.2) if args.plot else None
@@ -179,8 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="peers sampled by pbsp and pssp (default 2)")
     parser.add_argument("--steps", type=int, default=300, help="steps per peer (default 300)")
     parser.add_argument("--lr", type=apputil.positive_float, default=None,
-                        help="learning rate (default 0.1 linear, 1.0 logistic; with more "
-                             "than 4 peers, 4/N of that: each owner folds every push alone)")
+                        help="learning rate (default 0.1 linear, 1.0 logistic, lower with "
+                             "many --features: at most BATCH / (BATCH + FEATURES + 1), 4x "
+                             "that for logistic; with more than 4 peers, 4/N of that: each "
+                             "owner folds every push alone)")
     parser.add_argument("--decay", type=apputil.positive_float, default=None,
                         help="lr / sqrt(1 + updates of w / DECAY) (default: none for linear, "
                              "100 for logistic)")

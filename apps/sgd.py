@@ -21,7 +21,7 @@ from actorpy import apputil
 from actorpy.errors import ConfigError
 from apps.training import (add_barrier_arguments, add_server_arguments, barriers_from_args,
                            check_batch, check_batch_on_workers, check_memory, default_lr,
-                           run_barriers, start_options)
+                           job_name, run_barriers, start_options)
 from engines import param
 
 NOISE = 0.1
@@ -141,11 +141,12 @@ class Monitor:
 @quiet
 def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[str, Any], list]:
     """One training run; the JSON fields and the trace."""
-    job = param.Job(f"sgd-{args.model}", barrier=barrier, seed=args.seed,
+    job = param.Job(job_name(args, f"sgd-{args.model}"), barrier=barrier, seed=args.seed,
                     data=Data(args.rows, args.features, args.model))
     job.register_push(Push(args.model))
-    lr = args.lr if args.lr is not None else default_lr(args.model, barrier,
-                                                         len(cluster.workers()), averaged=True)
+    lr = args.lr if args.lr is not None else default_lr(
+        args.model, barrier, len(cluster.workers()), averaged=True, features=args.features,
+        batch=args.batch)
     job.register_pull(Pull(lr, args.decay))
     job.register_stop(Monitor(args.seed, args.features, args.model, args.steps, args.target,
                               max(1, args.steps // 100)))
@@ -174,8 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_arguments(parser)
     parser.add_argument("--steps", type=int, default=500, help="steps per worker (default 500)")
     parser.add_argument("--lr", type=apputil.positive_float, default=None,
-                        help="learning rate (default 0.1 linear, 1.0 logistic; with more "
-                             "than 4 workers, 4/N of that under any barrier but bsp)")
+                        help="learning rate (default 0.1 linear, 1.0 logistic, lower with "
+                             "many --features: at most BATCH / (BATCH + FEATURES + 1), 4x "
+                             "that for logistic; with more than 4 workers, 4/N of that under "
+                             "any barrier but bsp)")
     parser.add_argument("--decay", type=apputil.positive_float, default=None,
                         help="lr / sqrt(1 + updates of w / DECAY) (default: none for linear, "
                              "100 for logistic)")

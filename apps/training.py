@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import os
+import secrets
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -55,6 +56,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="go on from the checkpoint in --checkpoint-dir (of a run that "
                             "was stopped or killed, same flags): its model, clocks and step; "
                             "--steps counts from that run's start")
+    group.add_argument("--job-name", metavar="NAME", default=None,
+                       help="the job's name on the cluster, in its logs and checkpoints "
+                            "(default: the app's name plus a random suffix, so that runs "
+                            "sharing a cluster do not collide; with --checkpoint-dir, the "
+                            "app's name alone, so that --resume finds the checkpoint)")
 
 
 def start_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -62,6 +68,23 @@ def start_options(args: argparse.Namespace) -> dict[str, Any]:
     every = args.checkpoint_every if args.checkpoint_dir is not None else 0
     return {"overlap": not args.no_overlap, "checkpoint_dir": args.checkpoint_dir,
             "checkpoint_every": every, "resume": args.resume}
+
+
+def job_name(args: argparse.Namespace, base: str) -> str:
+    """The job's name: ``--job-name``, else ``base`` with a random suffix ("sgd-linear-3f9a1c"):
+    a job's name is taken on its cluster while it runs, and two runs of one app on one
+    cluster (two users, two terminals) must not refuse each other. A run that checkpoints
+    keeps ``base`` alone: its checkpoint files are named after the job, and ``--resume``
+    (another run) must find them. The suffix is not from the run's seed: it names the run
+    and changes nothing it computes."""
+    name = getattr(args, "job_name", None)
+    if name is not None:
+        if not name.strip():
+            raise ConfigError("--job-name '': name the job")
+        return str(name)
+    if getattr(args, "checkpoint_dir", None) is not None:
+        return base
+    return f"{base}-{secrets.token_hex(3)}"
 
 
 def check_checkpoint_dir(args: argparse.Namespace) -> None:
@@ -84,16 +107,27 @@ def check_checkpoint_dir(args: argparse.Namespace) -> None:
 BASE_LR = {"linear": 0.1, "logistic": 1.0}
 #: up to this many workers (or peers) whose updates land one at a time, BASE_LR holds
 CALM_WORKERS = 4
+#: the loss's curvature along x x^T at most: 1 for squared error, 1/4 for log-loss
+CURVATURE = {"linear": 1.0, "logistic": 0.25}
 
 
-def default_lr(model: str, barrier: Any, workers: int, *, averaged: bool) -> float:
-    """``--lr`` when it is not given: ``BASE_LR``, or ``CALM_WORKERS`` / N of it with N
-    workers (or peers) whose updates land one at a time, each on a w the others changed
-    since it was read: every barrier but a synchronous one whose rounds are averaged
-    (``averaged``: the PS engine's BSP; a P2P owner folds each push alone). Asynchronous
-    SGD needs a step of about 1 / (its delay) and the delay grows with N: at 0.1 the
-    linear problem diverged from 8 workers under SSP(4) and from 16 peers under pSSP."""
+def default_lr(model: str, barrier: Any, workers: int, *, averaged: bool,
+               features: int | None = None, batch: int | None = None) -> float:
+    """``--lr`` when it is not given: ``BASE_LR``, at most half the step at which SGD on
+    ``features`` standard normal features with minibatches of ``batch`` diverges, and
+    ``CALM_WORKERS`` / N of that with N workers (or peers) whose updates land one at a
+    time, each on a w the others changed since it was read: every barrier but a
+    synchronous one whose rounds are averaged (``averaged``: the PS engine's BSP; a P2P
+    owner folds each push alone). Asynchronous SGD needs a step of about 1 / (its delay)
+    and the delay grows with N: at 0.1 the linear problem diverged from 8 workers under
+    SSP(4) and from 16 peers under pSSP.
+
+    A minibatch step multiplies the error's mean square by ``1 - 2 lr c + lr^2 c^2 (1 +
+    (features + 1) / batch)`` (c: ``CURVATURE``), above 1 from ``lr = 2 batch / (c (batch
+    + features + 1))``: at 0.1, ``--features 2000`` (batch 32) went to a loss of 1e29."""
     base = BASE_LR[model]
+    if features is not None and batch is not None:
+        base = min(base, batch / (CURVATURE[model] * (batch + features + 1)))
     if averaged and isinstance(barrier, SSP) and barrier.staleness == 0:
         return base
     return base * min(1.0, CALM_WORKERS / max(1, workers))

@@ -12,7 +12,7 @@ import itertools
 from typing import Any, Generic, TypeVar
 
 from actorpy.errors import ActorpyError
-from engines.mapre.errors import MapreError
+from engines.mapre.errors import MapreError, check_timeout
 
 T = TypeVar("T")
 
@@ -109,6 +109,7 @@ class Broadcast(Generic[T]):
         """Remove the value from every worker (tasks that read it afterwards fail)."""
         if self._cluster is None:
             raise MapreError("unpersist() works on the driver's Broadcast only")
+        timeout_s = check_timeout(timeout_s, "unpersist")
         futures = [self._cluster.submit_task(_Delete(self.key), w)
                    for w in self._cluster.workers()]
         for fut in futures:
@@ -137,6 +138,7 @@ def broadcast(cluster: Any, value: T, *, timeout_s: float = 60.0) -> Broadcast[T
         stop = mapre.broadcast(cluster, frozenset({"the", "a"}))
         words.filter(lambda w: w not in stop.value)
     """
+    timeout_s = check_timeout(timeout_s, "broadcast")
     workers = tuple(cluster.workers())
     key = f"mapre/bcast/{cluster.node_id}-{next(_ids)}"
     futures = [cluster.submit_task(_Put(key, value), w) for w in workers]

@@ -16,7 +16,7 @@ from actorpy.errors import ConfigError
 from engines.mapre import actions
 from engines.mapre import plan as P
 from engines.mapre.engine import Engine, release_cache
-from engines.mapre.errors import ArgumentError, MapreError
+from engines.mapre.errors import ArgumentError, MapreError, check_timeout
 from engines.mapre.ops import Step
 
 T = TypeVar("T")
@@ -298,6 +298,7 @@ class Dataset(Generic[T]):
 
             points.unpersist()
         """
+        timeout_s = check_timeout(timeout_s, "unpersist")
         node = self._node
         if not isinstance(node, P.Cache) or node.job_scoped:
             raise MapreError("unpersist() is for a dataset returned by cache()")
@@ -321,7 +322,8 @@ class Dataset(Generic[T]):
 
             mapre.from_items(cluster, range(5)).map(str).collect()   # ['0', ..., '4']
         """
-        return list(actions.iterate(self._engine, self._node, timeout_s, progress))
+        return list(actions.iterate(self._engine, self._node, check_timeout(timeout_s, "collect"),
+                                     progress))
 
     def iterate(self, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                 progress: bool | None = None) -> Iterator[T]:
@@ -332,7 +334,8 @@ class Dataset(Generic[T]):
             for word, n in counts.iterate(timeout_s=60):
                 print(word, n)
         """
-        return actions.iterate(self._engine, self._node, timeout_s, progress)
+        return actions.iterate(self._engine, self._node, check_timeout(timeout_s, "iterate"),
+                               progress)
 
     def count(self, *, timeout_s: float = DEFAULT_TIMEOUT_S,
               progress: bool | None = None) -> int:
@@ -342,7 +345,8 @@ class Dataset(Generic[T]):
 
             mapre.load(cluster, "book.txt").count()                   # lines in the book
         """
-        return actions.count(self._engine, self._node, timeout_s, progress)
+        return actions.count(self._engine, self._node, check_timeout(timeout_s, "count"),
+                             progress)
 
     def reduce(self, op: Callable[[T, T], T], *, timeout_s: float = DEFAULT_TIMEOUT_S,
                progress: bool | None = None) -> T:
@@ -356,6 +360,7 @@ class Dataset(Generic[T]):
             mapre.from_items(cluster, [1, 2, 3]).reduce(operator.add)  # 6
         """
         _check_fn(op, "reduce")
+        timeout_s = check_timeout(timeout_s, "reduce")
         return actions.reduce(self._engine, self._node, op, timeout_s, progress)
 
     def fold(self, zero: U, op: Callable[[U, T], U], *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -368,6 +373,7 @@ class Dataset(Generic[T]):
             mapre.from_items(cluster, [1, 2, 3]).fold(0, operator.add)  # 6
         """
         _check_fn(op, "fold")
+        timeout_s = check_timeout(timeout_s, "fold")
         return actions.fold(self._engine, self._node, zero, op, timeout_s, progress)
 
     def reduce_by_key_locally(self: Dataset[tuple[K, V]], op: Callable[[V, V], V], *,
@@ -383,6 +389,7 @@ class Dataset(Generic[T]):
             words.map(lambda w: (w, 1)).reduce_by_key_locally(operator.add)  # {"a": 3, ...}
         """
         _check_fn(op, "reduce_by_key_locally")
+        timeout_s = check_timeout(timeout_s, "reduce_by_key_locally")
         return actions.reduce_by_key_locally(self._engine, self._node, op, timeout_s, progress)
 
     def take(self, n: int, *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -393,7 +400,8 @@ class Dataset(Generic[T]):
 
             mapre.load(cluster, "book.txt").take(3)                   # the first 3 lines
         """
-        return actions.take(self._engine, self._node, _count(n, "take"), timeout_s,
+        return actions.take(self._engine, self._node, _count(n, "take"),
+                            check_timeout(timeout_s, "take"),
                             progress)
 
     def top(self, n: int, key: Callable[[T], Any] | None = None, *,
@@ -406,7 +414,8 @@ class Dataset(Generic[T]):
         """
         if key is not None:
             _check_fn(key, "top")
-        return actions.top(self._engine, self._node, _count(n, "top"), key, timeout_s,
+        return actions.top(self._engine, self._node, _count(n, "top"), key,
+                           check_timeout(timeout_s, "top"),
                            progress)
 
     def save(self, directory: str | os.PathLike[str], *, overwrite: bool = False,
@@ -422,7 +431,8 @@ class Dataset(Generic[T]):
 
             counts.map(lambda kv: f"{kv[0]}\\t{kv[1]}").save("out/counts")
         """
-        return actions.save(self._engine, self._node, directory, overwrite, timeout_s, progress)
+        return actions.save(self._engine, self._node, directory, overwrite,
+                            check_timeout(timeout_s, "save"), progress)
 
 
 _first = itemgetter(0)

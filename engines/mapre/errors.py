@@ -1,6 +1,9 @@
 """What the map-reduce engine raises on purpose (all ActorpyErrors, each saying what to do)."""
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from actorpy.errors import ActorpyError
 
 
@@ -10,6 +13,18 @@ class MapreError(ActorpyError):
 
 class ArgumentError(MapreError, TypeError):
     """A transformation or action got an argument of the wrong kind (e.g. not a function)."""
+
+
+def check_timeout(timeout_s: Any, what: str) -> float:
+    """``timeout_s`` of an action, ``broadcast`` or ``unpersist``: a finite number of
+    seconds > 0. NaN never timed out, a negative or zero one failed at once as a timeout
+    ("did not finish within -1 s": not the caller's mistake it is), and an infinite one
+    waited for ever on a hung task."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ArgumentError(f"{what}: timeout_s must be a number of seconds, finite and > 0, "
+                            f"got {timeout_s!r}")
+    return float(timeout_s)
 
 
 class InputNotFound(MapreError, FileNotFoundError):

@@ -10,7 +10,6 @@ recomputes exactly what was lost, from the plan, on the workers that are left.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -22,7 +21,7 @@ from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError
 from actorpy.ids import NodeId
 from engines.mapre import plan as P
 from engines.mapre.engine import Engine
-from engines.mapre.errors import ArgumentError, FetchFailed, JobFailed
+from engines.mapre.errors import FetchFailed, JobFailed, check_timeout
 from engines.mapre.partition import range_bounds
 from engines.mapre.progress import Progress, wanted
 from engines.mapre.shuffle import Block, ShuffleSpec
@@ -88,11 +87,7 @@ class Job:
         self.action = action
         self.id = engine.new_job_id()
         self.prefix = f"mapre/{self.id}"
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
-                or math.isnan(timeout_s):  # NaN would never time out
-            raise ArgumentError(f"{action}: timeout_s must be a number of seconds, got "
-                                f"{timeout_s!r}")
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout(timeout_s, action)
         self.deadline = time.monotonic() + timeout_s
         self.progress = Progress(action, wanted(progress), P.count_stages(final))
         self._stage_ids = iter(range(1, 1 << 30))

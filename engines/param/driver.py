@@ -212,9 +212,10 @@ class Run:
         name = self.job.name
         err = ConfigError(f"a job named {name!r} is already running on this cluster; wait for "
                           "it to end, or give this one another name")
-        # the apps take no name: a second run of one with --manager waits for the first
+        # the apps name their runs apart unless told a name (--job-name) or to checkpoint
         err.cli_message = (f"a job named {name!r} is already running on this cluster (another "
-                           "run of this command there?); wait for it to end")
+                           "run of this command there?); wait for it to end, or give this "
+                           "run its own --job-name")
         return err
 
     def trains(self, node: NodeId) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
-from actorpy.values import describe, family, fits
+from actorpy.values import as_like, describe, family, fits
 from engines.param.errors import KeyNotLocal, UpdateError
 
 
@@ -99,14 +99,17 @@ class Store:
         return self._values[key], self._clocks[key]
 
     def set(self, key: str, value: Any) -> None:
-        """Replace ``key``'s value (same type, shape and dtype) and advance its clock.
+        """Replace ``key``'s value (same type, shape and dtype) and advance its clock. A
+        numpy value whose dtype differs from the model's in byte order alone is stored in
+        the model's (``w + u`` on a big-endian ``w`` is native-order).
 
         Raises:
             UpdateError: the value does not fit; KeyNotLocal / KeyError as for ``get``.
         """
         self._local(key)
-        check_update(key, value, self._values[key], "pull set a value")
-        self._values[key] = _frozen(value)
+        like = self._values[key]
+        check_update(key, value, like, "pull set a value")
+        self._values[key] = _frozen(as_like(value, like))   # a big-endian model stays so
         self._clocks[key] += 1
 
     def keys(self) -> list[str]:

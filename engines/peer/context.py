@@ -19,7 +19,7 @@ import numpy as np
 
 from actorpy.barrier import ASP, PSP, SSP, Policy
 from actorpy.errors import ConfigError
-from actorpy.values import check_model, describe, family, fits
+from actorpy.values import as_like, check_model, describe, family, fits
 
 from .kademlia.values import unstorable
 
@@ -112,7 +112,7 @@ class OwnerStore:
         if problem:
             raise TypeError(f"pull set key {key!r} to {problem}: use values of the same "
                             "type, shape and dtype")
-        self.written[key] = value
+        self.written[key] = as_like(value, found[0])   # a big-endian model stays so
 
 
 _BYTES = (bytes, bytearray, memoryview)

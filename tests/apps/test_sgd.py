@@ -3,10 +3,13 @@ training on an existing cluster that grows while it runs."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -14,7 +17,8 @@ import actorpy
 from actorpy.barrier import ASP, BSP, PSP, SSP
 from actorpy.errors import ConfigError
 from apps import p2p_sgd, sgd
-from apps.training import barriers_from_args, default_lr, parse_barrier
+from apps.training import barriers_from_args, default_lr, job_name, parse_barrier
+from engines import param
 from engines.param.errors import CheckpointError
 from tests.conftest import wait_until
 
@@ -24,7 +28,6 @@ FIELDS = {"loss", "weight_error", "steps_per_worker", "updates", "seconds"}
 
 def spy_on_start(monkeypatch, option):
     """The ``option=`` every ``param.Job.start`` of the test is given, in a list."""
-    from engines import param
     seen = []
     start = param.Job.start
 
@@ -168,8 +171,8 @@ class TestSGD:
         # workers' logs": the API's words, where the command has --timeout and no stop function
         with pytest.raises(actorpy.ActorpyTimeout) as info:
             sgd.main(["--timeout", "1", "--steps", str(10**7), "--workers", "1"])
-        assert info.value.cli_message == ("job 'sgd-linear' did not finish within --timeout 1 "
-                                          "s; raise --timeout (or lower --steps)")
+        assert re.fullmatch(r"job 'sgd-linear-[0-9a-f]{6}' did not finish within --timeout 1 "
+                            r"s; raise --timeout \(or lower --steps\)", info.value.cli_message)
 
     def test_an_empty_plot_path_is_refused_before_training(self):
         # before: `--plot "$UNSET"` trained, drew nothing and said nothing (exit 0)
@@ -218,6 +221,18 @@ class TestSGD:
         assert default_lr("linear", BSP(), 16, averaged=False) == pytest.approx(0.025)
         assert default_lr("linear", PSP(2, 0), 8, averaged=True) == pytest.approx(0.05)
 
+    def test_the_default_lr_holds_with_many_features(self, capsys):
+        # before: lr 0.1 whatever the features; --features 2000 went to a loss of 1e29
+        assert sgd.main(["--features", "2000", "--rows", "2000", "--steps", "150",
+                         "--workers", "1", "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["weight_error"] < 0.7 and err == ""
+        assert default_lr("linear", BSP(), 2, averaged=True, features=2000,
+                          batch=32) == pytest.approx(32 / 2033)
+        assert default_lr("logistic", ASP(), 8, averaged=True, features=2000,
+                          batch=32) == pytest.approx(4 * 32 / 2033 / 2)
+        assert default_lr("linear", BSP(), 2, averaged=True, features=100, batch=32) == 0.1
+
     @pytest.mark.parametrize("flags, overlap", [([], True), (["--no-overlap"], False)])
     def test_no_overlap_makes_each_step_wait_for_its_reply(self, monkeypatch, capsys, flags,
                                                           overlap):
@@ -265,7 +280,51 @@ class TestSGD:
         assert "training diverged (weight error" in err and "than the zeros" in err
 
 
+class HeldMonitor(sgd.Monitor):
+    """``sgd.Monitor`` that stops only once the file ``flag`` exists (on the server)."""
+
+    def __init__(self, flag: str, *args) -> None:
+        super().__init__(*args)
+        self.flag = flag
+
+    def __call__(self, store) -> bool:
+        return super().__call__(store) and os.path.exists(self.flag)
+
+
 class TestSGDOnACluster:
+    def test_two_runs_of_the_app_share_one_cluster(self, tmp_path, monkeypatch):
+        """Before, every run was job 'sgd-linear': a second run on a cluster where one was
+        training (two users or terminals, `--manager`) was refused as "already running"."""
+        flag = tmp_path / "both-started"   # holds both runs until both have started
+        monkeypatch.setattr(sgd, "Monitor", functools.partial(HeldMonitor, str(flag)))
+        names = []
+        start = param.Job.start
+
+        def spy(job, *args, **kwargs):
+            run = start(job, *args, **kwargs)
+            names.append(job.name)
+            return run
+        monkeypatch.setattr(param.Job, "start", spy)
+        args = sgd.build_parser().parse_args(["--steps", "30", "--features", "10", "--seed", "1"])
+        with actorpy.connect(workers=2) as cluster, ThreadPoolExecutor(2) as pool:
+            runs = [pool.submit(sgd.train, cluster, args, BSP()) for _ in range(2)]
+            wait_until(lambda: len(names) == 2 or any(r.done() for r in runs), 60,
+                       "both runs to start")
+            flag.touch()
+            results = [r.result(timeout=120)[0] for r in runs]
+        assert [r["steps_per_worker"] for r in results] == [[30, 30], [30, 30]]
+        assert len(set(names)) == 2 and all(n.startswith("sgd-linear-") for n in names)
+
+    def test_job_names(self, tmp_path):
+        parse = sgd.build_parser().parse_args
+        one, two = (job_name(parse([]), "sgd-linear") for _ in range(2))
+        assert one != two and re.fullmatch("sgd-linear-[0-9a-f]{6}", one)
+        assert job_name(parse(["--job-name", "mine"]), "sgd-linear") == "mine"
+        # a run that checkpoints keeps one name, so that --resume finds its files
+        assert job_name(parse(["--checkpoint-dir", str(tmp_path)]), "sgd-linear") == "sgd-linear"
+        with pytest.raises(ConfigError, match="--job-name '': name the job"):
+            job_name(parse(["--job-name", ""]), "sgd-linear")
+
     def test_manager_run_takes_on_a_worker_that_joins(self):
         """`actorpy sgd --manager` trains on the cluster's workers and on one added while
         it runs (the app's driver hears the JOINED event and hands it a task)."""

@@ -75,6 +75,21 @@ class TestRemoteExecution:
         assert info.value.remote_message == "holds a lock"
         assert info.value.__cause__ is None
 
+    def test_a_huge_message_arrives_cut(self, cluster):
+        # before: a 5 MB message came back as a 10 MB RemoteError text (message and
+        # traceback), its cause holding the 5 MB too (50 MB: 100 MB and 800 MB of memory)
+        def raise_huge():
+            raise ValueError("HEAD" + "x" * 5_000_000 + "TAIL")
+        with pytest.raises(RemoteError) as info:
+            cluster.submit(raise_huge).result(30)
+        err = info.value
+        message = err.remote_message
+        assert message.startswith("HEAD") and message.endswith("TAIL")
+        assert "[... 4,991,816 of 5,000,008 characters cut ...]" in message
+        assert len(message) < 9000 and len(str(err)) < 20_000
+        assert "raise_huge" in err.remote_traceback and "characters cut" in err.remote_traceback
+        assert isinstance(err.__cause__, ValueError) and str(err.__cause__) == message
+
     def test_unpicklable_function_fails_in_driver(self, cluster):
         lock = threading.Lock()
         with pytest.raises(SerializationError, match="lock"):

@@ -194,6 +194,15 @@ class TestErrors:
         assert isinstance(err.__cause__, ZeroDivisionError)
         assert job_keys(cluster) == 0  # a failed job cleans up too
 
+    def test_a_huge_message_arrives_cut(self, cluster):
+        # before: the whole 3 MB came back twice in the error's text (message, traceback)
+        def huge(x):
+            raise ValueError("x" * 3_000_000 + " on purpose")
+        with pytest.raises(RemoteError) as info:
+            mapre.from_items(cluster, [1], 1).map(huge).collect(timeout_s=60)
+        assert "x on purpose (in stage 'collect'" in info.value.remote_message
+        assert "characters cut" in info.value.remote_message and len(str(info.value)) < 20_000
+
     def test_timeout_is_a_timeout_error(self, cluster):
         slow = mapre.from_items(cluster, [1.0], 1).map(lambda s: threading.Event().wait(s))
         with pytest.raises(TimeoutError, match="did not finish within 0.2 s"):
@@ -204,6 +213,32 @@ class TestErrors:
             with pytest.raises(mapre.ArgumentError, match="timeout_s must be a number"):
                 slow.count(timeout_s=bad)
 
+    def test_a_timeout_that_is_no_time_limit_is_refused_everywhere(self, cluster, tmp_path):
+        # before: -1 or 0 failed at once as "did not finish within -1 s", unpersist took it,
+        # broadcast said no worker took the value, and inf waited for ever on a hung task
+        d = mapre.from_items(cluster, [3, 1, 2], 2)
+        cached, shared = d.cache(), mapre.broadcast(cluster, 1)
+        out = tmp_path / "out"
+        calls = [("collect", lambda t: d.collect(timeout_s=t)),
+                 ("iterate", lambda t: d.iterate(timeout_s=t)),
+                 ("count", lambda t: d.count(timeout_s=t)),
+                 ("reduce", lambda t: d.reduce(operator.add, timeout_s=t)),
+                 ("fold", lambda t: d.fold(0, operator.add, timeout_s=t)),
+                 ("reduce_by_key_locally", lambda t: d.map(lambda x: (x, 1))
+                  .reduce_by_key_locally(operator.add, timeout_s=t)),
+                 ("take", lambda t: d.take(1, timeout_s=t)),
+                 ("top", lambda t: d.top(1, timeout_s=t)),
+                 ("save", lambda t: d.save(out, timeout_s=t)),
+                 ("unpersist", lambda t: cached.unpersist(timeout_s=t)),
+                 ("broadcast", lambda t: mapre.broadcast(cluster, 1, timeout_s=t)),
+                 ("unpersist", lambda t: shared.unpersist(timeout_s=t))]
+        for what, call in calls:
+            for bad in (-1, -0.5, 0, float("-inf"), float("inf")):
+                with pytest.raises(mapre.ArgumentError,
+                                   match=f"^{what}: timeout_s must be a number of seconds, "
+                                         f"finite and > 0, got {bad!r}$"):
+                    call(bad)
+        assert not out.exists() and d.top(2, timeout_s=60) == [3, 2]
 
     def test_a_timed_out_job_leaves_no_queued_tasks(self, tmp_path):
         # a hung user function times out; its partitions still queued on the workers must

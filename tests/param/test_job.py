@@ -189,6 +189,18 @@ class TestBadInput:
         assert isinstance(err.__cause__, ZeroDivisionError)
         self._assert_clean(cluster, run)
 
+    def test_a_push_with_a_huge_message_fails_with_it_cut(self, cluster):
+        # before: the whole 3 MB came back twice in the error's text (message, traceback)
+        def huge_push(ctx, values):
+            raise ValueError("x" * 3_000_000 + " on purpose")
+        job = _job(BSP())
+        job.register_push(huge_push)
+        job.register_stop(pb.StepStop(5))
+        with pytest.raises(RemoteError) as info:
+            job.run(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+        assert info.value.remote_message.endswith("x on purpose")
+        assert "characters cut" in info.value.remote_message and len(str(info.value)) < 20_000
+
     def test_a_push_that_cannot_be_pickled_fails_the_run_at_once(self, cluster):
         # before: taken for a worker that died while it got its task, so the run waited out
         # its timeout_s and said only that the stop condition was not reached

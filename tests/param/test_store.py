@@ -1,4 +1,5 @@
-"""The store callbacks see: stable sharding, clocks, local keys, validated sets."""
+"""The store callbacks see: stable sharding, clocks, local keys, validated sets (and one job
+whose model is big-endian)."""
 from __future__ import annotations
 
 import subprocess
@@ -8,8 +9,9 @@ import numpy as np
 import pytest
 
 from actorpy.errors import ConfigError
+from engines import param
 from engines.param.errors import KeyNotLocal, UpdateError
-from engines.param.store import Progress, Store, plan_shards, shard_of
+from engines.param.store import Progress, Store, check_update, plan_shards, shard_of
 
 
 class TestStore:
@@ -48,3 +50,24 @@ class TestStore:
     def test_init_must_be_arrays(self):
         with pytest.raises(ConfigError, match="wrap scalars"):
             Store({"b": 0.5}, {"b": 0}, 0)
+
+    def test_a_big_endian_model_takes_native_order_values(self):
+        # before: w + u on np.zeros(3, ">f8") is native "<f8", refused as another dtype
+        store = Store({"w": np.zeros(3, dtype=">f8")}, {"w": 0}, 0)
+        w, _ = store.get("w")
+        check_update("w", w + 1, w, "the update from worker w1")
+        store.set("w", w + np.arange(3.0))
+        value, clock = store.get("w")
+        assert clock == 1 and value.dtype.str == ">f8" and value.tolist() == [0.0, 1.0, 2.0]
+        with pytest.raises(UpdateError, match="is a >f4 array of shape"):   # not a cast
+            store.set("w", np.zeros(3, dtype=">f4"))
+
+
+def test_a_job_on_a_big_endian_model_trains(cluster):
+    job = param.Job("big-endian", seed=0)
+    job.register_push(lambda ctx, values: {"w": values["w"] - 3.0})
+    job.register_pull(lambda store, updates: store.set("w", store.get("w")[0]
+                                                       - 0.5 * updates["w"]))
+    job.register_stop(lambda store: store.step >= 20)
+    w = job.run(cluster, init={"w": np.zeros(3, dtype=">f8")}, timeout_s=60)["w"]
+    assert w.dtype.str == ">f8" and np.allclose(w, 3.0)

@@ -10,7 +10,7 @@ from actorpy.barrier import ASP
 from actorpy.errors import RemoteError
 from engines.peer import Job, OwnerStore
 
-from .linreg import KEYS, FailingPolicy, init, linreg, run
+from .linreg import KEYS, FailingPolicy, init, linreg, run, shard
 
 
 class TestFailures:
@@ -91,6 +91,15 @@ class TestFailures:
         job.register_pull(lambda store, updates: store.set(next(iter(updates)), value))
         with pytest.raises(RemoteError, match=error):
             run(job, peers=3, max_s=60)
+
+    def test_a_big_endian_model_takes_native_order_values(self) -> None:
+        # before: pushes and pulls compute native "<f8" from a ">f8" model: refused as
+        # another dtype ("a float64 array, where the model holds a >f8 array")
+        job = linreg(ASP(), steps=5)
+        result = job.simulate(peers=3, init={n: v.astype(">f8") for n, v in init().items()},
+                              data=shard)
+        assert {v.dtype.str for v in result.model.values()} == {">f8"}
+        assert result.updates == 3 * 5 * KEYS
 
     def test_a_pull_setting_a_key_it_does_not_hold_fails(self) -> None:
         job = linreg(ASP(), steps=5)
