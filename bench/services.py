@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
 import time
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np

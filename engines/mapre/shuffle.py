@@ -12,7 +12,6 @@ merging buckets many times the store's budget holds about two segments per block
 from __future__ import annotations
 
 import functools
-import operator
 import pickle
 import time
 from collections import deque

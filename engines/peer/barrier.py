@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision, Policy
+from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision, Policy  # noqa: F401 (BSP: doctests)
 from actorpy.ids import NodeId
 
 from .kademlia.events import Done, Effects, OpKind

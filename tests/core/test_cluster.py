@@ -15,7 +15,6 @@ from actorpy.runtime.cluster import Cluster, task_name
 from actorpy.runtime.context import CallTask
 from actorpy.runtime.tasks import ContextCallTask
 from actorpy.runtime.node import Peer
-from tests.conftest import wait_until
 
 
 def hold(seconds: float) -> int:

@@ -149,7 +149,6 @@ class SimNetwork:
         """
         node = self.nodes[address]
         op_id, effects = start(node, self.clock.now())
-        key = (address, op_id)
         self._apply(address, effects)
         return self.wait_for(address, op_id, max_s)
 

@@ -86,7 +86,7 @@ class TestReReplication:
 
     def test_new_holders_that_die_while_they_are_being_stored_on_are_replaced(self) -> None:
         net = SimNetwork(CHECKED, seed=34)
-        live = net.grow(40)
+        net.grow(40)
         key = key_id("k")
         first, second, third = net.true_closest(key, 3)
         net.set(first.address, key, b"v")          # the writer is a holder: no extra copy
