@@ -17,6 +17,7 @@ from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost
 from actorpy.ids import NodeId, new_node_id
 from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime.context import Caller, CallTask
+from actorpy.runtime.files import ensure_open_files, files_needed
 from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.local import LocalCluster
 from actorpy.runtime.membership import MANAGER_GONE, MANAGER_ID, Membership
@@ -76,10 +77,12 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
                 f"an embedded local cluster takes at most {MAX_LOCAL_WORKERS} workers, not {n}: "
                 "its manager holds two sockets per worker, within ZeroMQ's 1023 per process; "
                 "for more, run `actorpy manager` and `actorpy worker` on several machines")
+        ensure_open_files(files_needed(n), f"an embedded cluster of {n} workers")
         local = LocalCluster(n, config, log_level)
         security, bind = local.security, local.bind_for(node_id)
         manager_address = local.manager_address
     else:
+        ensure_open_files(files_needed(), "a driver")
         security = security_for(address, secret=secret, secret_file=secret_file)
         bind, manager_address = node_bind(address, node_id), address
     try:

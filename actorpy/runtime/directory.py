@@ -296,6 +296,10 @@ class Directory:
         if dest in self._dead or exc is None:
             log.debug("dropping a message for dead node %s", dest)
             return
+        if exc.errno == errno.EMFILE:   # this process's limit, not the peer: it lives on
+            raise ActorpyError(f"cannot send to {dest}: {exc} (this process has no file "
+                               "descriptor left: raise the open-files limit, `ulimit -n`)"
+                               ) from None
         raise NodeLost(dest, f"cannot send to {dest}: {exc}") from exc
 
     # ------------------------------------------------------------------ links

@@ -2,6 +2,7 @@
 receiver's memory, and file descriptors run out without killing the I/O loop. Loops bounded."""
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import socket
@@ -9,9 +10,15 @@ import struct
 import subprocess
 import sys
 import threading
+import types
+
+import pytest
+import zmq
 
 from actorpy.config import Config
+from actorpy.errors import ActorpyError, NodeLost
 from actorpy.ids import NodeId
+from actorpy.runtime.directory import Directory
 from actorpy.runtime.node import Node
 from actorpy.wire.auth import Security
 from tests.conftest import wait_until
@@ -105,3 +112,37 @@ def test_the_io_loop_survives_running_out_of_file_descriptors(tmp_path):
         manager.stdout.close()
         manager.stderr.close()
     assert not any("Traceback" in line for line in err), "".join(err)
+
+
+def test_a_cluster_refuses_to_start_under_a_hard_open_files_limit_it_cannot_work_in():
+    # under `ulimit -n 24` the demo failed where the next descriptor happened to be
+    # opened: "nothing is listening at ...manager", a worker that "exited before joining",
+    # or 30 s waiting for a manager that could not start
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-m", "actorpy", "demo"], capture_output=True,
+                          text=True, env=env, timeout=120, preexec_fn=_limit_files(24))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "the open-files limit is 24" in done.stderr and "ulimit -n" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_low_soft_open_files_limit_is_raised_to_what_the_hard_one_allows():
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"this machine's hard open-files limit is {hard}")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run(
+        [sys.executable, "-m", "actorpy", "demo"], capture_output=True, text=True, env=env,
+        timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (24, hard)))
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_send_out_of_descriptors_blames_this_process_not_the_peer():
+    # "cannot send to w-...: Too many open files" was a NodeLost: the peer read as lost
+    fake = types.SimpleNamespace(_closed=False, _dead=set())
+    with pytest.raises(ActorpyError, match="ulimit -n") as info:
+        Directory._send_failed(fake, NodeId("w-1"), zmq.ZMQError(errno.EMFILE))
+    assert not isinstance(info.value, NodeLost)
+    with pytest.raises(NodeLost):   # any other failure still reads as the peer's
+        Directory._send_failed(fake, NodeId("w-1"), zmq.ZMQError(errno.EHOSTUNREACH))
