@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from actorpy.errors import ActorpyError
@@ -20,7 +21,7 @@ def check_timeout(timeout_s: Any, what: str) -> float:
     seconds > 0. NaN never timed out, a negative or zero one failed at once as a timeout
     ("did not finish within -1 s": not the caller's mistake it is), and an infinite one
     waited for ever on a hung task."""
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) \
             or not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ArgumentError(f"{what}: timeout_s must be a number of seconds, finite and > 0, "
                             f"got {timeout_s!r}")

@@ -8,6 +8,7 @@ import threading
 import unicodedata
 import uuid
 
+import numpy as np
 import pytest
 
 import actorpy
@@ -239,6 +240,8 @@ class TestErrors:
                                          f"finite and > 0, got {bad!r}$"):
                     call(bad)
         assert not out.exists() and d.top(2, timeout_s=60) == [3, 2]
+        # a numpy number is a number of seconds (np.int64 was refused as no number)
+        assert d.top(2, timeout_s=np.int64(60)) == [3, 2] == d.top(2, timeout_s=np.float32(60))
 
     def test_a_timed_out_job_leaves_no_queued_tasks(self, tmp_path):
         # a hung user function times out; its partitions still queued on the workers must
