@@ -21,6 +21,7 @@ The policies:
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
@@ -52,9 +53,17 @@ class Policy(Protocol):
         ...
 
 
-def _check_staleness(staleness: int) -> None:
-    if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
-        raise ConfigError(f"staleness must be an integer >= 0, got {staleness!r}")
+def _whole(policy: object, name: str, what: str) -> None:
+    """Check ``policy.name`` is an integer >= 0 (a numpy one too: a sweep over
+    ``np.arange(5)`` was refused) and keep it as a plain int (its repr, its pickle)."""
+    value = getattr(policy, name)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{what} must be an integer >= 0, got {value!r}")
+    object.__setattr__(policy, name, int(value))   # a frozen dataclass's own field
+
+
+def _check_staleness(policy: object, name: str = "staleness") -> None:
+    _whole(policy, name, "staleness")
 
 
 def lagging(me_step: int, steps: Mapping[NodeId, int], staleness: int) -> tuple[NodeId, ...]:
@@ -85,7 +94,7 @@ class SSP:
     staleness: int = 0
 
     def __post_init__(self) -> None:
-        _check_staleness(self.staleness)
+        _check_staleness(self)
 
     def decide(self, me_step: int, view: StepView) -> Decision:
         """Apply the rule to every step the view can see (see the class docstring)."""
@@ -143,9 +152,8 @@ class PSP:
     staleness: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.sample, int) or isinstance(self.sample, bool) or self.sample < 0:
-            raise ConfigError(f"sample (beta) must be an integer >= 0, got {self.sample!r}")
-        _check_staleness(self.staleness)
+        _whole(self, "sample", "sample (beta)")
+        _check_staleness(self)
 
     def decide(self, me_step: int, view: StepView) -> Decision:
         """Sample β others from the view and apply SSP(staleness) to the sample."""
@@ -196,8 +204,8 @@ class DSSP:
     high: int
 
     def __post_init__(self) -> None:
-        _check_staleness(self.low)
-        _check_staleness(self.high)
+        _check_staleness(self, "low")
+        _check_staleness(self, "high")
         if self.high < self.low:
             raise ConfigError(f"DSSP needs low <= high, got low={self.low} high={self.high}")
 

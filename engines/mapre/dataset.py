@@ -7,6 +7,7 @@ lost partition is recomputed by running them again.
 """
 from __future__ import annotations
 
+import numbers
 import os
 import weakref
 from operator import index, itemgetter
@@ -52,12 +53,16 @@ def _count(n: Any, what: str) -> int:
     return count
 
 
-def _check_partitions(n: int | None, what: str) -> None:
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+def _check_partitions(n: int | None, what: str) -> int | None:
+    """``partitions``, checked, as a plain int (a numpy one too) or None."""
+    if n is None:
+        return None
+    if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"{what}: partitions must be an integer >= 1, got {n!r}")
-    if n is not None and n > MAX_PARTITIONS:
+    if n > MAX_PARTITIONS:
         raise ConfigError(f"{what}: partitions={n} is more than {MAX_PARTITIONS}: each "
                           "partition is a task; a few per worker keep them all busy")
+    return int(n)
 
 
 class Dataset(Generic[T]):
@@ -186,7 +191,7 @@ class Dataset(Generic[T]):
     def _shuffle(self, kind: P.ShuffleKind, partitions: int | None, what: str,
                  parents: tuple[P.Node, ...] | None = None, fn: Any = None,
                  ascending: bool = True) -> Dataset[Any]:
-        _check_partitions(partitions, what)
+        partitions = _check_partitions(partitions, what)
         parents = parents or (self._node,)
         n = partitions or max(1, max(p.partitions for p in parents))
         return self._then(P.Shuffle(parents, kind, n, fn, ascending))

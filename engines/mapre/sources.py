@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import codecs
+import numbers
 import os
 from typing import Any, Iterable, Sequence, TypeVar
 
@@ -54,8 +55,10 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
     except LookupError:
         raise ConfigError(f"errors={errors!r} is not a codec error handler; use 'strict' or "
                           "'replace'") from None
-    if not isinstance(split_bytes, int) or split_bytes < 1:
+    if not isinstance(split_bytes, numbers.Integral) or isinstance(split_bytes, bool) \
+            or split_bytes < 1:
         raise ConfigError(f"split_bytes must be an integer >= 1, got {split_bytes!r}")
+    split_bytes = int(split_bytes)
     if cut_long_lines and lines:
         raise ConfigError("cut_long_lines=True needs lines=False: a line is an item whole")
     files = io.list_inputs(path)
@@ -79,7 +82,7 @@ def from_items(cluster: Any, items: Iterable[T], partitions: int | None = None) 
     engine = engine_for(cluster)
     if partitions is None:
         partitions = max(1, len(engine.workers()))
-    _check_partitions(partitions, "from_items")
+    partitions = _check_partitions(partitions, "from_items")
     data = list(items)
     n = len(data)
     chunks = tuple(data[i * n // partitions:(i + 1) * n // partitions] for i in range(partitions))

@@ -212,10 +212,13 @@ class JobSpec:
     def __post_init__(self) -> None:
         for name in ("poll_s", "retry_s", "replicate_s"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                    or not math.isfinite(value) or value <= 0):
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not isinstance(self.batch, int) or isinstance(self.batch, bool) or self.batch < 1:
+        if (not isinstance(self.batch, numbers.Integral) or isinstance(self.batch, bool)
+                or self.batch < 1):
             raise ConfigError(f"batch must be an int >= 1, got {self.batch!r}")
+        object.__setattr__(self, "batch", int(self.batch))   # np.int64(64) too, kept plain
         if self.balance and balance_bound(self.policy) is None:
             raise ConfigError(
                 f"balance=True needs a barrier with a staleness of 1 or more (SSP(s), "

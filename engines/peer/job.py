@@ -108,10 +108,11 @@ class Job:
             # a str here failed in every peer's first barrier check, as an AttributeError
             raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "
                               f"or have decide(me_step, view); got {barrier!r}")
-        if (not isinstance(replication, int) or isinstance(replication, bool)
+        if (not isinstance(replication, numbers.Integral) or isinstance(replication, bool)
                 or not 1 <= replication <= ksize):
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
+        replication = int(replication)   # a numpy int too, kept as a plain one
         if not isinstance(seed, numbers.Integral) or seed < 0:   # as numpy's seeds are
             raise ConfigError(f"seed must be an int >= 0, got {seed!r}")
         fields = {f.name for f in dataclasses.fields(KademliaConfig)}
@@ -129,14 +130,14 @@ class Job:
         if not isinstance(balance, bool):
             raise ConfigError(f"balance must be True or False, got {balance!r}")
         self.batch, self.balance = batch, balance
-        if not isinstance(overlap, int) or not 0 <= overlap <= MAX_OVERLAP:
+        if not isinstance(overlap, numbers.Integral) or not 0 <= overlap <= MAX_OVERLAP:
             raise ConfigError(f"overlap must be True, False or an int in 0..{MAX_OVERLAP}, "
                               f"got {overlap!r}")
-        self.overlap = overlap
+        self.overlap = overlap if isinstance(overlap, bool) else int(overlap)
+        if not isinstance(alpha, numbers.Integral) or isinstance(alpha, bool) or alpha < 1:
+            raise ConfigError(f"alpha must be an int >= 1, got {alpha!r}")   # 0: asks nobody
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
-                                        "alpha": alpha, "replication": replication})
-        if not isinstance(alpha, int) or alpha < 1:   # 0: a lookup would ask nobody
-            raise ConfigError(f"alpha must be an int >= 1, got {alpha!r}")
+                                        "alpha": int(alpha), "replication": replication})
         if not 0 < self.config.rpc_timeout_s < math.inf:   # 0: every request times out
             raise ConfigError(f"rpc_timeout_s must be a finite number > 0, got "
                               f"{self.config.rpc_timeout_s!r}")

@@ -156,6 +156,16 @@ class TestArguments:
         with pytest.raises(ConfigError):
             make()
 
+    def test_numpy_integers_are_taken_and_kept_as_ints(self):
+        # before: a sweep over np.arange was refused ("staleness must be an integer")
+        import numpy as np
+        policies = [SSP(np.int64(3)), PSP(np.int32(2), np.int64(4)), DSSP(np.int8(1), np.int64(5))]
+        assert policies == [SSP(3), PSP(2, 4), DSSP(1, 5)]
+        assert [repr(p) for p in policies] == ["SSP(staleness=3)", "PSP(sample=2, staleness=4)",
+                                               "DSSP(low=1, high=5)"]
+        with pytest.raises(ConfigError, match="sample \\(beta\\) must be an integer"):
+            PSP(True, 1)
+
     def test_sampling_without_rng_says_what_to_pass(self):
         view = FullView({NodeId("a"): 1, NodeId("b"): 2})
         with pytest.raises(ConfigError, match="rng="):

@@ -165,6 +165,10 @@ class TestArguments:
                      lambda n: mapre.from_items(cluster, [1], partitions=n)):
             with pytest.raises(ValueError, match=f"partitions={10**9} is more than 65536"):
                 make(10**9)
+        # numpy integers are ints (before: "partitions must be an integer >= 1, got 2")
+        assert d.reduce_by_key(operator.add, partitions=np.int64(3)).partitions == 3
+        assert mapre.from_items(cluster, [1, 2], partitions=np.int64(2)).collect(
+            timeout_s=30) == [1, 2]
 
     def test_take_and_top_need_a_count(self, cluster):
         # before: int(n), so top("3") gave 3 items, take(2.5) 2 and take(-1) none

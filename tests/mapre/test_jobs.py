@@ -39,6 +39,9 @@ class TestLoad:
             expected[w] = expected.get(w, 0) + 1
         assert dict(words.collect(timeout_s=60)) == expected
         assert expected[nfc.split()[0]] == expected[nfd.split()[0]] == 100  # NFC != NFD
+        # a numpy integer is a split size (before: "split_bytes must be an integer >= 1")
+        same = mapre.load(cluster, str(tmp_path / "*.txt"), split_bytes=np.int64(97))
+        assert same.partitions == d.partitions and same.collect(timeout_s=60) == lines + lines
 
     def test_small_files_share_partitions(self, cluster, tmp_path):
         files = [[f"file {i} line {j}" for j in range(i % 4)] for i in range(40)]

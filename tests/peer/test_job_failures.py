@@ -180,6 +180,14 @@ class TestFailures:
             Job("x", barrier="ssp")
         with pytest.raises(ConfigError, match="replication must be an int"):
             Job("x", replication=True)
+        with pytest.raises(ConfigError, match="alpha must be an int >= 1"):
+            Job("x", alpha=True)
+        # numpy integers are ints (before: "must be an int" for np.int64(2)), kept plain
+        job = Job("x", replication=np.int64(2), alpha=np.int64(2), overlap=np.int64(2),
+                  batch=np.int64(16))
+        assert (job.config.replication, job.config.alpha, job.overlap, job.batch) == (2, 2, 2, 16)
+        assert type(job.overlap) is int and type(job.config.alpha) is int
+        assert Job("x", overlap=True).overlap is True
         with pytest.raises(ConfigError, match="timeout_s must be a finite number > 0"):
             linreg(ASP(), steps=1).run(None, peers=2, init=init(), timeout_s="5")
         for timeout in (float("nan"), float("inf")):
