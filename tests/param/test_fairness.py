@@ -25,11 +25,11 @@ def _pull(store, updates):
 def test_a_remote_worker_keeps_pace_beside_a_busy_co_located_one():
     # before: the node's I/O thread, back from its poll with the remote worker's push,
     # could not get the interpreter lock back from the co-located worker, which lets go of
-    # it in every step and takes it back at once. It comes and goes with the machine's
-    # load: in one batch of 20 runs of three, 8 runs went over 100x (up to 1 670x: the
-    # remote worker's 20 steps took 6.2 s), none in the other two. Now the co-located
-    # worker hands the I/O thread a round when it has gone 2 ms without one
-    # (SocketLoop.let_run): none over 100x in 140 runs (at most 84x, 0.24 s). So this
+    # it in every step and takes it back at once. It came and went with the machine's
+    # load: in half of six batches of 20 runs, 2-10 runs went over 100x (up to 2 370x: the
+    # remote worker's 20 steps took 9.4 s), none in the others. Now the co-located worker
+    # hands the I/O thread a round when it has gone 2 ms without one (SocketLoop.let_run):
+    # none over 100x in 140 runs (at most 85x, 0.31 s), so 200x leaves a margin. This
     # fails on the old code only when that mode shows; test_requests.py checks let_run.
     job = param.Job("fairness", barrier=ASP(), seed=0)
     job.register_push(_push)
@@ -44,4 +44,4 @@ def test_a_remote_worker_keeps_pace_beside_a_busy_co_located_one():
             steps = run.stats.steps_per_worker
             assert len(steps) == 2 and min(steps) >= STEPS
             ratios.append(round(max(steps) / min(steps), 1))
-    assert max(ratios) <= 150, sorted(ratios)
+    assert max(ratios) <= 200, sorted(ratios)
