@@ -98,7 +98,8 @@ class Config:
         if self.manager_timeout_s <= self.heartbeat_interval_s:
             raise ConfigError("need manager_timeout_s > heartbeat_interval_s")
         # Unset, chunk_bytes follows the transport, never above max_frame_bytes (see Node).
-        chunk = min(64 << 20, self.max_frame_bytes) if self.chunk_bytes is None else self.chunk_bytes
+        chunk = (min(64 << 20, self.max_frame_bytes) if self.chunk_bytes is None
+                 else self.chunk_bytes)
         # more threads than MAX_TASK_THREADS: the manager would ignore the registration
         if not 1 <= self.task_threads <= MAX_TASK_THREADS:
             raise ConfigError(f"task_threads (--threads) must be 1 to {MAX_TASK_THREADS}, "
@@ -112,7 +113,8 @@ class Config:
         if self.store_budget_bytes is not None and self.store_budget_bytes < 0:
             raise ConfigError("store_budget_bytes must be >= 0 (0: every block spills)")
         if self.local_transport not in ("auto", "ipc", "tcp"):
-            raise ConfigError(f"local_transport must be auto, ipc or tcp, not {self.local_transport!r}")
+            raise ConfigError("local_transport must be auto, ipc or tcp, "
+                              f"not {self.local_transport!r}")
         if self.local_start not in ("auto", "spawn"):
             raise ConfigError(f"local_start must be auto or spawn, not {self.local_start!r}")
 

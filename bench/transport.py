@@ -253,7 +253,8 @@ def print_table(results: dict, mechs: list[str], quick: bool) -> None:
             ])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda cells: "  ".join(  # noqa: E731
-        str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        str(c).ljust(w) if i < 2 else str(c).rjust(w)
+        for i, (c, w) in enumerate(zip(cells, widths)))
     print(line(head))
     print("  ".join("-" * w for w in widths))
     for mech_rows in [rows[i:i + len(payloads(quick))] for i in range(0, len(rows),

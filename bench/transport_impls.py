@@ -119,11 +119,13 @@ def _serve_socket(conn: Any, mech: str, ipc_dir: str, security: auth.Security,
                     out = raw_frames(value) if op == "echo" else None
                 else:
                     value = wire_decode(frames, security, has_identity=True)
-                    out = wire_frames(value, SERVER_ID, Kind.RESULT, security) if op == "echo" else None
+                    out = (wire_frames(value, SERVER_ID, Kind.RESULT, security)
+                           if op == "echo" else None)
                 if out is not None:
                     send_frames(sock, [ident, *out])
                 elif i == n - 1:  # sink: one small ack after the last message
-                    ack = [b"ok"] if impl == "raw" else wire_frames(n, SERVER_ID, Kind.RESULT, security)
+                    ack = ([b"ok"] if impl == "raw"
+                           else wire_frames(n, SERVER_ID, Kind.RESULT, security))
                     send_frames(sock, [ident, *ack])
             conn.send("ok")
     finally:

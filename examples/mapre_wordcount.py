@@ -1,4 +1,5 @@
-"""Word count in the fluent style, map-reduce's hello world (python examples/mapre_wordcount.py [FILES])."""
+"""Word count in the fluent style, map-reduce's hello world
+(python examples/mapre_wordcount.py [FILES])."""
 import operator
 import sys
 

@@ -12,7 +12,8 @@ blocks (a lone worker, or PSP with β = 0, is ASP).
 
 The policies:
 
-* :class:`SSP` ``(staleness=s)``, :class:`BSP` ``()`` = SSP(0), :class:`ASP` ``()`` (always advance);
+* :class:`SSP` ``(staleness=s)``, :class:`BSP` ``()`` = SSP(0), :class:`ASP` ``()``
+  (always advance);
 * :class:`PSP` ``(sample=β, staleness=s)``: the same rule over a fresh sample of β other
   workers drawn without replacement (``view.sample(β)``). pBSP is s = 0, pSSP is s > 0;
   β = 0 is ASP and β >= population is exactly SSP(s);

@@ -44,7 +44,8 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.dist not in DISTRIBUTIONS:
-            raise ConfigError(f"--dist must be one of {', '.join(DISTRIBUTIONS)}, got {self.dist!r}")
+            raise ConfigError(f"--dist must be one of {', '.join(DISTRIBUTIONS)}, "
+                              f"got {self.dist!r}")
         if not self.mean_s > 0 or not self.shape > 0:
             raise ConfigError(f"--mean and shape must be > 0, got {self.mean_s}, {self.shape}")
         if not 0.0 <= self.straggler_frac <= 1.0 or not 0.0 <= self.transient_prob <= 1.0:

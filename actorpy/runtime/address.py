@@ -12,7 +12,8 @@ from actorpy.errors import ActorpyError, ConfigError
 from actorpy.wire import auth
 from actorpy.wire.auth import Security
 
-_ENDPOINT = re.compile(r"^(tcp://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.*-]+):(\d{1,5}|\*)|ipc://[^\s\x00]+)$")
+_ENDPOINT = re.compile(r"^(tcp://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.*-]+):(\d{1,5}|\*)"
+                       r"|ipc://[^\s\x00]+)$")
 
 
 def is_endpoint(address: object) -> bool:

@@ -63,7 +63,8 @@ class Caller:
              timeout_s: float, step: int = 0) -> Any:
         """Request ``kind`` from a service and wait for its reply (RemoteError if it raised)."""
         return self.node.call(ref.node, ref.service, kind, payload, timeout_s=timeout_s,
-                              step=step, what=f"call {int(kind)} to service {ref.name or ref.service}",
+                              step=step,
+                              what=f"call {int(kind)} to service {ref.name or ref.service}",
                               from_service=self._from_service)
 
     def call_async(self, ref: ServiceRef, kind: int, payload: Any = wm.NO_PAYLOAD, *,

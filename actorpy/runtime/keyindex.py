@@ -98,5 +98,6 @@ def _walk(node: _Dir, key: str) -> list[str]:
         current, name = stack.pop()
         if current.is_key:
             found.append(name)
-        stack.extend((child, f"{name}{SEPARATOR}{part}") for part, child in current.children.items())
+        stack.extend((child, f"{name}{SEPARATOR}{part}")
+                     for part, child in current.children.items())
     return found

@@ -69,7 +69,8 @@ def capture(exc: BaseException, node_id: str) -> RemoteFailure:
                              cut(exc.remote_traceback, MAX_TRACEBACK_CHARS // 2), exc.node_id,
                              None if cause is None else _pickled(cause))
     kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    name = (kind.__qualname__ if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}")
     try:
         message = str(exc)
     except Exception as why:  # a broken __str__ must not hide the failure itself

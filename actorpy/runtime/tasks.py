@@ -165,7 +165,8 @@ class TaskRunner:
 
     def __init__(self, node: Node, store: Any, services: Any, threads: int) -> None:
         self.node, self.store, self.services = node, store, services
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix=f"actorpy-task-{node.node_id}")
+        self._executor = ThreadPoolExecutor(threads,
+                                            thread_name_prefix=f"actorpy-task-{node.node_id}")
         self._lock = threading.Lock()
         self._tasks: dict[tuple[str, int], _TaskState] = {}
         self._streams: dict[tuple[str, int], _TaskState] = {}

@@ -44,7 +44,8 @@ REPLY_KINDS = frozenset({int(Kind.RESULT), int(Kind.ERROR)})
 def is_reply(service: int, kind: int) -> bool:
     """Whether a message of ``service`` and ``kind`` answers a request.
 
-    >>> is_reply(CORE_SERVICE, Kind.RESULT), is_reply(CORE_SERVICE, Kind.TASK), is_reply(5, Kind.ERROR)
+    >>> (is_reply(CORE_SERVICE, Kind.RESULT), is_reply(CORE_SERVICE, Kind.TASK),
+    ...  is_reply(5, Kind.ERROR))
     (True, False, False)
     """
     return service == CORE_SERVICE and kind in REPLY_KINDS

@@ -37,6 +37,6 @@ from engines.mapre.errors import (ArgumentError, EmptyDatasetError, FetchFailed,
 from engines.mapre.io import list_inputs
 from engines.mapre.sources import from_items, load
 
-__all__ = ["load", "from_items", "broadcast", "list_inputs", "Dataset", "Broadcast", "DEFAULT_TIMEOUT_S",
-           "MapreError", "ArgumentError", "InputNotFound", "InputDecodeError", "OutputExists",
-           "InputNotWords", "EmptyDatasetError", "FetchFailed", "JobFailed"]
+__all__ = ["load", "from_items", "broadcast", "list_inputs", "Dataset", "Broadcast",
+           "DEFAULT_TIMEOUT_S", "MapreError", "ArgumentError", "InputNotFound", "InputDecodeError",
+           "OutputExists", "InputNotWords", "EmptyDatasetError", "FetchFailed", "JobFailed"]

@@ -96,7 +96,8 @@ class Job:
         self._result_stages: list[Stage] = []
         self._caches: dict[int, P.Cache] = {}      # handle -> cache (user caches and shadows)
         self._shadows: dict[int, P.Cache] = {}     # id(job-scoped cache node) -> this job's copy
-        self._user_caches = [n for n in P.walk(final) if isinstance(n, P.Cache) and not n.job_scoped]
+        self._user_caches = [n for n in P.walk(final)
+                             if isinstance(n, P.Cache) and not n.job_scoped]
         self.suspects: set[NodeId] = set()
         self._absorbed: set[NodeId] = set()
         self.stored_on: set[NodeId] = set()

@@ -31,4 +31,5 @@ from .job import MAX_OVERLAP, Job
 from .peer import Peer
 from .simrun import SimResult, SimRun
 
-__all__ = ["MAX_OVERLAP", "Job", "OwnerStore", "Peer", "PeerContext", "SimResult", "SimRun", "balance_bound"]
+__all__ = ["MAX_OVERLAP", "Job", "OwnerStore", "Peer", "PeerContext", "SimResult", "SimRun",
+           "balance_bound"]

@@ -8,7 +8,8 @@ push is acknowledged once a round holding its write was taken by every holder it
 those holders lives; the owner's own pushes go on at once (*own updates*, below; a job with
 ``durable=False`` treats every push so: acknowledged once applied, its write on the holders
 within ``replicate_s``). When the pusher is the only other holder (and holds a copy), the
-answer itself is its copy: the pusher keeps the value it is answered with. The owner remembers the clock each holder has (from durable rounds and those answers)
+answer itself is its copy: the pusher keeps the value it is answered with. The owner remembers
+the clock each holder has (from durable rounds and those answers)
 and sends no round that would tell the holders nothing new; a write nobody waits on (its
 own push's) goes out with a round within ``replicate_s``, or with such an answer sooner. A
 round sends no STORE to a holder whose push it answers (it keeps the answer as its copy,

@@ -181,7 +181,8 @@ class PeerService(Service):
                 if not self.dialer.knows(ref.node):
                     self.unreachable += 1   # the overlay's rpc timeout accounts for it
                     continue
-                named = [c.address.rpartition("/")[0] for c in getattr(send.message, "contacts", ())]
+                named = [c.address.rpartition("/")[0]
+                         for c in getattr(send.message, "contacts", ())]
                 payload = (*payload, self.dialer.hints(named))
             self.ctx.cast(ref, PeerKind.OVERLAY, payload)
         for timer in eff.timers:

@@ -19,8 +19,9 @@ TEXT = ("The cat and THE hat\r\nnaïve Café e\u0301te\u0301 日本 - of\n"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "actorpy", "wordcount", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    return subprocess.run([sys.executable, "-m", "actorpy", "wordcount", *args],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
 
 
 def test_json_output_equals_counter(tmp_path):
@@ -139,7 +140,8 @@ def test_partition_counter_matches_split_then_lower():
 
 
 def test_block_counter_matches_the_line_counter():
-    lines = ["İstanbul ǅemal ŉ ΣΑΣ Cat cat CAT", "a\u2028b\x1cc", "x\u00a0y \u2003", "The\x85end"]
+    lines = ["İstanbul ǅemal ŉ ΣΑΣ Cat cat CAT", "a\u2028b\x1cc", "x\u00a0y \u2003",
+             "The\x85end"]
     blocks = ["\n".join(lines[:2]) + "\r\n", "\n".join(lines[2:])]  # line ends kept
     got = dict(wordcount.count_blocks(iter(blocks)))
     assert got == dict(wordcount.count_partition(iter(lines)))
@@ -149,7 +151,8 @@ def test_block_counter_matches_the_line_counter():
 
 # words from letters whose lower case is longer, or changes in context (İ, final Σ, ǅ, ŉ),
 # ASCII and unicode whitespace, stop words in every case
-_PIECES = list("aAzZ İıΣσςǅŉß\u00a0\u2003\u2028\x1c\x85\t") + ["The", "OF", "é", "e\u0301", "日本"]
+_PIECES = (list("aAzZ İıΣσςǅŉß\u00a0\u2003\u2028\x1c\x85\t")
+           + ["The", "OF", "é", "e\u0301", "日本"])
 _WORD_TEXT = st.lists(st.sampled_from(_PIECES), max_size=12).map("".join)
 
 

@@ -22,7 +22,8 @@ class Side(Caller):
     def __init__(self, node: Node, host: ServiceHost) -> None:
         self.node, self.services = node, host
 
-    def start(self, factory: Any, *args: Any, on: NodeId | None = None, **kwargs: Any) -> ServiceRef:
+    def start(self, factory: Any, *args: Any, on: NodeId | None = None,
+              **kwargs: Any) -> ServiceRef:
         return self.start_service(factory, *args, node=on or self.node.node_id, timeout_s=10,
                                   **kwargs)
 

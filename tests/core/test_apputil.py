@@ -21,7 +21,8 @@ def _parse(argv):
 
 def test_flags_and_defaults():
     args = _parse(["--manager", "tcp://h:7400", "--secret-file", "s", "--json"])
-    assert (args.manager, args.secret_file, args.json, args.workers) == ("tcp://h:7400", "s", True, None)
+    assert ((args.manager, args.secret_file, args.json, args.workers)
+            == ("tcp://h:7400", "s", True, None))
     assert _parse([]).default_workers == 3
 
 
@@ -73,7 +74,8 @@ def test_positive_float_refuses(text):
     assert apputil.positive_float("0.25") == 0.25
 
 
-@pytest.mark.parametrize("argv, index", [(["sim", "--json"], 0), (["--log-level", "INFO", "sim"], 2),
+@pytest.mark.parametrize("argv, index", [(["sim", "--json"], 0),
+                                         (["--log-level", "INFO", "sim"], 2),
                                          (["--log-level", "INFO"], None), ([], None)])
 def test_command_word_skips_global_options(argv, index):
     assert _command_index(argv) == index

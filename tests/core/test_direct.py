@@ -1,7 +1,8 @@
 """Direct replies (actorpy.runtime.direct): a thread's direct request answered by a handler
 on the I/O thread comes back on the thread's own socket, never through its node's I/O
 thread; a reply made on another thread, or one that cannot be routed back, comes the usual
-way and still wakes the waiter; a lost node, a deadline or the node closing end the wait at once; a message that
+way and still wakes the waiter; a lost node, a deadline or the node closing end the wait at
+once; a message that
 claims another sender on a thread's connection is dropped; under CURVE too. In-process
 nodes on loopback."""
 from __future__ import annotations

@@ -50,7 +50,8 @@ def test_events_joined_dead_left_and_unsubscribe():
         node.mark_dead(NodeId("b"), "again", left=True)  # already gone: no event
         sub.cancel()
         node.add_peer(NodeId("c"), f"ipc://{folder}/c", "worker")
-        assert seen == [(NodeEventKind.JOINED, "a", "worker"), (NodeEventKind.JOINED, "b", "driver"),
+        assert seen == [(NodeEventKind.JOINED, "a", "worker"),
+                        (NodeEventKind.JOINED, "b", "driver"),
                         (NodeEventKind.DEAD, "a", "worker"), (NodeEventKind.LEFT, "b", "driver")]
         assert node.peer(NodeId("a")).slots == 4
     finally:

@@ -65,7 +65,8 @@ class TestTimersAndEvents:
         assert a.call(ref, LOG, timeout_s=10) == [(NodeEventKind.JOINED, "x", "worker"),
                                                  (NodeEventKind.DEAD, "x", "worker")]
         assert a.stop_service(ref) is True
-        wait_until(lambda: len(a.node._dir.events._listeners) == before, 5, "the subscription to go")
+        wait_until(lambda: len(a.node._dir.events._listeners) == before, 5,
+                   "the subscription to go")
         marker = threading.Event()
         a.node.call_later(0.5, marker.set)  # due after the service's timer would have been
         assert marker.wait(10)

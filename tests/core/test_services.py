@@ -93,7 +93,8 @@ class TestOwnThreadInOrder:
                 a.cast(p, PING, target)
         got = lambda ref: a.call(ref, LOG, timeout_s=10)  # noqa: E731
         wait_until(lambda: len(got(sink)) == 2 and len(got(local)) == 2, 10, "four casts")
-        expected = {(A, peers[0].service, peers[0].service), (B, peers[1].service, peers[1].service)}
+        expected = {(A, peers[0].service, peers[0].service),
+                    (B, peers[1].service, peers[1].service)}
         assert set(got(sink)) == expected and set(got(local)) == expected
         # The driver side (no service) sends as service 0.
         assert a.call(sink, ECHO, "x", timeout_s=10) == ("x", A, 0)

@@ -238,7 +238,8 @@ def live():
 
 def drop_warnings(caplog):
     return [r for r in caplog.records
-            if r.name in ("actorpy.runtime.node", "actorpy.runtime.receive") and r.levelno == logging.WARNING]
+            if r.name in ("actorpy.runtime.node", "actorpy.runtime.receive")
+            and r.levelno == logging.WARNING]
 
 
 def garbage(case: str) -> list[list[bytes]]:

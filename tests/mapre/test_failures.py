@@ -27,9 +27,10 @@ from tests.conftest import alive, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-STOP = frozenset("a are is in it that this and to of so will can which for on an with the -".split())
-VOCAB = ["the", "The", "cat", "Käse", "naïve", "e\u0301t\u00e9", "日本", "-", "of", "zebra", "Sat",
-         "mat", "über", "a", "quick", "brown", "fox"]
+STOP = frozenset(
+    "a are is in it that this and to of so will can which for on an with the -".split())
+VOCAB = ["the", "The", "cat", "Käse", "naïve", "e\u0301t\u00e9", "日本", "-", "of", "zebra",
+         "Sat", "mat", "über", "a", "quick", "brown", "fox"]
 
 
 def _corpus(path: Path, lines: int, seed: int = 7) -> None:

@@ -64,7 +64,8 @@ class TestReadSplit:
         with pytest.raises(InputDecodeError) as info:
             read_all(str(path), 27, 100, 4)
         assert info.value.offset == 17 and info.value.path == str(path)
-        assert "bad.txt: byte offset 17" in str(info.value) and "errors='replace'" in str(info.value)
+        assert ("bad.txt: byte offset 17" in str(info.value)
+                and "errors='replace'" in str(info.value))
         lines = [x for part in io.read_split(Split(str(path), 0, 27), "replace") for x in part]
         assert lines == ["good line", "second \ufffd line"]
         path.write_bytes(io.BOM + b"good line\nsecond \xff line\n")  # offsets count the mark

@@ -25,7 +25,8 @@ MESSAGES = [
     Store(6, A, B, b"\x00" * 100, 60.0, clock=3, writer=A, step=2),
     Value(7, A, B, np.arange(6, dtype=np.float64).reshape(2, 3), clock=9, writer=B),
     Nodes(8, A, (Contact(B, "tcp://10.0.0.2:9"), Contact(KadId(1), "n1"))),
-    Leave(0, A, step=5), Step(0, A, step=6), Call(9, A, 3, B, (1, 2.5, "w", b"x", None), np.ones(4, np.float32), 1),
+    Leave(0, A, step=5), Step(0, A, step=6),
+    Call(9, A, 3, B, (1, 2.5, "w", b"x", None), np.ones(4, np.float32), 1),
     Call(10, A, 1, B), Reply(11, A, 2, (7,), None, 3), Reply(12, A, 1, (), b"model"),
     Reply(13, A, 1, (), None, 4, ((B, 9), (KadId(5), 0))),
 ]
@@ -237,7 +238,8 @@ def _nested(depth: int) -> list:
 # Anything a peer could put in a message: scalars (ints far past 4 300 digits and floats past
 # 1e308 included), containers nested a few levels, and types the codec never produces.
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(min_value=10 ** 4400, max_value=10 ** 4500),
+    st.none(), st.booleans(), st.integers(),
+    st.integers(min_value=10 ** 4400, max_value=10 ** 4500),
     st.floats(allow_nan=True, allow_infinity=True), st.binary(max_size=40),
     st.text(max_size=20), st.just(bytes(20)), st.just(id_to_bytes(A)))
 ANY = st.recursive(SCALARS, lambda inner: st.one_of(

@@ -77,7 +77,8 @@ class TestCall:
         live = net.grow(10)
         seen: list[tuple[str, Call]] = []
 
-        def double(sender: Contact, call: Call, now: float, eff: Effects):  # type: ignore[no-untyped-def]
+        def double(sender: Contact, call: Call, now: float,  # type: ignore[no-untyped-def]
+                   eff: Effects):
             seen.append((sender.address, call))
             return 7, (call.args[0] * 2, "ok"), call.value.to_value() * 2  # type: ignore
 
