@@ -290,6 +290,32 @@ def warn_if_diverged(prog: str, name: str, result: dict[str, Any]) -> None:
               "than the zeros it started from); try a smaller --lr", file=sys.stderr)
 
 
+def in_cli_words(exc: ActorpyError) -> None:
+    """Word a PS engine error for the command line (``cli_message``): its flags, not the
+    API's parameters. The engine says what happened (``job_timeout``, ``shard_lost``,
+    ``checkpoint_missing``, ``name_taken``); it knows nothing of the apps' flags."""
+    if exc.cli_message is not None:
+        return
+    timeout = getattr(exc, "job_timeout", None)
+    lost = getattr(exc, "shard_lost", None)
+    path = getattr(exc, "checkpoint_missing", None)
+    taken = getattr(exc, "name_taken", None)
+    if taken is not None:     # the apps name their runs apart unless told a name (--job-name)
+        exc.cli_message = (f"a job named {taken!r} is already running on this cluster (another "
+                           "run of this command there?); wait for it to end, or give this run "
+                           "its own --job-name")
+    elif timeout is not None:   # an app has no stop function of the user's to check
+        name, limit = timeout
+        exc.cli_message = (f"job {name!r} did not finish within --timeout {limit:g} s; raise "
+                           "--timeout (or lower --steps)")
+    elif lost is not None:
+        exc.cli_message = (f"{lost}; pass --checkpoint-dir DIR (on every worker's host) to "
+                           "survive this")
+    elif path is not None:    # the apps have no --servers to resume with
+        exc.cli_message = (f"no checkpoint at {path}; run once without --resume (with "
+                           "--checkpoint-dir) to create one")
+
+
 def run_barriers(args: argparse.Namespace,
                  train: Callable[[Any, argparse.Namespace, Any], tuple[dict[str, Any], list]],
                  describe: Callable[[dict[str, Any]], str], metric: str, label: str, *,
@@ -315,7 +341,11 @@ def run_barriers(args: argparse.Namespace,
         if check_cluster is not None:
             check_cluster(cluster)
         for name, barrier in barriers:
-            result, trace = train(cluster, args, barrier)
+            try:
+                result, trace = train(cluster, args, barrier)
+            except ActorpyError as exc:
+                in_cli_words(exc)
+                raise
             runs.append((name, result, trace))
             warn_if_diverged(prog, name, result)
             if not args.json:

@@ -144,9 +144,8 @@ def load(path: str, *, job: str, shard: int, shards: int,
                 f"servers={others[0]}" if others else
                 "; run once without resume=True (with checkpoint_dir=) to create one")
         missing = CheckpointError(f"no checkpoint at {path}{hint}")
-        if not others:   # the apps' words (they have no --servers)
-            missing.cli_message = (f"no checkpoint at {path}; run once without --resume "
-                                   "(with --checkpoint-dir) to create one")
+        if not others:   # for a command line to word with its flags
+            missing.checkpoint_missing = path
         raise missing
     try:
         with np.load(path, allow_pickle=False) as npz:

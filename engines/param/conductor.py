@@ -131,10 +131,7 @@ class Conductor(Service):
             late = ActorpyTimeout(f"job {self.name!r} did not reach its stop condition within "
                                   f"timeout_s={limit}; raise it, or check the stop function "
                                   "and the workers' logs")
-            # the apps (`actorpy sgd`, `actorpy dnn`) name their flag, and have no stop
-            # function of the user's
-            late.cli_message = (f"job {self.name!r} did not finish within --timeout {limit:g} "
-                                "s; raise --timeout (or lower --steps)")
+            late.job_timeout = (self.name, limit)   # for a command line to word with its flags
             self._fail(late)
         self._check()
 
@@ -179,9 +176,7 @@ class Conductor(Service):
                     f"{run.hosts[i]} and there is no checkpoint to restart it from")
             failed = JobFailed(f"{lost}; pass checkpoint_dir= (and checkpoint_every=) to "
                                "survive this")
-            # the apps (`actorpy sgd`, `actorpy dnn`) name their flag
-            failed.cli_message = (f"{lost}; pass --checkpoint-dir DIR (on every worker's "
-                                  "host) to survive this")
+            failed.shard_lost = lost   # for a command line to word with its flags
             self._fail(failed)
             return
         # A live worker that neither trains nor hosts a shard, else one that hosts none.

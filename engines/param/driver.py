@@ -212,10 +212,7 @@ class Run:
         name = self.job.name
         err = ConfigError(f"a job named {name!r} is already running on this cluster; wait for "
                           "it to end, or give this one another name")
-        # the apps name their runs apart unless told a name (--job-name) or to checkpoint
-        err.cli_message = (f"a job named {name!r} is already running on this cluster (another "
-                           "run of this command there?); wait for it to end, or give this "
-                           "run its own --job-name")
+        err.name_taken = name   # for a command line to word with its flags
         return err
 
     def trains(self, node: NodeId) -> bool:

@@ -17,7 +17,8 @@ import actorpy
 from actorpy.barrier import ASP, BSP, PSP, SSP
 from actorpy.errors import ConfigError
 from apps import p2p_sgd, sgd
-from apps.training import barriers_from_args, default_lr, job_name, parse_barrier
+from apps.training import (barriers_from_args, default_lr, in_cli_words, job_name,
+                           parse_barrier)
 from engines import param
 from engines.param.errors import CheckpointError
 from tests.conftest import wait_until
@@ -324,6 +325,29 @@ class TestSGDOnACluster:
         assert job_name(parse(["--checkpoint-dir", str(tmp_path)]), "sgd-linear") == "sgd-linear"
         with pytest.raises(ConfigError, match="--job-name '': name the job"):
             job_name(parse(["--job-name", ""]), "sgd-linear")
+
+    def test_the_apps_word_the_engines_errors_with_their_flags(self):
+        # the PS engine said "--timeout", "--checkpoint-dir", "--resume" and "--job-name"
+        # itself, to any caller; it now says what happened and the apps word it
+        late = actorpy.ActorpyTimeout("job 'j' ... timeout_s=5")
+        late.job_timeout = ("j", 5.0)
+        lost = param.JobFailed("x; pass checkpoint_dir=")
+        lost.shard_lost = "server shard 0 of job 'j' was lost"
+        missing = param.CheckpointError("no checkpoint at /c; run once without resume=True")
+        missing.checkpoint_missing = "/c"
+        taken = ConfigError("a job named 'j' is already running")
+        taken.name_taken = "j"
+        for exc in (late, lost, missing, taken):
+            in_cli_words(exc)
+        assert late.cli_message == ("job 'j' did not finish within --timeout 5 s; raise "
+                                    "--timeout (or lower --steps)")
+        assert lost.cli_message.endswith("was lost; pass --checkpoint-dir DIR (on every "
+                                         "worker's host) to survive this")
+        assert "run once without --resume (with --checkpoint-dir)" in missing.cli_message
+        assert taken.cli_message.endswith("give this run its own --job-name")
+        plain = param.JobFailed("all workers lost")
+        in_cli_words(plain)
+        assert plain.cli_message is None   # nothing to word: its own message stands
 
     def test_manager_run_takes_on_a_worker_that_joins(self):
         """`actorpy sgd --manager` trains on the cluster's workers and on one added while

@@ -99,10 +99,8 @@ class TestServerFaults:
             os.kill(_pid(cluster, run.shards[0].node), signal.SIGKILL)
             with pytest.raises(param.JobFailed, match="pass checkpoint_dir=") as info:
                 run.result()
-            # before: `actorpy sgd` too said "pass checkpoint_dir=", which it has no flag for
-            assert info.value.cli_message.endswith(
-                "no checkpoint to restart it from; pass --checkpoint-dir DIR (on every "
-                "worker's host) to survive this")
+            # what the apps word with their flags (apps/training.py in_cli_words)
+            assert info.value.shard_lost.endswith("no checkpoint to restart it from")
 
 
 DRIVER = """
