@@ -318,7 +318,7 @@ class TestBadInput:
             with pytest.raises(actorpy.ConfigError, match="a job named 'lin' is already "
                                                           "running on this cluster") as info:
                 job.run(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
-            assert "another run of this command there?" in info.value.cli_message
+            assert info.value.name_taken == "lin"   # the apps word it (in_cli_words)
         finally:
             monkeypatch.undo()
             first.cancel()
