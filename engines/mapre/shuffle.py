@@ -12,6 +12,7 @@ merging buckets many times the store's budget holds about two segments per block
 from __future__ import annotations
 
 import functools
+import operator  # noqa: F401 (the doctests)
 import pickle
 import time
 from collections import deque
