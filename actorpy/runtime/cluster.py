@@ -4,6 +4,8 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
+import numbers
 import os
 import random
 import threading
@@ -72,10 +74,7 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         if n < 1:
             raise ConfigError("an embedded local cluster needs workers >= 1")
         if n > MAX_LOCAL_WORKERS:
-            raise ConfigError(
-                f"an embedded local cluster takes at most {MAX_LOCAL_WORKERS} workers, not {n}: "
-                "its manager holds two sockets per worker, within ZeroMQ's 1023 per process; "
-                "for more, run `actorpy manager` and `actorpy worker` on several machines")
+            raise too_many_workers(n)
         local = LocalCluster(n, config, log_level)
         security, bind = local.security, local.bind_for(node_id)
         manager_address = local.manager_address
@@ -88,6 +87,24 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         if local is not None:
             local.close()
         raise
+
+
+def too_many_workers(n: int) -> ConfigError:
+    return ConfigError(
+        f"an embedded local cluster takes at most {MAX_LOCAL_WORKERS} workers, not {n}: "
+        "its manager holds two sockets per worker, within ZeroMQ's 1023 per process; "
+        "for more, run `actorpy manager` and `actorpy worker` on several machines")
+
+
+def check_seconds(name: str, value: Any) -> None:
+    """Refuse a time limit that is not a number (a str failed as a TypeError deep in the
+    call) or is NaN (it timed out at once, as if the work had been too slow).
+
+    Raises:
+        ConfigError: naming the argument and the value given.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
 
 
 class Cluster(Caller):
@@ -172,6 +189,7 @@ class Cluster(Caller):
             ActorpyTimeout: not every result came within ``timeout_s`` (one deadline for
                 the whole map, counted from the call).
         """
+        check_seconds("timeout_s", timeout_s)
         deadline = time.monotonic() + timeout_s
         futures = [self.submit(fn, x) for x in items]
         results = []
@@ -232,8 +250,11 @@ class Cluster(Caller):
                 "local cluster (actorpy.connect() with no address); to grow this cluster, run "
                 f"`actorpy worker --manager {peer.address if peer else 'tcp://HOST:PORT'} "
                 "--secret-file F` on a machine that can reach the manager")
-        if n < 1:
-            raise ConfigError(f"add_workers needs n >= 1, not {n}")
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ConfigError(f"add_workers needs an int n >= 1, not {n!r}")
+        check_seconds("timeout_s", timeout_s)
+        if len(self.local.worker_ids) + n > MAX_LOCAL_WORKERS:
+            raise too_many_workers(len(self.local.worker_ids) + n)
         ids = self.local.add_workers(n)
         self._wait_for_workers(ids, timeout_s)
         return ids
