@@ -189,7 +189,7 @@ class Job:
                              server_nodes=(tuple(server_nodes) if server_nodes is not None
                                            else None),
                              overlap=bool(overlap) and overlaps(self.barrier, self.schedule))
-        return Run(self, cluster, dict(init), options).start()
+        return Run(self, cluster, init, options).start()
 
     def run(self, cluster: Any, init: Mapping[str, Any], *, servers: int = 1,
             timeout_s: float = 600.0, checkpoint_dir: str | None = None,

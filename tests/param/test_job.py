@@ -434,6 +434,12 @@ class TestBadInput:
         job.register_stop(pb.StepStop(1))
         with pytest.raises(actorpy.ConfigError, match="numpy arrays or torch tensors"):
             job.run(cluster, init={"w": [0.0, 1.0]})
+        # before: a TypeError from dict() ("cannot convert dictionary update sequence ...")
+        for bad, what in ((np.zeros(2), r"a float64 array of shape \(2,\)"),
+                          ([("w", np.zeros(2))], "a list"), (3, "an int")):
+            with pytest.raises(actorpy.ConfigError, match=f"^init is {what}: it must be a dict "
+                                                          "of key -> value"):
+                job.run(cluster, init=bad)
         # before: taken, then every worker's first update did not fit "a object array"
         for bad in (np.array([1, "a"], dtype=object), np.array([[1.0, 2.0], [3.0]], dtype=object)):
             with pytest.raises(actorpy.ConfigError, match=r"init\['b'\] is an array of dtype "

@@ -113,6 +113,12 @@ class TestFailures:
         for start in (job.simulate, lambda **kw: job.run(None, timeout_s=5, **kw)):
             with pytest.raises(ConfigError, match="init must name at least one key"):
                 start(peers=2, init={})
+            # before: numpy's "truth value of an array ... is ambiguous", or an
+            # AttributeError for a list of pairs
+            for bad, what in ((np.zeros(2), r"a float64 array of shape \(2,\)"),
+                              ([("w", np.zeros(2))], "a list")):
+                with pytest.raises(ConfigError, match=f"^init is {what}: it must be a dict"):
+                    start(peers=2, init=bad)
             with pytest.raises(ConfigError, match="int number of peers >= 1, got 0"):
                 start(peers=0, init=init())
             # before: a TypeError from a comparison or from range()
