@@ -423,6 +423,16 @@ class TestBadInput:
                         checkpoint_every=every, timeout_s=30)
         assert os.listdir(tmp_path) == []
 
+    def test_a_callback_that_is_no_function_is_refused(self):
+        # before: taken, then every worker or shard failed on "'int' object is not callable"
+        job = param.Job("x")
+        for role in ("schedule", "push", "pull", "barrier", "stop"):
+            with pytest.raises(actorpy.ConfigError, match=f"^register_{role} must be a "
+                                                          "function, got an int$"):
+                getattr(job, f"register_{role}")(5)
+        with pytest.raises(actorpy.ConfigError, match="^data must be a function, got a tuple$"):
+            param.Job("x", data=(1, 2))
+
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")
         with pytest.raises(actorpy.ConfigError, match="register_push and register_pull"):

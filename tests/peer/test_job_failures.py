@@ -150,8 +150,22 @@ class TestFailures:
 
     def test_missing_callbacks_are_a_config_error(self) -> None:
         from actorpy.errors import ConfigError
-        with pytest.raises(ConfigError, match="schedule, push, stop"):
+        # before: "register them with job.register_<name>", the placeholder as it is
+        with pytest.raises(ConfigError, match=r"schedule, push, stop: register them with "
+                                              r"job.register_schedule\(fn\), job.register_"
+                                              r"push\(fn\), job.register_stop\(fn\)$"):
             Job("empty").spec()
+        # before: taken, then every peer failed with "'int' object is not callable"
+        job = linreg(ASP(), steps=1)
+        for role in ("schedule", "push", "pull", "stop"):
+            with pytest.raises(ConfigError, match=f"^register_{role} must be a function, "
+                                                  "got an int$"):
+                getattr(job, f"register_{role}")(5)
+        for start in (lambda **kw: job.simulate(peers=2, **kw),
+                      lambda **kw: job.run(None, peers=2, timeout_s=5, **kw),
+                      lambda **kw: job.run_overlay("tcp://127.0.0.1:1", timeout_s=5, **kw)):
+            with pytest.raises(ConfigError, match="^data must be a function, got a tuple$"):
+                start(init=init(), data=(1, 2))
         with pytest.raises(ConfigError, match="unknown overlay"):
             Job("x", rpc_timeout=1.0)
         with pytest.raises(ConfigError, match="replication"):
