@@ -37,6 +37,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: how long an interrupted ``run`` waits for its job to stop on the cluster (its shards and
 #: worker tasks end at their next step; a callback stuck in user code is not waited for)
 CANCEL_WAIT_S = 10.0
+#: The longest job name: it names the job's services ("NAME/shard12", "NAME/conductor"),
+#: which the cluster keeps to 200 characters. A longer one was refused by the first shard's
+#: registration, after the run had started (a RemoteError repeating the whole name).
+MAX_NAME_CHARS = 150
 
 Schedule = Callable[[Store, list[NodeId]], Mapping[NodeId, Sequence[str]]]
 PushFn = Callable[[WorkerContext, dict[str, Any]], dict[str, Any]]
@@ -116,6 +120,9 @@ class Job:
                  aggregate: str = "mean") -> None:
         if not name or not isinstance(name, str):
             raise ConfigError("a job needs a non-empty name")
+        if len(name) > MAX_NAME_CHARS:
+            raise ConfigError(f"a job name has at most {MAX_NAME_CHARS} characters (it names "
+                              f"the job's services), not {len(name):,}: {name[:40]!r}...")
         barrier = BSP() if barrier is None else barrier
         if not callable(getattr(barrier, "decide", None)):
             raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "

@@ -44,6 +44,9 @@ from .owner import MAX_BATCH
 #: the deepest pipeline a job may ask for (``Job(overlap=...)``): a batch of pushes is the
 #: steps computed while one travels, and a PUSH carries ``MAX_BATCH`` steps at most
 MAX_OVERLAP = MAX_BATCH - 1
+#: The longest job name: its peers' service names ("peer/NAME/ID/INDEX") hold it, and the
+#: cluster keeps those to 200 characters (a longer one failed once the run had started).
+MAX_NAME_CHARS = 150
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -112,6 +115,9 @@ class Job:
                  **overlay: Any) -> None:
         if not name or not isinstance(name, str):   # as the PS engine's Job
             raise ConfigError(f"a job needs a non-empty str name, got {name!r}")
+        if len(name) > MAX_NAME_CHARS:   # its peers' service names hold it, as the PS's do
+            raise ConfigError(f"a job name has at most {MAX_NAME_CHARS} characters (it names "
+                              f"the job's services), not {len(name):,}: {name[:40]!r}...")
         if barrier is not None and not callable(getattr(barrier, "decide", None)):
             # a str here failed in every peer's first barrier check, as an AttributeError
             raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "

@@ -433,6 +433,14 @@ class TestBadInput:
         with pytest.raises(actorpy.ConfigError, match="^data must be a function, got a tuple$"):
             param.Job("x", data=(1, 2))
 
+    def test_a_name_too_long_for_the_services_it_names_is_refused(self):
+        # before: taken, then the run failed as its first shard registered its service name
+        # (a RemoteError repeating the whole name)
+        with pytest.raises(actorpy.ConfigError, match=r"^a job name has at most 150 "
+                                                      r"characters .*, not 1,000: 'xxx"):
+            param.Job("x" * 1000)
+        assert param.Job("x" * 150).name == "x" * 150
+
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")
         with pytest.raises(actorpy.ConfigError, match="register_push and register_pull"):

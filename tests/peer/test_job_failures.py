@@ -187,6 +187,11 @@ class TestFailures:
         for name in ("", 5):
             with pytest.raises(ConfigError, match="a job needs a non-empty str name"):
                 Job(name)
+        # before: taken, then the run failed as its first peer registered its service name
+        with pytest.raises(ConfigError, match=r"^a job name has at most 150 characters \(it "
+                                              r"names the job's services\), not 1,000: 'xxx"):
+            Job("x" * 1000)
+        assert Job("x" * 150).name == "x" * 150
         with pytest.raises(ConfigError, match="barrier must be BSP"):
             Job("x", barrier="ssp")
         with pytest.raises(ConfigError, match="replication must be an int"):
