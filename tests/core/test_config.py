@@ -62,6 +62,25 @@ class TestConfig:
         config = Config(workers=np.int64(2), dead_after_s=5, store_dir=pathlib.Path("/tmp"))
         assert (config.workers, config.dead_after_s) == (2, 5)
 
+    def test_a_shared_ipc_directory_is_not_to_be_locked(self, tmp_path):
+        # before: ipc:///tmp/m said "`chmod 700 /tmp` first", which locks every other user
+        # and service out of /tmp
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        with pytest.raises(ConfigError) as info:
+            security_for(f"ipc://{shared}/m")
+        assert "chmod" not in str(info.value)
+        assert "shared with other users or not yours" in str(info.value)
+        assert "`mkdir -m 700 DIR`, then ipc://DIR/NAME" in str(info.value)
+        own = tmp_path / "own"
+        own.mkdir(mode=0o755)
+        own.chmod(0o755)
+        with pytest.raises(ConfigError, match=f"`chmod 700 {own}` first"):
+            security_for(f"ipc://{own}/m")
+        own.chmod(0o700)
+        assert security_for(f"ipc://{own}/m").mode == "ipc"
+
     def test_connect_rejects_bad_addresses(self, monkeypatch):
         with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
             actorpy.connect("http://example:80")
