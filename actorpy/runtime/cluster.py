@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import math
 import numbers
 import os
 import random
@@ -23,7 +22,7 @@ from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.local import LocalCluster
 from actorpy.runtime.membership import MANAGER_GONE, MANAGER_ID, Membership
 from actorpy.runtime.node import Node, NodeEvent, Subscription
-from actorpy.runtime.reply import ReplyFuture
+from actorpy.runtime.reply import ReplyFuture, check_seconds
 from actorpy.runtime.stream import StreamTable, TaskStream
 from actorpy.runtime.tasks import CancelState, ContextCallTask, StreamTask
 from actorpy.wire.auth import Security
@@ -94,17 +93,6 @@ def too_many_workers(n: int) -> ConfigError:
         f"an embedded local cluster takes at most {MAX_LOCAL_WORKERS} workers, not {n}: "
         "its manager holds two sockets per worker, within ZeroMQ's 1023 per process; "
         "for more, run `actorpy manager` and `actorpy worker` on several machines")
-
-
-def check_seconds(name: str, value: Any) -> None:
-    """Refuse a time limit that is not a number (a str failed as a TypeError deep in the
-    call) or is NaN (it timed out at once, as if the work had been too slow).
-
-    Raises:
-        ConfigError: naming the argument and the value given.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
 
 
 class Cluster(Caller):

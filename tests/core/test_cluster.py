@@ -154,6 +154,14 @@ class TestMapDeadline:
                     f"timeout_s must be a number of seconds, got {bad!r}")):
                 cluster.map(len, ["a"], timeout_s=bad)
         assert cluster.map(len, ["a"], timeout_s=30) == [1]
+        # a stream's next(nan) and result(nan) waited without limit, a str was a TypeError
+        stream = cluster.submit_stream(lambda ctx: ctx.emit(1) or 2)
+        for bad in (math.nan, "10"):
+            with pytest.raises(ConfigError, match="timeout_s must be a number of seconds"):
+                stream.next(bad)
+            with pytest.raises(ConfigError, match="timeout_s must be a number of seconds"):
+                stream.result(bad)
+        assert stream.next(30) == 1 and stream.result(30) == 2
 
 
 class TestTerminated:
