@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -87,6 +88,7 @@ class Config:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            _check_type(f.name, str(f.type), value)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{f.name} must be a finite number, got {value}")
         if self.workers is not None and self.workers < 0:
@@ -139,8 +141,36 @@ class Config:
             try:
                 values[f.name] = kind(raw)
             except ValueError:
-                raise ConfigError(f"ACTORPY_{f.name.upper()}={raw!r} is not a {kind.__name__}")
+                raise ConfigError(f"ACTORPY_{f.name.upper()}={raw!r} is not "
+                                  f"{_KIND_NAMES[kind.__name__]}")
         unknown = set(explicit) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
         return cls(**values)
+
+
+#: How a field's kind reads in a message.
+_KIND_NAMES = {"int": "an int", "float": "a number", "str": "a str"}
+
+
+def _check_type(name: str, annotation: str, value: Any) -> None:
+    """Refuse a value of the wrong type for field ``name`` (its annotation as text).
+
+    A str, float or bool where an int goes (``connect(workers=2.5)``, ``workers="2"``)
+    failed later and far away: a TypeError at a comparison, or the embedded manager
+    exiting on ``ACTORPY_WORKERS='2.5'``, a variable the caller never set.
+
+    Raises:
+        ConfigError: naming the field, the kind it takes and the value given.
+    """
+    if value is None and "None" in annotation:
+        return
+    kind = "float" if "float" in annotation else "int" if "int" in annotation else "str"
+    if kind == "str":
+        ok = isinstance(value, (str, os.PathLike))   # store_dir may be a pathlib.Path
+    else:
+        wanted = numbers.Real if kind == "float" else numbers.Integral
+        ok = isinstance(value, wanted) and not isinstance(value, bool)
+    if not ok:
+        optional = " (or None)" if "None" in annotation else ""
+        raise ConfigError(f"{name} must be {_KIND_NAMES[kind]}{optional}, got {value!r}")

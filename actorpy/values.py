@@ -27,12 +27,15 @@ def family(value: Any) -> str | None:
 def describe(value: Any) -> str:
     """``"a float32 array of shape (4,)"``-style text for error messages.
 
-    >>> describe([1.0]), describe(b"x")
-    ('a list', 'bytes')
+    >>> describe([1.0]), describe(b"x"), describe(3)
+    ('a list', 'bytes', 'an int')
     """
     fam = family(value)
     if fam is None:
-        return "bytes" if isinstance(value, _BYTES) else f"a {type(value).__name__}"
+        if isinstance(value, _BYTES):
+            return "bytes"
+        name = type(value).__name__
+        return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
     dtype = str(value.dtype).replace("torch.", "")
     kind = "array" if fam == "numpy" else "tensor"
     return f"a {dtype} {kind} of shape {tuple(value.shape)}"
@@ -101,13 +104,17 @@ def check_model(init: Mapping[str, Any], *, bytes_ok: bool = False) -> None:
     worker, as an update that did not fit the model.
 
     Raises:
-        ConfigError: naming the key and what its value is.
+        ConfigError: naming the key and what its value is, or ``init`` is no mapping.
 
     >>> check_model({"w": np.array([1, "a"], dtype=object)})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     actorpy.errors.ConfigError: init['w'] is an array of dtype object (Python objects): ...
     """
+    if not isinstance(init, Mapping):   # an array was "ambiguous truth value", a list a
+        # TypeError from dict(): both far from saying what init should be
+        raise ConfigError(f"init is {describe(init)}: it must be a dict of key -> value "
+                          "(numpy arrays or torch tensors), e.g. {'w': np.zeros(16)}")
     for key, value in init.items():
         fam = family(value)
         if not isinstance(key, str) or (fam is None and not (bytes_ok

@@ -135,12 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="actorpy kmeans",
                                      description="k-means on generated points, on a cluster.")
     parser.add_argument("--k", type=int, default=5, help="clusters (default 5)")
-    parser.add_argument("--points", type=int, default=200_000)
-    parser.add_argument("--dim", type=int, default=2)
+    parser.add_argument("--points", type=int, default=200_000,
+                        help="points generated around k random centres (default 200000)")
+    parser.add_argument("--dim", type=int, default=2, help="coordinates per point (default 2)")
     parser.add_argument("--partitions", type=int, default=8,
                         help=f"blocks of points (default 8, at most {MAX_PARTITIONS})")
     parser.add_argument("--iterations", type=int, default=50, help="at most (default 50)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the generated points and of the first centres (default 0)")
     apputil.add_cluster_arguments(parser)
     args = parser.parse_args(argv)
     small = [f"--{name} {getattr(args, name)}"

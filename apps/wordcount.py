@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = exc.__cause__ if isinstance(exc.__cause__, mapre.InputDecodeError) else None
         line = (f"{bad.path}: byte offset {bad.offset} is not valid UTF-8; fix the file, or "
                 "pass `--errors replace` to read such bytes as U+FFFD" if bad is not None
-                else str(exc.__cause__) if isinstance(exc.__cause__, mapre.InputNotWords)
+                else str(exc.__cause__) if isinstance(exc.__cause__, (mapre.InputNotWords,
+                                                                      mapre.InputChanged))
                 # the engine's words name its timeout_s= ("pass a larger timeout_s")
                 else f"counting did not finish within --timeout-s {args.timeout_s:g} s; "
                 "raise --timeout-s" if isinstance(exc, ActorpyTimeout) and counting

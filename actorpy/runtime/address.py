@@ -61,10 +61,16 @@ def security_for(address: str, *, secret: str | bytes | None = None,
     if address.startswith("ipc://"):
         folder = os.path.dirname(address[len("ipc://"):]) or "."
         try:
-            mode = os.stat(folder).st_mode
+            info = os.stat(folder)
         except OSError as exc:
             raise ConfigError(f"ipc directory {folder}: {exc.strerror}") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        if info.st_mode & stat.S_ISVTX or info.st_uid != os.getuid():
+            # a shared directory (/tmp, /var/tmp) or another user's: `chmod 700` there, as
+            # this said for /tmp, would lock every other user and service out of it
+            raise ConfigError(f"ipc directory {folder} is shared with other users or not "
+                              "yours; put the socket in a directory of your own that only "
+                              "you can open: `mkdir -m 700 DIR`, then ipc://DIR/NAME")
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError(f"ipc directory {folder} can be opened by other users; "
                               f"`chmod 700 {folder}` first (ipc trust is the directory's)")
         return Security.ipc()

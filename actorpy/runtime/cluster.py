@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import numbers
 import os
 import random
 import threading
@@ -22,7 +23,7 @@ from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.local import LocalCluster
 from actorpy.runtime.membership import MANAGER_GONE, MANAGER_ID, Membership
 from actorpy.runtime.node import Node, NodeEvent, Subscription
-from actorpy.runtime.reply import ReplyFuture
+from actorpy.runtime.reply import ReplyFuture, check_seconds
 from actorpy.runtime.stream import StreamTable, TaskStream
 from actorpy.runtime.tasks import CancelState, ContextCallTask, StreamTask
 from actorpy.wire.auth import Security
@@ -73,10 +74,7 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         if n < 1:
             raise ConfigError("an embedded local cluster needs workers >= 1")
         if n > MAX_LOCAL_WORKERS:
-            raise ConfigError(
-                f"an embedded local cluster takes at most {MAX_LOCAL_WORKERS} workers, not {n}: "
-                "its manager holds two sockets per worker, within ZeroMQ's 1023 per process; "
-                "for more, run `actorpy manager` and `actorpy worker` on several machines")
+            raise too_many_workers(n)
         ensure_open_files(files_needed(n), f"an embedded cluster of {n} workers")
         local = LocalCluster(n, config, log_level)
         security, bind = local.security, local.bind_for(node_id)
@@ -91,6 +89,13 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         if local is not None:
             local.close()
         raise
+
+
+def too_many_workers(n: int) -> ConfigError:
+    return ConfigError(
+        f"an embedded local cluster takes at most {MAX_LOCAL_WORKERS} workers, not {n}: "
+        "its manager holds two sockets per worker, within ZeroMQ's 1023 per process; "
+        "for more, run `actorpy manager` and `actorpy worker` on several machines")
 
 
 class Cluster(Caller):
@@ -175,6 +180,7 @@ class Cluster(Caller):
             ActorpyTimeout: not every result came within ``timeout_s`` (one deadline for
                 the whole map, counted from the call).
         """
+        check_seconds("timeout_s", timeout_s)
         deadline = time.monotonic() + timeout_s
         futures = [self.submit(fn, x) for x in items]
         results = []
@@ -235,8 +241,11 @@ class Cluster(Caller):
                 "local cluster (actorpy.connect() with no address); to grow this cluster, run "
                 f"`actorpy worker --manager {peer.address if peer else 'tcp://HOST:PORT'} "
                 "--secret-file F` on a machine that can reach the manager")
-        if n < 1:
-            raise ConfigError(f"add_workers needs n >= 1, not {n}")
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ConfigError(f"add_workers needs an int n >= 1, not {n!r}")
+        check_seconds("timeout_s", timeout_s)
+        if len(self.local.worker_ids) + n > MAX_LOCAL_WORKERS:
+            raise too_many_workers(len(self.local.worker_ids) + n)
         ids = self.local.add_workers(n)
         self._wait_for_workers(ids, timeout_s)
         return ids

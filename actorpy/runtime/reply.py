@@ -10,6 +10,7 @@ as ``__cause__`` only when someone looks at it.
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -35,6 +36,18 @@ def wait_limit(timeout: float | None) -> float | None:
     if math.isnan(timeout):
         raise ConfigError("timeout must be a number of seconds or None, got nan")
     return None if timeout >= threading.TIMEOUT_MAX else timeout
+
+
+def check_seconds(name: str, value: Any) -> None:
+    """Refuse a time limit that is not a number (a str failed as a TypeError deep in the
+    call) or is NaN (a map timed out at once, as if the work had been too slow; a stream
+    waited without limit).
+
+    Raises:
+        ConfigError: naming the argument and the value given.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
 
 
 class ReplyFuture(Future):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 from actorpy.errors import ActorpyError, ActorpyTimeout, ProtocolError
 from actorpy.ids import NodeId
 from actorpy.runtime.node import Node
-from actorpy.runtime.reply import ReplyFuture
+from actorpy.runtime.reply import ReplyFuture, check_seconds
 from actorpy.runtime.tasks import CancelState
 from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
@@ -146,6 +146,7 @@ class TaskStream:
             ActorpyTimeout: no item and no end within ``timeout_s``.
             RemoteError, NodeLost: the task failed, or its worker was lost.
         """
+        check_seconds("timeout_s", timeout_s)
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while not (self._buffer or self.future.done() or self._broken or self._cancelled):
@@ -203,6 +204,7 @@ class TaskStream:
             RemoteError, NodeLost: as for ``next``; CancelledError if it was cancelled.
             ActorpyTimeout: it did not end within ``timeout_s``.
         """
+        check_seconds("timeout_s", timeout_s)
         deadline = time.monotonic() + timeout_s
         for _ in self._drain(deadline, timeout_s):
             pass

@@ -32,11 +32,12 @@ from __future__ import annotations
 from engines.mapre.broadcast import Broadcast, broadcast
 from engines.mapre.dataset import DEFAULT_TIMEOUT_S, Dataset
 from engines.mapre.errors import (ArgumentError, EmptyDatasetError, FetchFailed, InputDecodeError,
-                                  InputNotFound, InputNotWords, JobFailed, MapreError,
+                                  InputChanged, InputNotFound, InputNotWords, JobFailed, MapreError,
                                   OutputExists)
 from engines.mapre.io import list_inputs
 from engines.mapre.sources import from_items, load
 
 __all__ = ["load", "from_items", "broadcast", "list_inputs", "Dataset", "Broadcast",
            "DEFAULT_TIMEOUT_S", "MapreError", "ArgumentError", "InputNotFound", "InputDecodeError",
-           "OutputExists", "InputNotWords", "EmptyDatasetError", "FetchFailed", "JobFailed"]
+           "OutputExists", "InputNotWords", "InputChanged", "EmptyDatasetError", "FetchFailed",
+           "JobFailed"]

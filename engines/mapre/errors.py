@@ -63,6 +63,11 @@ class InputNotWords(MapreError, ValueError):
     tab or newline to cut it at: not text made of words (a sparse file, a disk image)."""
 
 
+class InputChanged(MapreError, ValueError):
+    """An input file is shorter than when the job listed it: it was truncated or rewritten
+    while the job ran, so the lines past its new end would be missing from the result."""
+
+
 class OutputExists(MapreError, FileExistsError):
     """``save`` was pointed at a directory that already holds files."""
 

@@ -18,8 +18,8 @@ import os
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
-from engines.mapre.errors import (ArgumentError, InputDecodeError, InputNotFound, InputNotWords,
-                                  OutputExists)
+from engines.mapre.errors import (ArgumentError, InputChanged, InputDecodeError, InputNotFound,
+                                  InputNotWords, OutputExists)
 from engines.mapre.plan import Split
 
 #: Bytes read per block; each block is decoded and split into lines in C.
@@ -216,6 +216,12 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
     cut splits no character and no word, and lower-casing the pieces is lower-casing the line.
     """
     with open(split.path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < split.end:   # it was longer when listed: its lines past size would be lost
+            raise InputChanged(f"{split.path} is {size:,} bytes, shorter than the {split.end:,} "
+                               "it had when the job listed its input: it was truncated or "
+                               "rewritten while the job ran; run the job again once the file "
+                               "stays as it is")
         pos = split.start  # file offset of the first byte not yet returned
         if pos > 0:  # the line covering start - 1 belongs to the split before
             f.seek(pos - 1)

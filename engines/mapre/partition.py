@@ -3,9 +3,10 @@
 Python's ``hash()`` of a str changes per process (``PYTHONHASHSEED``), so it cannot place a
 key consistently across workers. Keys are hashed here with CRC-32 of their UTF-8 bytes (str),
 CRC-32 (bytes), the value itself (int), and a fixed combination of those for tuples. Keys
-that compare equal in Python hash alike: ``1``, ``1.0`` and ``True`` go to one partition,
-as a dict would merge them. Other keys fall back to BLAKE2b of their pickle, which is stable
-for plain data (dataclasses, enums) but not for keys whose pickle depends on a set's order.
+that compare equal in Python hash alike: ``1``, ``1.0``, ``True``, ``Decimal("1")``,
+``Fraction(1)`` and ``1+0j`` go to one partition, as a dict would merge them. Other keys
+fall back to BLAKE2b of their pickle, which is stable for plain data (dataclasses, enums)
+but not for keys whose pickle depends on a set's order.
 
 Hot paths hash lists of keys through ``map`` over C functions, so bucketing a partition
 costs a few C calls per key rather than a Python frame.
@@ -17,6 +18,7 @@ import hashlib
 import numbers
 import pickle
 import struct
+from decimal import Decimal
 from itertools import compress
 from operator import itemgetter
 from typing import Any, Callable, Hashable, Iterable, Sequence
@@ -54,11 +56,12 @@ def stable_hash(key: Hashable) -> int:
         return crc32(str(key).encode("utf-8", "surrogatepass"))
     if isinstance(key, numbers.Integral):  # bool, numpy integers
         return int(key) & _MASK
-    if isinstance(key, numbers.Real):
-        f = float(key)
-        if f.is_integer():
-            return int(f) & _MASK
-        return crc32(struct.pack("<d", f))
+    if isinstance(key, (numbers.Real, Decimal)):
+        return _real_hash(key)
+    if isinstance(key, numbers.Complex):   # 1+0j == 1: a complex on the real axis is a real
+        if key.imag == 0:
+            return _real_hash(key.real)
+        return crc32(struct.pack("<dd", key.real, key.imag))
     if isinstance(key, (bytes, bytearray, memoryview)):
         return crc32(bytes(key))
     if isinstance(key, frozenset):  # order-free: combine by xor of the members' hashes
@@ -68,6 +71,23 @@ def stable_hash(key: Hashable) -> int:
         return h
     digest = hashlib.blake2b(pickle.dumps(key, protocol=5), digest_size=8).digest()
     return int.from_bytes(digest, "little")
+
+
+def _real_hash(key: Any) -> int:
+    """``stable_hash`` of a real number (a float, Fraction, Decimal, numpy float) that is
+    the same for every key equal to it in Python, whatever its type: an integral value
+    hashes as the int it equals (computed exactly: a float of Fraction(10**20 + 1) or
+    Decimal("12345678901234567891") is another int), any other value as its nearest float
+    (a non-integral Decimal or Fraction equal to a float converts to that float)."""
+    if isinstance(key, Decimal):   # not a numbers.Real, yet Decimal("2") == 2 == 2.0
+        if key.is_finite() and key == key.to_integral_value():
+            return int(key) & _MASK
+    elif isinstance(key, numbers.Rational) and key.denominator == 1:
+        return int(key.numerator) & _MASK
+    f = float(key)
+    if f.is_integer():
+        return int(f) & _MASK
+    return crc32(struct.pack("<d", f))
 
 
 def partition_of(key: Hashable, partitions: int) -> int:

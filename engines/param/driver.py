@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Mapping
 
 from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, RemoteError,
                             ServiceNameTaken)
@@ -90,11 +90,13 @@ def _is_int(value: Any) -> bool:
 class Run:
     """A running job (``Job.start``); ``result()`` waits for the model."""
 
-    def __init__(self, job: Any, cluster: Any, init: dict[str, Any], options: RunOptions) -> None:
+    def __init__(self, job: Any, cluster: Any, init: Mapping[str, Any],
+                 options: RunOptions) -> None:
         self.job, self.cluster, self.options = job, cluster, options
+        check_model(init)
         if not init:
             raise ConfigError("init must name at least one key")
-        check_model(init)
+        init = dict(init)
         timeout_s = options.timeout_s
         if not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
             raise ConfigError(f"need a finite timeout_s > 0, got {options.timeout_s}")

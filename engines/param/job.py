@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision
 from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import NodeId
+from actorpy.values import describe
 from engines.param.server import AGGREGATES
 from engines.param.store import Store
 from engines.param.worker import DataContext, WorkerContext
@@ -36,6 +37,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: how long an interrupted ``run`` waits for its job to stop on the cluster (its shards and
 #: worker tasks end at their next step; a callback stuck in user code is not waited for)
 CANCEL_WAIT_S = 10.0
+#: The longest job name: it names the job's services ("NAME/shard12", "NAME/conductor"),
+#: which the cluster keeps to 200 characters. A longer one was refused by the first shard's
+#: registration, after the run had started (a RemoteError repeating the whole name).
+MAX_NAME_CHARS = 150
 
 Schedule = Callable[[Store, list[NodeId]], Mapping[NodeId, Sequence[str]]]
 PushFn = Callable[[WorkerContext, dict[str, Any]], dict[str, Any]]
@@ -44,6 +49,13 @@ StopFn = Callable[[Store], bool]
 BarrierFn = Callable[[int, Any], "bool | Decision"]
 
 log = logging.getLogger(__name__)
+
+
+def _function(role: str, fn: Any) -> None:
+    """Refuse a callback that cannot be called: it was taken, and every worker or shard
+    failed on it later with "'int' object is not callable" (a RemoteError)."""
+    if not callable(fn):
+        raise ConfigError(f"{role} must be a function, got {describe(fn)}")
 
 
 @dataclass(frozen=True)
@@ -108,12 +120,17 @@ class Job:
                  aggregate: str = "mean") -> None:
         if not name or not isinstance(name, str):
             raise ConfigError("a job needs a non-empty name")
+        if len(name) > MAX_NAME_CHARS:
+            raise ConfigError(f"a job name has at most {MAX_NAME_CHARS} characters (it names "
+                              f"the job's services), not {len(name):,}: {name[:40]!r}...")
         barrier = BSP() if barrier is None else barrier
         if not callable(getattr(barrier, "decide", None)):
             raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "
                               f"or have decide(me_step, view); got {barrier!r}")
         if not isinstance(seed, numbers.Integral) or seed < 0:   # as numpy's seeds are
             raise ConfigError(f"seed must be an int >= 0, got {seed!r}")
+        if data is not None:
+            _function("data", data)
         if aggregate not in AGGREGATES:
             raise ConfigError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         self.name = name
@@ -130,6 +147,7 @@ class Job:
     def register_schedule(self, fn: F) -> F:
         """Server: ``fn(store, workers) -> {worker: [keys]}``, called when workers are let
         go; each gets the values of its keys. Default: every key to every worker."""
+        _function("register_schedule", fn)
         self.schedule = fn
         return fn
 
@@ -137,6 +155,7 @@ class Job:
         """Worker: ``fn(ctx: WorkerContext, values) -> {key: update}`` (same type, shape
         and dtype as the values); ``{}``: no update this step. None (a missing ``return``)
         fails the job."""
+        _function("register_push", fn)
         self.push = fn
         return fn
 
@@ -144,12 +163,14 @@ class Job:
         """Server: ``fn(store, updates)`` folds (aggregated) updates into the model with
         ``store.get(key) -> (value, clock)`` and ``store.set(key, value)``; build new
         values, never change stored ones in place (they are on their way to workers)."""
+        _function("register_pull", fn)
         self.pull = fn
         return fn
 
     def register_barrier(self, fn: F) -> F:
         """Server: a custom barrier ``fn(me_step, view) -> bool | Decision`` replacing the
         job's policy (``view.steps()``: the other workers' completed steps)."""
+        _function("register_barrier", fn)
         self.barrier = FunctionBarrier(fn)
         return fn
 
@@ -158,6 +179,7 @@ class Job:
         push returned ``{}``, which runs no pull); True ends the job. With
         several shards each shard checks it, and a shard that does not hold a key the
         function reads does not vote."""
+        _function("register_stop", fn)
         self.stop = fn
         return fn
 
@@ -189,7 +211,7 @@ class Job:
                              server_nodes=(tuple(server_nodes) if server_nodes is not None
                                            else None),
                              overlap=bool(overlap) and overlaps(self.barrier, self.schedule))
-        return Run(self, cluster, dict(init), options).start()
+        return Run(self, cluster, init, options).start()
 
     def run(self, cluster: Any, init: Mapping[str, Any], *, servers: int = 1,
             timeout_s: float = 600.0, checkpoint_dir: str | None = None,

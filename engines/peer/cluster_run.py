@@ -109,6 +109,16 @@ def start_peers(cluster: Any, n: int, config: KademliaConfig, seed: int = 0,
     return refs, infos
 
 
+def check_timeout(timeout_s: Any) -> None:
+    """Refuse a run's ``timeout_s`` that is no finite number > 0 (NaN never times out).
+
+    Raises:
+        ConfigError: naming the value.
+    """
+    if not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+        raise ConfigError(f"timeout_s must be a finite number > 0, got {timeout_s}")
+
+
 class ClusterRun:
     """A ``peer.Job`` on a running cluster (see the module docstring).
 
@@ -129,9 +139,7 @@ class ClusterRun:
                  poll_s: float = 0.05,
                  on_poll: Callable[[ClusterRun, float], None] | None = None) -> None:
         check_run(peers, init)
-        if not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
-            # NaN too: it never times out
-            raise ConfigError(f"timeout_s must be a finite number > 0, got {timeout_s}")
+        check_timeout(timeout_s)
         self.job = job
         self.spec = dataclasses.replace(job.spec(init),
                                         quick=nbytes(init) <= QUICK_MODEL_BYTES)

@@ -145,9 +145,9 @@ def check_run(peers: int, init: Mapping[str, Any]) -> None:
     """
     if not isinstance(peers, numbers.Integral) or isinstance(peers, bool) or peers < 1:
         raise ConfigError(f"a P2P job needs an int number of peers >= 1, got {peers!r}")
+    check_model(init, bytes_ok=True)
     if not init:
         raise ConfigError("init must name at least one key")
-    check_model(init, bytes_ok=True)
     for key, value in init.items():   # a str or structured array failed in the overlay
         why = unstorable(value)
         if why is not None:

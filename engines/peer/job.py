@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from actorpy.barrier import ASP, Policy
 from actorpy.errors import ConfigError
+from actorpy.values import describe
 
 from .context import JobSpec, Pull, Push, Schedule, Stop
 from .kademlia.events import KademliaConfig
@@ -43,8 +44,18 @@ from .owner import MAX_BATCH
 #: the deepest pipeline a job may ask for (``Job(overlap=...)``): a batch of pushes is the
 #: steps computed while one travels, and a PUSH carries ``MAX_BATCH`` steps at most
 MAX_OVERLAP = MAX_BATCH - 1
+#: The longest job name: its peers' service names ("peer/NAME/ID/INDEX") hold it, and the
+#: cluster keeps those to 200 characters (a longer one failed once the run had started).
+MAX_NAME_CHARS = 150
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _function(role: str, fn: Any) -> None:
+    """Refuse a callback that cannot be called: it was taken, and every peer failed on it
+    later with "'int' object is not callable"."""
+    if not callable(fn):
+        raise ConfigError(f"{role} must be a function, got {describe(fn)}")
 
 #: Overlay settings for training (virtual or real seconds): short timeouts suit a cluster's
 #: network, replica checks notice a dead holder within about a second, an owner reuses its
@@ -104,6 +115,9 @@ class Job:
                  **overlay: Any) -> None:
         if not name or not isinstance(name, str):   # as the PS engine's Job
             raise ConfigError(f"a job needs a non-empty str name, got {name!r}")
+        if len(name) > MAX_NAME_CHARS:   # its peers' service names hold it, as the PS's do
+            raise ConfigError(f"a job name has at most {MAX_NAME_CHARS} characters (it names "
+                              f"the job's services), not {len(name):,}: {name[:40]!r}...")
         if barrier is not None and not callable(getattr(barrier, "decide", None)):
             # a str here failed in every peer's first barrier check, as an AttributeError
             raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "
@@ -148,18 +162,21 @@ class Job:
 
     def register_schedule(self, fn: F) -> F:
         """``schedule(ctx) -> list of keys`` this peer works on this step."""
+        _function("register_schedule", fn)
         self._schedule = fn
         return fn
 
     def register_push(self, fn: F) -> F:
         """``push(ctx, values) -> {key: update}``: runs on every peer each step; ``{}``:
         no update this step. None (a missing ``return``) fails the job."""
+        _function("register_push", fn)
         self._push = fn
         return fn
 
     def register_pull(self, fn: F) -> F:
         """``pull(store, updates)``: runs on the owner of the pushed keys; reads
         ``store.get(key) -> (value, clock)``, writes ``store.set(key, value)``."""
+        _function("register_pull", fn)
         self._pull = fn
         return fn
 
@@ -172,6 +189,7 @@ class Job:
 
     def register_stop(self, fn: F) -> F:
         """``stop(ctx) -> bool``: checked after each step; True ends this peer's loop."""
+        _function("register_stop", fn)
         self._stop = fn
         return fn
 
@@ -186,7 +204,8 @@ class Job:
                                   ("stop", self._stop)) if f is None]
         if missing:
             raise ConfigError(f"job {self.name!r} has no {', '.join(missing)}: register "
-                              "them with job.register_<name>")
+                              f"{'it' if len(missing) == 1 else 'them'} with "
+                              + ", ".join(f"job.register_{n}(fn)" for n in missing))
         assert self._schedule is not None and self._push is not None and self._stop is not None
         kwargs: dict[str, Any] = {}
         if self._pull is not None:
@@ -202,6 +221,8 @@ class Job:
         return its ``SimResult``: the final model read from the overlay, steps, timings."""
         from .simrun import SimRun  # the simulator is only needed here
 
+        if options.get("data") is not None:
+            _function("data", options["data"])
         return SimRun(self, peers, init, **options).run()
 
     def run(self, cluster: Any, peers: int, init: dict[str, Any], *,
@@ -218,6 +239,8 @@ class Job:
         """
         from .cluster_run import ClusterRun
 
+        if data is not None:
+            _function("data", data)
         return ClusterRun(self, cluster, peers, init, data=data, timeout_s=timeout_s,
                           on_poll=on_poll).run()
 
@@ -237,6 +260,8 @@ class Job:
         """
         from .overlay_run import run_overlay
 
+        if data is not None:
+            _function("data", data)
         return run_overlay(self, address, init, secret=secret, secret_file=secret_file,
                            data=data, timeout_s=timeout_s, on_poll=on_poll)
 

@@ -29,7 +29,7 @@ from actorpy.runtime.context import ServiceRef
 from actorpy.runtime.node import Node
 from actorpy.wire import message as wm
 
-from .cluster_run import CALL_S, ClusterRun, RunResult
+from .cluster_run import CALL_S, ClusterRun, RunResult, check_timeout
 from .dialer import PEER_SERVICE, Dialer, Welcome, check_endpoint
 from .shell import PeerKind
 
@@ -174,10 +174,14 @@ def run_overlay(job: Any, address: str, init: dict[str, Any], *,
     Raises:
         as ``Job.run_overlay``.
     """
+    check_timeout(timeout_s)   # before: a str failed at the subtraction below
     started = time.monotonic()
     with OverlayClient(address, secret=secret, secret_file=secret_file,
-                       hello_s=hello_s) as client:
+                       hello_s=min(hello_s, timeout_s)) as client:
         members = client.members()
         left = timeout_s - (time.monotonic() - started)
+        if left <= 0:   # before: a ConfigError blaming a negative timeout_s never given
+            raise ActorpyTimeout(f"job {job.name!r}: finding the peers through {address} took "
+                                 f"all of timeout_s={timeout_s:g} s; raise timeout_s")
         return OverlayRun(job, client, members, init, data=data, timeout_s=left,
                           on_poll=on_poll).run()

@@ -87,3 +87,16 @@ def test_a_centre_of_many_dimensions_prints_on_one_short_line(capsys):
     assert len(centres) == 2
     for line in centres:
         assert line.endswith(" ... (42 more; --json has all)") and len(line) < 120
+
+
+def test_every_option_says_what_it_is_in_help(capsys):
+    # before: --points, --dim and --seed were listed bare
+    with pytest.raises(SystemExit) as info:
+        kmeans.main(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for flag, words in (("--points POINTS", "points generated around k"),
+                        ("--dim DIM", "coordinates per point"),
+                        ("--seed SEED", "seed of the generated points")):
+        after = text.split(f"  {flag}", 1)[1]
+        assert " ".join(after.split()).startswith(words), (flag, after[:80])

@@ -3,14 +3,16 @@ that cost nothing (never a repr of the task's data)."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import re
 import threading
 import time
 
 import pytest
 
 import actorpy
-from actorpy.errors import ActorpyTimeout
+from actorpy.errors import ActorpyTimeout, ConfigError
 from actorpy.runtime.cluster import Cluster, task_name
 from actorpy.runtime.context import CallTask
 from actorpy.runtime.tasks import ContextCallTask
@@ -141,6 +143,24 @@ class TestMapDeadline:
             assert isinstance(info.value, TimeoutError)
             pids = cluster.map(hold, [0.0] * 4, timeout_s=60)
             assert len(pids) == 4 and set(pids) <= {r["pid"] for r in cluster.nodes()}
+
+
+    def test_a_timeout_that_is_no_number_is_refused(self, cluster):
+        # NaN timed out at once ("1 not done within timeout_s=nan"), as if the work had been
+        # slow; a str was a TypeError from the deadline's arithmetic
+        for bad in (math.nan, "10", None):
+            with pytest.raises(ConfigError, match=re.escape(
+                    f"timeout_s must be a number of seconds, got {bad!r}")):
+                cluster.map(len, ["a"], timeout_s=bad)
+        assert cluster.map(len, ["a"], timeout_s=30) == [1]
+        # a stream's next(nan) and result(nan) waited without limit, a str was a TypeError
+        stream = cluster.submit_stream(lambda ctx: ctx.emit(1) or 2)
+        for bad in (math.nan, "10"):
+            with pytest.raises(ConfigError, match="timeout_s must be a number of seconds"):
+                stream.next(bad)
+            with pytest.raises(ConfigError, match="timeout_s must be a number of seconds"):
+                stream.result(bad)
+        assert stream.next(30) == 1 and stream.result(30) == 2
 
 
 class TestTerminated:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pathlib
+import re
 import threading
 
 import numpy as np
@@ -40,6 +42,44 @@ class TestConfig:
             Config.from_env({}, task_threads=0)
         with pytest.raises(ConfigError, match="got chunk_bytes=0 and max_frame_bytes="):
             Config.from_env({}, chunk_bytes=0)
+
+    def test_wrong_types_are_refused_naming_the_field(self):
+        # connect(workers=2.5) started a manager that exited on ACTORPY_WORKERS='2.5' (a
+        # variable the caller never set); workers="2" was a TypeError at a comparison
+        for value in (2.5, "2", True):
+            with pytest.raises(ConfigError, match=re.escape(
+                    f"workers must be an int (or None), got {value!r}")):
+                Config(workers=value)
+        with pytest.raises(ConfigError, match="^dead_after_s must be a number, got '3'$"):
+            Config.from_env({}, dead_after_s="3")
+        with pytest.raises(ConfigError, match="^local_transport must be a str, got 5$"):
+            Config(local_transport=5)
+        with pytest.raises(ConfigError, match="workers must be an int"):
+            actorpy.connect(workers=2.5)
+        with pytest.raises(ConfigError, match="^ACTORPY_WORKERS='2.5' is not an int$"):
+            Config.from_env({"ACTORPY_WORKERS": "2.5"})
+        # what the types allow still goes: numpy's ints, an int for seconds, a path
+        config = Config(workers=np.int64(2), dead_after_s=5, store_dir=pathlib.Path("/tmp"))
+        assert (config.workers, config.dead_after_s) == (2, 5)
+
+    def test_a_shared_ipc_directory_is_not_to_be_locked(self, tmp_path):
+        # before: ipc:///tmp/m said "`chmod 700 /tmp` first", which locks every other user
+        # and service out of /tmp
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        with pytest.raises(ConfigError) as info:
+            security_for(f"ipc://{shared}/m")
+        assert "chmod" not in str(info.value)
+        assert "shared with other users or not yours" in str(info.value)
+        assert "`mkdir -m 700 DIR`, then ipc://DIR/NAME" in str(info.value)
+        own = tmp_path / "own"
+        own.mkdir(mode=0o755)
+        own.chmod(0o755)
+        with pytest.raises(ConfigError, match=f"`chmod 700 {own}` first"):
+            security_for(f"ipc://{own}/m")
+        own.chmod(0o700)
+        assert security_for(f"ipc://{own}/m").mode == "ipc"
 
     def test_connect_rejects_bad_addresses(self, monkeypatch):
         with pytest.raises(ConfigError, match="tcp://HOST:PORT"):

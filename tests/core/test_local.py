@@ -3,7 +3,9 @@ a forked child of the driver does not keep the cluster alive, workers join mid-r
 script started with a standard stream closed still runs one."""
 from __future__ import annotations
 
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,6 +104,23 @@ class TestAddWorkers:
                 [x * 3 for x in range(9)]
             with pytest.raises(ConfigError, match="n >= 1"):
                 cluster.add_workers(0)
+
+    def test_bad_arguments_start_no_process(self, monkeypatch):
+        with actorpy.connect(workers=1) as cluster:
+            started = []
+            monkeypatch.setattr(cluster.local, "add_workers",
+                                lambda n: started.append(n) or [])
+            # 1.5 and "1" failed as a TypeError, True started one worker; past the embedded
+            # cluster's cap (its manager's sockets) connect() refused, add_workers started them
+            for n in (1.5, "1", True):
+                with pytest.raises(ConfigError, match=re.escape(
+                        f"add_workers needs an int n >= 1, not {n!r}")):
+                    cluster.add_workers(n)
+            with pytest.raises(ConfigError, match="at most 256 workers, not 257"):
+                cluster.add_workers(256)
+            with pytest.raises(ConfigError, match="timeout_s must be a number of seconds"):
+                cluster.add_workers(1, timeout_s=math.nan)
+            assert started == []
 
     def test_a_remote_cluster_says_how_to_add_workers(self):
         with actorpy.connect(workers=1) as local:

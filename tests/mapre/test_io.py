@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engines.mapre import io
-from engines.mapre.errors import (ArgumentError, InputDecodeError, InputNotFound, InputNotWords,
-                                  OutputExists)
+from engines.mapre.errors import (ArgumentError, InputChanged, InputDecodeError, InputNotFound,
+                                  InputNotWords, OutputExists)
 from engines.mapre.plan import Split
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,15 +62,15 @@ class TestReadSplit:
         path = tmp_path / "bad.txt"
         path.write_bytes(b"good line\nsecond \xff line\n")
         with pytest.raises(InputDecodeError) as info:
-            read_all(str(path), 27, 100, 4)
+            read_all(str(path), 24, 100, 4)
         assert info.value.offset == 17 and info.value.path == str(path)
         assert ("bad.txt: byte offset 17" in str(info.value)
                 and "errors='replace'" in str(info.value))
-        lines = [x for part in io.read_split(Split(str(path), 0, 27), "replace") for x in part]
+        lines = [x for part in io.read_split(Split(str(path), 0, 24), "replace") for x in part]
         assert lines == ["good line", "second \ufffd line"]
         path.write_bytes(io.BOM + b"good line\nsecond \xff line\n")  # offsets count the mark
         with pytest.raises(InputDecodeError, match="byte offset 20"):
-            read_all(str(path), 30, 100, 4)
+            read_all(str(path), 27, 100, 4)
 
 
     @given(st.lists(LINE, max_size=30), st.booleans(), st.integers(1, 40), st.integers(1, 16),
@@ -138,10 +138,25 @@ class TestReadSplit:
         path = tmp_path / "bad.txt"
         path.write_bytes(b"good line\r\nsecond \xff line\n")
         with pytest.raises(InputDecodeError) as info:
-            list(io.read_split_text(Split(str(path), 0, 28), "strict", 4))
+            list(io.read_split_text(Split(str(path), 0, 25), "strict", 4))
         assert info.value.offset == 18
-        assert list(io.read_split_text(Split(str(path), 0, 28), "replace")) == [
+        assert list(io.read_split_text(Split(str(path), 0, 25), "replace")) == [
             "good line\r\nsecond \ufffd line\n"]
+
+    def test_a_file_cut_short_after_listing_is_an_error_not_fewer_lines(self, tmp_path):
+        # before: the splits past the new end read nothing, and a count over the file came
+        # out short without a word (a log rotated, a file rewritten while the job ran)
+        path = tmp_path / "shrinks.txt"
+        path.write_bytes(b"one\ntwo\nthree\nfour\n")
+        splits = io.make_splits([str(path)], 8)
+        os.truncate(path, 9)
+        with pytest.raises(InputChanged, match=r"shrinks.txt is 9 bytes, shorter than the 12 "
+                                               "it had when the job listed its input"):
+            [list(io.read_split(s)) for s in splits]
+        # grown meanwhile: the lines as listed, the new ones are not the job's
+        path.write_bytes(b"one\ntwo\nthree\nfour\nfive\n")
+        assert [line for s in splits for block in io.read_split(s) for line in block] == [
+            "one", "two", "three", "four"]
 
 
 class TestInputs:

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 from hypothesis import given, settings
@@ -25,6 +27,19 @@ class TestStableHash:
         assert stable_hash(frozenset({"a", "b", "c"})) == stable_hash(frozenset(["c", "b", "a"]))
         assert stable_hash(-0.0) == stable_hash(0)
         assert stable_hash("é") != stable_hash("e\u0301")  # NFC and NFD are different keys
+
+    def test_equal_numbers_of_any_type_hash_alike(self):
+        # before: a Decimal and a complex were hashed by their pickle, so reduce_by_key kept
+        # Decimal("5") and 5 (or 1+0j and 1) apart; a Fraction by its float, so
+        # Fraction(10**20 + 1) went where 10**20 goes, not where the int it equals goes
+        groups = [[1, 1.0, True, Decimal(1), Fraction(1), 1 + 0j, np.float32(1), np.complex64(1)],
+                  [0.5, Decimal("0.5"), Fraction(1, 2), 0.5 + 0j, np.float16(0.5)],
+                  [10**20 + 1, Fraction(10**20 + 1), Decimal(10**20 + 1)],
+                  [Decimal("0.1"), Fraction(1, 10)], [-0.0, 0, Decimal("-0")]]
+        for group in groups:
+            assert all(a == b for a in group for b in group)
+            assert len({stable_hash(k) for k in group}) == 1, group
+        assert stable_hash(1.5 + 2j) == stable_hash(complex(1.5, 2.0)) != stable_hash(1.5)
 
     def test_same_in_processes_with_different_hash_seeds(self):
         code = ("import json, sys; from engines.mapre.partition import stable_hash; "

@@ -435,6 +435,24 @@ class TestBadInput:
                         checkpoint_every=every, timeout_s=30)
         assert os.listdir(tmp_path) == []
 
+    def test_a_callback_that_is_no_function_is_refused(self):
+        # before: taken, then every worker or shard failed on "'int' object is not callable"
+        job = param.Job("x")
+        for role in ("schedule", "push", "pull", "barrier", "stop"):
+            with pytest.raises(actorpy.ConfigError, match=f"^register_{role} must be a "
+                                                          "function, got an int$"):
+                getattr(job, f"register_{role}")(5)
+        with pytest.raises(actorpy.ConfigError, match="^data must be a function, got a tuple$"):
+            param.Job("x", data=(1, 2))
+
+    def test_a_name_too_long_for_the_services_it_names_is_refused(self):
+        # before: taken, then the run failed as its first shard registered its service name
+        # (a RemoteError repeating the whole name)
+        with pytest.raises(actorpy.ConfigError, match=r"^a job name has at most 150 "
+                                                      r"characters .*, not 1,000: 'xxx"):
+            param.Job("x" * 1000)
+        assert param.Job("x" * 150).name == "x" * 150
+
     def test_missing_callbacks_and_bad_init(self, cluster):
         job = param.Job("x")
         with pytest.raises(actorpy.ConfigError, match="register_push and register_pull"):
@@ -446,6 +464,12 @@ class TestBadInput:
         job.register_stop(pb.StepStop(1))
         with pytest.raises(actorpy.ConfigError, match="numpy arrays or torch tensors"):
             job.run(cluster, init={"w": [0.0, 1.0]})
+        # before: a TypeError from dict() ("cannot convert dictionary update sequence ...")
+        for bad, what in ((np.zeros(2), r"a float64 array of shape \(2,\)"),
+                          ([("w", np.zeros(2))], "a list"), (3, "an int")):
+            with pytest.raises(actorpy.ConfigError, match=f"^init is {what}: it must be a dict "
+                                                          "of key -> value"):
+                job.run(cluster, init=bad)
         # before: taken, then every worker's first update did not fit "a object array"
         for bad in (np.array([1, "a"], dtype=object), np.array([[1.0, 2.0], [3.0]], dtype=object)):
             with pytest.raises(actorpy.ConfigError, match=r"init\['b'\] is an array of dtype "

@@ -122,6 +122,12 @@ class TestFailures:
         for start in (job.simulate, lambda **kw: job.run(None, timeout_s=5, **kw)):
             with pytest.raises(ConfigError, match="init must name at least one key"):
                 start(peers=2, init={})
+            # before: numpy's "truth value of an array ... is ambiguous", or an
+            # AttributeError for a list of pairs
+            for bad, what in ((np.zeros(2), r"a float64 array of shape \(2,\)"),
+                              ([("w", np.zeros(2))], "a list")):
+                with pytest.raises(ConfigError, match=f"^init is {what}: it must be a dict"):
+                    start(peers=2, init=bad)
             with pytest.raises(ConfigError, match="int number of peers >= 1, got 0"):
                 start(peers=0, init=init())
             # before: a TypeError from a comparison or from range()
@@ -153,8 +159,22 @@ class TestFailures:
 
     def test_missing_callbacks_are_a_config_error(self) -> None:
         from actorpy.errors import ConfigError
-        with pytest.raises(ConfigError, match="schedule, push, stop"):
+        # before: "register them with job.register_<name>", the placeholder as it is
+        with pytest.raises(ConfigError, match=r"schedule, push, stop: register them with "
+                                              r"job.register_schedule\(fn\), job.register_"
+                                              r"push\(fn\), job.register_stop\(fn\)$"):
             Job("empty").spec()
+        # before: taken, then every peer failed with "'int' object is not callable"
+        job = linreg(ASP(), steps=1)
+        for role in ("schedule", "push", "pull", "stop"):
+            with pytest.raises(ConfigError, match=f"^register_{role} must be a function, "
+                                                  "got an int$"):
+                getattr(job, f"register_{role}")(5)
+        for start in (lambda **kw: job.simulate(peers=2, **kw),
+                      lambda **kw: job.run(None, peers=2, timeout_s=5, **kw),
+                      lambda **kw: job.run_overlay("tcp://127.0.0.1:1", timeout_s=5, **kw)):
+            with pytest.raises(ConfigError, match="^data must be a function, got a tuple$"):
+                start(init=init(), data=(1, 2))
         with pytest.raises(ConfigError, match="unknown overlay"):
             Job("x", rpc_timeout=1.0)
         with pytest.raises(ConfigError, match="replication"):
@@ -176,6 +196,11 @@ class TestFailures:
         for name in ("", 5):
             with pytest.raises(ConfigError, match="a job needs a non-empty str name"):
                 Job(name)
+        # before: taken, then the run failed as its first peer registered its service name
+        with pytest.raises(ConfigError, match=r"^a job name has at most 150 characters \(it "
+                                              r"names the job's services\), not 1,000: 'xxx"):
+            Job("x" * 1000)
+        assert Job("x" * 150).name == "x" * 150
         with pytest.raises(ConfigError, match="barrier must be BSP"):
             Job("x", barrier="ssp")
         with pytest.raises(ConfigError, match="replication must be an int"):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -170,6 +172,29 @@ class TestErrors:
     def test_a_wrong_secret_is_an_auth_error(self, overlay):
         with pytest.raises(AuthError, match="secret"):
             _peer(overlay[0].endpoint, secret=generate_secret()).close()
+
+    def test_run_overlay_keeps_to_its_timeout(self, overlay, monkeypatch):
+        from engines.peer import overlay_run
+        job = linreg(PSP(sample=1, staleness=1), steps=1)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        # before: the peer at the address had 10 s to answer whatever timeout_s said
+        t0 = time.monotonic()
+        with pytest.raises(ActorpyTimeout, match="no peer answered at .* within 0.5 s"):
+            job.run_overlay(f"tcp://127.0.0.1:{free}", init=init(), secret=SECRET,
+                            timeout_s=0.5)
+        assert time.monotonic() - t0 < 5
+        # before: a TypeError from the arithmetic of the time left
+        with pytest.raises(ConfigError, match="timeout_s must be a finite number > 0, got 5"):
+            job.run_overlay(overlay[0].endpoint, init=init(), secret=SECRET, timeout_s="5")
+        # finding the peers took all the time (here: a clock that jumps 10 s as it is read):
+        # before, a ConfigError blamed a negative timeout_s that the caller never gave
+        ticks = iter([0.0, 10.0])
+        monkeypatch.setattr(overlay_run, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+        with pytest.raises(ActorpyTimeout, match=r"finding the peers through .* took all of "
+                                                 r"timeout_s=5 s; raise timeout_s"):
+            job.run_overlay(overlay[0].endpoint, init=init(), secret=SECRET, timeout_s=5)
 
     def test_port_in_use_and_bad_addresses(self, overlay):
         with pytest.raises(ConfigError, match="cannot bind"):
