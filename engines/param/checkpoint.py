@@ -78,6 +78,11 @@ class SaveLog:
                 "checkpoint_step": self.step}
 
 
+#: what a run that starts afresh (no resume) renames an earlier run's checkpoint to: one
+#: generation kept, where it was overwritten (a crashed run rerun without resume lost it)
+EARLIER = ".earlier"
+
+
 def path_for(directory: str, job: str, shard: int, shards: int) -> str:
     """Where shard ``shard`` of ``shards`` of ``job`` keeps its checkpoint."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job) or "job"

@@ -20,6 +20,7 @@ from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, RemoteErr
                             ServiceNameTaken)
 from actorpy.ids import NodeId
 from actorpy.values import check_model
+from engines.param import checkpoint
 from engines.param.errors import CheckpointError
 from engines.param.kinds import ParamKind
 from engines.param.server import Callbacks, ShardConfig
@@ -125,6 +126,12 @@ class Run:
         self.key_map = plan_shards(init, options.servers)
         self.checkpoint_dir = (os.path.abspath(options.checkpoint_dir)
                                if options.checkpoint_dir is not None else None)
+        if self.checkpoint_dir is not None and not options.resume:
+            first = checkpoint.path_for(self.checkpoint_dir, job.name, 0, options.servers)
+            if os.path.exists(first):   # seen from here when the directory is shared
+                log.warning("job %r: %s holds an earlier run's checkpoint; this run starts "
+                            "from init and keeps it as %s%s (resume=True goes on from a "
+                            "checkpoint instead)", job.name, first, first, checkpoint.EARLIER)
         #: the shards' refs, by shard index (a restarted shard replaces its entry)
         self.shards: list[Any] = []
         #: the nodes hosting them

@@ -83,3 +83,29 @@ def test_an_interrupted_run_keeps_its_error_when_it_cannot_cancel(monkeypatch):
     monkeypatch.setattr(job, "start", lambda *args, **kwargs: Interrupted())
     with pytest.raises(KeyboardInterrupt):
         job.run(None, init={"w": np.zeros(2)})
+
+
+def test_a_run_without_resume_keeps_an_earlier_runs_checkpoint(tmp_path, caplog):
+    # before: a crashed run rerun without resume=True (`actorpy sgd --checkpoint-dir D`
+    # without --resume) overwrote its checkpoint at start, without a word
+    job = param.Job("rerun", barrier=BSP(), seed=0)
+    job.register_push(_push)
+    job.register_pull(_pull)
+    job.register_stop(lambda store: store.step >= 30)
+    path = checkpoint.path_for(str(tmp_path), "rerun", 0, 1)
+    like = {"w": np.zeros(100)}
+    with actorpy.connect(workers=2) as cluster:
+        job.run(cluster, init={"w": np.zeros(100)}, timeout_s=120,
+                checkpoint_dir=str(tmp_path), checkpoint_every=10)
+        first = checkpoint.load(path, job="rerun", shard=0, shards=1, like=like)
+        job.register_stop(lambda store: store.step >= 5)
+        with caplog.at_level(logging.WARNING, logger="engines.param.driver"):
+            job.run(cluster, init={"w": np.zeros(100)}, timeout_s=120,
+                    checkpoint_dir=str(tmp_path), checkpoint_every=10)
+    kept = checkpoint.load(path + checkpoint.EARLIER, job="rerun", shard=0, shards=1,
+                           like=like)
+    assert kept.base_step == first.base_step >= 30
+    assert np.array_equal(kept.values["w"], first.values["w"])
+    assert checkpoint.load(path, job="rerun", shard=0, shards=1, like=like).base_step < 30
+    assert any("holds an earlier run's checkpoint" in r.getMessage()
+               and checkpoint.EARLIER in r.getMessage() for r in caplog.records)
