@@ -128,7 +128,7 @@ class Run:
                                if options.checkpoint_dir is not None else None)
         if self.checkpoint_dir is not None and not options.resume:
             first = checkpoint.path_for(self.checkpoint_dir, job.name, 0, options.servers)
-            if os.path.exists(first):   # seen from here when the directory is shared
+            if os.path.isfile(first):   # seen from here when the directory is shared
                 log.warning("job %r: %s holds an earlier run's checkpoint; this run starts "
                             "from init and keeps it as %s%s (resume=True goes on from a "
                             "checkpoint instead)", job.name, first, first, checkpoint.EARLIER)

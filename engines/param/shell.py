@@ -91,7 +91,7 @@ class ShardService(Service):
             # for checkpoints must not learn that it has none when a shard is lost. (Resumed,
             # it writes back the model and clocks it just read.)
             try:
-                if not spec.resume and os.path.exists(self._path):
+                if not spec.resume and os.path.isfile(self._path):
                     # an earlier run's (a crashed one, rerun without resume): kept, one
                     # generation, not overwritten (Run warns the driver)
                     os.replace(self._path, self._path + checkpoint.EARLIER)
