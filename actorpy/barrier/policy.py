@@ -64,7 +64,7 @@ def _whole(policy: object, name: str, what: str) -> None:
 
 
 def _check_staleness(policy: object, name: str = "staleness") -> None:
-    _whole(policy, name, "staleness")
+    _whole(policy, name, name if name == "staleness" else f"{name} (a staleness)")
 
 
 def lagging(me_step: int, steps: Mapping[NodeId, int], staleness: int) -> tuple[NodeId, ...]:

@@ -165,6 +165,8 @@ class TestArguments:
                                                "DSSP(low=1, high=5)"]
         with pytest.raises(ConfigError, match="sample \\(beta\\) must be an integer"):
             PSP(True, 1)
+        with pytest.raises(ConfigError, match="^low \\(a staleness\\) must be an integer"):
+            DSSP(-1, 2)   # it said "staleness must be ...", naming no argument of DSSP
 
     def test_sampling_without_rng_says_what_to_pass(self):
         view = FullView({NodeId("a"): 1, NodeId("b"): 2})
