@@ -226,9 +226,10 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
     try:
         _Pickler(out, protocol=5, buffer_callback=keep).dump(obj)
     except Exception as exc:  # pickling can raise nearly anything; name the culprit
+        said = str(exc).rstrip()
         raise SerializationError(
-            f"cannot serialize {_describe(obj)} for sending: {type(exc).__name__}: {exc}. "
-            f"The piece that fails: {find_culprit(obj)}. "
+            f"cannot serialize {_describe(obj)} for sending: {type(exc).__name__}: {said}"
+            f"{'' if said.endswith('.') else '.'} The piece that fails: {find_culprit(obj)}. "
             "Everything a task uses must be picklable (no open files, sockets, locks or "
             "generators); create such things inside the task instead.") from exc
     # getvalue() hands over BytesIO's own buffer (CPython trims it in place): no copy.

@@ -330,6 +330,14 @@ class TestErrors:
         with pytest.raises(SerializationError, match="generator"):
             serde.encode((i for i in range(3)))
 
+    def test_a_reason_ending_in_a_full_stop_gets_no_second_one(self):
+        class Refuses:
+            def __reduce__(self):
+                raise ValueError("a key is required.")
+        with pytest.raises(SerializationError) as info:
+            serde.dumps(Refuses())
+        assert "a key is required. The piece that fails" in str(info.value)   # was ".."
+
     def test_serialization_error_names_the_top_level_value(self):
         class Holder:
             def __init__(self):
