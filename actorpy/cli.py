@@ -209,6 +209,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_secret(args: argparse.Namespace) -> int:
     if args.out is not None:  # `--out "$UNSET"` must not print the secret for all to see
+        if not args.out.strip():   # it said "cannot create : No such file or directory"
+            raise ConfigError("--out needs a file name, got an empty one (an unset variable?)")
         auth.write_secret_file(args.out, auth.generate_secret())
         print(f"wrote a fresh cluster secret to {args.out} (mode 600); copy it to every "
               "machine keeping that mode (e.g. `scp -p`)", file=sys.stderr)

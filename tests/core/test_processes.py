@@ -84,7 +84,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
     (["worker", "--manager", "ipc:///nonexistent-dir/x"], "ipc directory"),
     (["status", "--manager", "tcp://127.0.0.1:9", "--timeout-s", "nan"], "--timeout-s"),
     (["demo", "--workers", "0"], "--workers"),
-    (["secret", "--out", ""], "cannot create"),
+    (["secret", "--out", ""], "--out needs a file name, got an empty one"),
 ])
 def test_cli_refuses_bad_input_without_a_traceback(args, message):
     out = _cli(*args, env={"ACTORPY_SECRET": "a-secret-long-enough-0123"}, timeout=30)
