@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="peers holding each key (default 3)")
     parser.add_argument("--rpc-timeout", type=apputil.positive_float, default=0.5,
                         help="overlay RPC timeout in seconds (default 0.5)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the data, w* and every peer's batches (default 0)")
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
     parser.add_argument("--features", type=int, default=100, help="default 100")
     parser.add_argument("--target", type=apputil.positive_float, default=None,

@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--balance", action="store_true",
                         help="resize each worker's batch from its measured step times so that "
                              "all keep pace (LB-BSP under bsp; also ssp, pbsp, pssp, dssp)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the data, w* and every worker's batches (default 0)")
     parser.add_argument("--rows", type=int, default=20_000, help="rows in all (default 20000)")
     parser.add_argument("--features", type=int, default=100, help="default 100")
     parser.add_argument("--target", type=apputil.positive_float, default=None,
