@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop early at this test accuracy")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds every worker's batches (default 0)")
-    parser.add_argument("--timeout", type=float, default=600.0,
+    parser.add_argument("--timeout", type=apputil.positive_float, default=600.0,
                         help="seconds the training may take (default 600)")
     parser.add_argument("--plot", metavar="FILE", help="save accuracy curves (png)")
     apputil.add_cluster_arguments(parser, default_workers=2)

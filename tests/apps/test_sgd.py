@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import importlib
 import json
 import os
 import re
@@ -374,3 +375,13 @@ class TestSGDOnACluster:
         assert len(steps) == 3 and min(steps) > 0 and result["weight_error"] < 0.05, steps
         # the joiner started mid-run, at the slowest worker's step (counted, not pushed)
         assert 0 < sum(steps) - result["updates"] <= min(steps[:2]), (steps, result["updates"])
+
+
+@pytest.mark.parametrize("app", ["sgd", "dnn", "p2p_sgd"])
+def test_a_timeout_that_is_no_time_is_refused_by_its_flag(app, capsys):
+    # before: "need a finite timeout_s > 0, got -1.0" (the API's words) once a cluster ran
+    main = importlib.import_module(f"apps.{app}").main
+    with pytest.raises(SystemExit) as info:
+        main(["--timeout", "-1"])
+    assert info.value.code == 2
+    assert "argument --timeout: must be a finite number > 0" in capsys.readouterr().err
