@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, cast
 
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision, Policy  # noqa: F401 (BSP: doctests)
 from actorpy.ids import NodeId
@@ -210,7 +210,7 @@ class OverlayBarrier:
                 now: float) -> tuple[Decision | None, Effects]:
         """Handle the Dones in ``eff`` that are ours (a cached draw finishes at once); decide
         when nothing is pending."""
-        while True:
+        while eff.done:
             mine = [d for d in eff.done if self.owns(d.op_id)]
             if not mine:
                 break
@@ -229,7 +229,7 @@ class OverlayBarrier:
             if entry is not None:
                 seen[contact.address] = entry.step
         population = max(len(seen), round(self.node.size_estimate()) - 1)
-        view = OverlayView({NodeId(a): s for a, s in seen.items()}, population, self.rng)
+        view = OverlayView(cast("dict[NodeId, int]", seen), population, self.rng)   # copied
         decision = self.policy.decide(check.my_step, view)
         record = CheckRecord(check.started_s, now, check.my_step, seen, decision, check.pinged,
                              check.rpcs)

@@ -309,7 +309,7 @@ class KademliaNode(NodeOps):
             # anything but our own message objects is wire data from a peer: validate it all
             message = decode(message, frames, max_contacts=self.config.ksize,
                              max_value_bytes=self.config.max_value_bytes)
-        assert isinstance(message, tuple(MESSAGE_TYPES))
+        assert type(message) in MESSAGE_TYPES
         sender = Contact(message.sender_id, sender_address)
         if sender.node_id == self.node_id:
             raise ProtocolError(f"{sender_address} claims our own id")
