@@ -167,6 +167,11 @@ class OverlayBarrier:
             return self._decide(check, now), Effects()
         self._check = check
         if isinstance(policy, PSP):
+            picks = self.node.sample_cached(policy.sample, self.rng, now)
+            if picks is not None:   # drawn from the cached membership: no operation to wait on
+                eff = Effects()
+                self._drawn(check, picks, now, eff)
+                return self._absorb(check, eff, now)
             op_id, eff = self.node.sample_peers(policy.sample, self.rng, now)
         else:
             op_id, eff = self.node.members(self.rng, now)
@@ -184,27 +189,31 @@ class OverlayBarrier:
     def _handle(self, check: _Check, done: Done, now: float, eff: Effects) -> None:
         if done.op_id == check.draw_op and done.kind in (OpKind.SAMPLE, OpKind.MEMBERS):
             check.draw_op = None
-            check.peers = list(done.contacts)
             check.rpcs += done.rpcs
-            floor = blocking_floor(self.policy, check.my_step)
-            for contact in check.peers:
-                seen = self.node.steps.get(contact.node_id)
-                # a known step that lets us pass is still right (steps only grow); ask only
-                # the ones that would block us and were not heard from during this check.
-                # With staleness, not one that pushes to us either: blocked, we are ahead
-                # of it and it does not wait on us, so its next push (which brings its
-                # step) is soon enough; a PING would cost four messages a wait (PING, PONG,
-                # and its PING back once it moves, PONG). Without staleness it waits on us
-                # next: we ask, so as to start our step as soon as it finished its own.
-                if seen is None or (seen.step < floor and seen.seen_at <= check.started_s
-                                    and not (floor < check.my_step
-                                             and self.pushing(contact.node_id, now))):
-                    op_id, ping = self.node.ping(contact, now)
-                    check.pings.add(op_id)
-                    check.pinged += 1
-                    eff.extend(ping)
+            self._drawn(check, list(done.contacts), now, eff)
         else:
             check.pings.discard(done.op_id)
+
+    def _drawn(self, check: _Check, peers: list[Contact], now: float, eff: Effects) -> None:
+        """The draw gave ``peers``: PING those whose step is unknown or would block us."""
+        check.peers = peers
+        floor = blocking_floor(self.policy, check.my_step)
+        for contact in check.peers:
+            seen = self.node.steps.get(contact.node_id)
+            # a known step that lets us pass is still right (steps only grow); ask only
+            # the ones that would block us and were not heard from during this check.
+            # With staleness, not one that pushes to us either: blocked, we are ahead
+            # of it and it does not wait on us, so its next push (which brings its
+            # step) is soon enough; a PING would cost four messages a wait (PING, PONG,
+            # and its PING back once it moves, PONG). Without staleness it waits on us
+            # next: we ask, so as to start our step as soon as it finished its own.
+            if seen is None or (seen.step < floor and seen.seen_at <= check.started_s
+                                and not (floor < check.my_step
+                                         and self.pushing(contact.node_id, now))):
+                op_id, ping = self.node.ping(contact, now)
+                check.pings.add(op_id)
+                check.pinged += 1
+                eff.extend(ping)
 
     def _absorb(self, check: _Check, eff: Effects,
                 now: float) -> tuple[Decision | None, Effects]:

@@ -191,6 +191,15 @@ class KademliaNode(NodeOps):
         self._sampler.sample(SampleOp(op_id, beta, depth, rng, now, self._sample_done), now, eff)
         return op_id, eff
 
+    def sample_cached(self, beta: int, rng: random.Random, now: float) -> list[Contact] | None:
+        """What ``sample_peers`` would draw, when it needs no message (every subtree cached):
+        the sampled peers at once, with no operation to finish; else None, nothing drawn."""
+        depth = sample_depth(self.size_estimate(), self.config.ksize)
+        picks = self._sampler.cached_sample(beta, depth, rng, now)
+        if picks is not None:
+            self._new_op_id()       # as sample_peers would: later operations keep their ids
+        return picks
+
     def members(self, rng: random.Random, now: float) -> tuple[int, Effects]:
         """Start enumerating every live peer of the overlay (``Done.contacts``), subtree by
         subtree through the same cache as ``sample_peers`` (BSP/SSP need every peer).
