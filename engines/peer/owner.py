@@ -160,11 +160,6 @@ class KeyOwner:
         self._tokens = 0
         #: the model's keys' ids, hashed once (a push looks its key's id up several times)
         self._kids = {name: key_id(name) for name in spec.keys}
-        # model key id -> (routing table version, the contact closest to it then): asked
-        # for every push served and answered (``_closer_known``), recomputed only when the
-        # table's contacts change
-        self._closest: dict[int, tuple[int, Contact | None]] = {
-            kid: (-1, None) for kid in self._kids.values()}
         node.accept_store = self.accept_store
 
     def kid(self, name: str) -> KadId:
@@ -212,15 +207,7 @@ class KeyOwner:
         """The contact closest to ``kid`` in our table, suspects included: one that missed a
         reply (a loaded peer, most often) still owns its keys until it is evicted, or each
         missed reply would move them and back."""
-        routing = self.node.routing
-        cached = self._closest.get(kid)
-        if cached is not None and cached[0] == routing.version:
-            return cached[1]
-        closest = routing.closest(kid, 1)
-        found = closest[0] if closest else None
-        if cached is not None:      # a model key's (others are not kept: any STORE asks)
-            self._closest[kid] = (routing.version, found)
-        return found
+        return self.node.routing.nearest(kid)     # asked per push served and answered
 
     def _is_owner(self, kid: KadId) -> bool:
         return not self._closer_known(kid, self.node.node_id)

@@ -181,7 +181,7 @@ class TestPusherFence:
             assert ("n" in runner.owners) == (expected == Status.OK)  # else looked up again
 
     def test_the_owner_check_follows_the_routing_table(self) -> None:
-        """An owner's closest known contact to a model key is kept per routing-table version:
+        """An owner's closest known contact to a key is kept per routing-table version:
         a closer peer joining, and its eviction, change who owns the key at once."""
         peer = lone_owner()
         runner, node = peer.runner, peer.node
@@ -195,7 +195,7 @@ class TestPusherFence:
         assert runner.owner.closest_known(kid) == near and not runner.owner._is_owner(kid)
         node.routing.remove(near.node_id)
         assert runner.owner.closest_known(kid) == far and runner.owner._is_owner(kid) == mine
-        other = key_id("not a model key")               # asked, not kept
+        other = key_id("not a model key")
         assert runner.owner.closest_known(other) == node.routing.closest(other, 1)[0]
 
     def test_a_suspect_closest_to_the_key_is_asked_not_served_here(self) -> None:
