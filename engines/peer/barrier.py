@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, cast
 
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision, Policy  # noqa: F401 (BSP: doctests)
 from actorpy.ids import NodeId
@@ -167,6 +167,11 @@ class OverlayBarrier:
             return self._decide(check, now), Effects()
         self._check = check
         if isinstance(policy, PSP):
+            picks = self.node.sample_cached(policy.sample, self.rng, now)
+            if picks is not None:   # drawn from the cached membership: no operation to wait on
+                eff = Effects()
+                self._drawn(check, picks, now, eff)
+                return self._absorb(check, eff, now)
             op_id, eff = self.node.sample_peers(policy.sample, self.rng, now)
         else:
             op_id, eff = self.node.members(self.rng, now)
@@ -184,33 +189,37 @@ class OverlayBarrier:
     def _handle(self, check: _Check, done: Done, now: float, eff: Effects) -> None:
         if done.op_id == check.draw_op and done.kind in (OpKind.SAMPLE, OpKind.MEMBERS):
             check.draw_op = None
-            check.peers = list(done.contacts)
             check.rpcs += done.rpcs
-            floor = blocking_floor(self.policy, check.my_step)
-            for contact in check.peers:
-                seen = self.node.steps.get(contact.node_id)
-                # a known step that lets us pass is still right (steps only grow); ask only
-                # the ones that would block us and were not heard from during this check.
-                # With staleness, not one that pushes to us either: blocked, we are ahead
-                # of it and it does not wait on us, so its next push (which brings its
-                # step) is soon enough; a PING would cost four messages a wait (PING, PONG,
-                # and its PING back once it moves, PONG). Without staleness it waits on us
-                # next: we ask, so as to start our step as soon as it finished its own.
-                if seen is None or (seen.step < floor and seen.seen_at <= check.started_s
-                                    and not (floor < check.my_step
-                                             and self.pushing(contact.node_id, now))):
-                    op_id, ping = self.node.ping(contact, now)
-                    check.pings.add(op_id)
-                    check.pinged += 1
-                    eff.extend(ping)
+            self._drawn(check, list(done.contacts), now, eff)
         else:
             check.pings.discard(done.op_id)
+
+    def _drawn(self, check: _Check, peers: list[Contact], now: float, eff: Effects) -> None:
+        """The draw gave ``peers``: PING those whose step is unknown or would block us."""
+        check.peers = peers
+        floor = blocking_floor(self.policy, check.my_step)
+        for contact in check.peers:
+            seen = self.node.steps.get(contact.node_id)
+            # a known step that lets us pass is still right (steps only grow); ask only
+            # the ones that would block us and were not heard from during this check.
+            # With staleness, not one that pushes to us either: blocked, we are ahead
+            # of it and it does not wait on us, so its next push (which brings its
+            # step) is soon enough; a PING would cost four messages a wait (PING, PONG,
+            # and its PING back once it moves, PONG). Without staleness it waits on us
+            # next: we ask, so as to start our step as soon as it finished its own.
+            if seen is None or (seen.step < floor and seen.seen_at <= check.started_s
+                                and not (floor < check.my_step
+                                         and self.pushing(contact.node_id, now))):
+                op_id, ping = self.node.ping(contact, now)
+                check.pings.add(op_id)
+                check.pinged += 1
+                eff.extend(ping)
 
     def _absorb(self, check: _Check, eff: Effects,
                 now: float) -> tuple[Decision | None, Effects]:
         """Handle the Dones in ``eff`` that are ours (a cached draw finishes at once); decide
         when nothing is pending."""
-        while True:
+        while eff.done:
             mine = [d for d in eff.done if self.owns(d.op_id)]
             if not mine:
                 break
@@ -229,7 +238,7 @@ class OverlayBarrier:
             if entry is not None:
                 seen[contact.address] = entry.step
         population = max(len(seen), round(self.node.size_estimate()) - 1)
-        view = OverlayView({NodeId(a): s for a, s in seen.items()}, population, self.rng)
+        view = OverlayView(cast("dict[NodeId, int]", seen), population, self.rng)   # copied
         decision = self.policy.decide(check.my_step, view)
         record = CheckRecord(check.started_s, now, check.my_step, seen, decision, check.pinged,
                              check.rpcs)

@@ -10,7 +10,6 @@ from typing import Any, Callable
 
 from .context import JobSpec, Timer
 from .kademlia.events import Done, Effects, SetTimer
-from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
 from .owner import KeyOwner, Method, Status, pushed_items
@@ -70,7 +69,7 @@ class OwnerCalls:
         ``step``: the step it is of (default: this peer's; -1: none), or the steps of a
         batch whose updates ``update`` stacks."""
         step = self.step if step is None else step
-        kid = key_id(name)
+        kid = self.owner.kid(name)
         cached = self.owners.get(name)
         if cached is not None and self.node.is_gone(cached.node_id, now):
             del self.owners[name]               # it left (or died): look the owner up again

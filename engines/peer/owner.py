@@ -159,13 +159,20 @@ class KeyOwner:
         #: its key now (the runner wires it; None: own updates are not kept)
         self.repush: Callable[[str, Any, float, Effects], None] | None = None
         self._tokens = 0
+        #: the model's keys' ids, hashed once (a push looks its key's id up several times)
+        self._kids = {name: key_id(name) for name in spec.keys}
         node.accept_store = self.accept_store
+
+    def kid(self, name: str) -> KadId:
+        """``key_id(name)``, looked up for the model's keys."""
+        kid = self._kids.get(name)
+        return key_id(name) if kid is None else kid
 
     def on_call(self, sender: Contact, call: Call, now: float, eff: Effects) -> Answer | None:
         """The node's CALL handler: GET and PUSH for the keys this peer owns (None: a push
         answered once durable)."""
         if call.method not in (Method.GET, Method.PUSH) or not call.args \
-                or type(call.args[0]) is not str or key_id(call.args[0]) != call.key:
+                or type(call.args[0]) is not str or self.kid(call.args[0]) != call.key:
             return Status.ERROR, ("ProtocolError", "malformed P2P engine call"), None
         if (call.args[2] if len(call.args) > 2 else 0) != self.spec.run:
             # a call of this overlay's previous job (its node retried it after the job
@@ -201,8 +208,7 @@ class KeyOwner:
         """The contact closest to ``kid`` in our table, suspects included: one that missed a
         reply (a loaded peer, most often) still owns its keys until it is evicted, or each
         missed reply would move them and back."""
-        closest = self.node.routing.closest(kid, 1)
-        return closest[0] if closest else None
+        return self.node.routing.nearest(kid)     # asked per push served and answered
 
     def _is_owner(self, kid: KadId) -> bool:
         return not self._closer_known(kid, self.node.node_id)
@@ -296,7 +302,7 @@ class KeyOwner:
         Returns the ERROR answer if ``pull`` raised (nothing written then), and whether it
         wrote ``name``."""
         read = lambda n: ((r.value.to_value(), r.clock)  # noqa: E731
-                          if (r := self.node.storage.get(key_id(n), now)) is not None else None)
+                          if (r := self.node.storage.get(self.kid(n), now)) is not None else None)
         store = OwnerStore(read, sender.address, step)
         try:
             self.spec.pull(store, {name: update})
@@ -305,7 +311,7 @@ class KeyOwner:
             log.error("peer %s: pull of %s failed: %s", self.node.address, name, exc)
             return (Status.ERROR, (type(exc).__qualname__, str(exc)[:200]), None), False
         for key, value in store.written.items():
-            written = key_id(key)
+            written = self.kid(key)
             held = self.node.storage.get(written, now)
             clock = 0 if held is None else held.clock + 1
             self.node.storage.put(written, Blob.of(value), now, self.node.config.ttl_s,

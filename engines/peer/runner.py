@@ -378,7 +378,7 @@ class PeerRunner(OwnerCalls):
     def _keep_copy(self, name: str, value: Any, clock: int, now: float) -> None:
         """A holder of a key keeps the value an owner answered its push with: when it is the
         owner's only other holder, that answer is the write's replica (``owner.py``)."""
-        kid = key_id(name)
+        kid = self.owner.kid(name)
         held = self.node.storage.get(kid, now)
         owner = self.owners.get(name)
         if held is not None and owner is not None and clock > held.clock:

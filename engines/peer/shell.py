@@ -107,6 +107,11 @@ DRIVER_LEASE_S = 3.0
 LEASE_CHECKS = 6
 
 
+#: overlay addresses whose parsed service a peer keeps (its contacts', mostly; cleared
+#: when full)
+MAX_REFS = 4096
+
+
 def _is_answer(wire: Any) -> bool:
     """Whether an overlay message (not validated yet) is an answer."""
     return type(wire) is tuple and len(wire) > 1 and wire[1] in ANSWER_KINDS
@@ -156,6 +161,7 @@ class PeerService(Service):
         self._driver = NodeId("")               # who sent the JOB of the current runner
         self._waiting: dict[int, tuple[Reply, Callable[[Done], Any]]] = {}
         self._timers = TimerHeap(ctx, self.clock.now, self._due)
+        self._refs: dict[str, ServiceRef] = {}  # overlay address -> service, parsed once
         self._thread = threading.get_ident()    # the service's own (it constructs us)
         self._set_quick(spec)
         self.perform(node.start(self.clock.now()))
@@ -170,12 +176,17 @@ class PeerService(Service):
     def perform(self, eff: Effects) -> None:
         """Send, arm timers, and answer the driver's operations that finished."""
         for send in eff.sends:
-            try:
-                ref = ref_of(send.address)
-            except ValueError:
-                log.warning("%s: no such peer address %r; message dropped", self.address,
-                            send.address)
-                continue
+            ref = self._refs.get(send.address)
+            if ref is None:
+                try:
+                    ref = ref_of(send.address)
+                except ValueError:
+                    log.warning("%s: no such peer address %r; message dropped", self.address,
+                                send.address)
+                    continue
+                if len(self._refs) >= MAX_REFS:
+                    self._refs.clear()
+                self._refs[send.address] = ref
             payload: tuple = wire_payload(send.message)
             if self.dialer is not None:
                 if not self.dialer.knows(ref.node):

@@ -180,6 +180,24 @@ class TestPusherFence:
             assert got == [expected]
             assert ("n" in runner.owners) == (expected == Status.OK)  # else looked up again
 
+    def test_the_owner_check_follows_the_routing_table(self) -> None:
+        """An owner's closest known contact to a key is kept per routing-table version:
+        a closer peer joining, and its eviction, change who owns the key at once."""
+        peer = lone_owner()
+        runner, node = peer.runner, peer.node
+        assert runner is not None
+        kid = key_id("n")
+        far, near = Contact(KadId(kid ^ (1 << 150)), "far"), Contact(KadId(kid ^ 1), "near")
+        mine = node.node_id ^ kid < far.node_id ^ kid    # we own it unless "near" is there
+        node.routing.observe(far, now=1.0)
+        assert runner.owner.closest_known(kid) == far and runner.owner._is_owner(kid) == mine
+        node.routing.observe(near, now=1.0)
+        assert runner.owner.closest_known(kid) == near and not runner.owner._is_owner(kid)
+        node.routing.remove(near.node_id)
+        assert runner.owner.closest_known(kid) == far and runner.owner._is_owner(kid) == mine
+        other = key_id("not a model key")
+        assert runner.owner.closest_known(other) == node.routing.closest(other, 1)[0]
+
     def test_a_suspect_closest_to_the_key_is_asked_not_served_here(self) -> None:
         """A lookup skips suspects (contacts that missed a reply) but the owner check counts
         them: a suspect owns its keys until evicted. A peer whose every contact was a suspect

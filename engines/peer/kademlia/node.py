@@ -191,6 +191,15 @@ class KademliaNode(NodeOps):
         self._sampler.sample(SampleOp(op_id, beta, depth, rng, now, self._sample_done), now, eff)
         return op_id, eff
 
+    def sample_cached(self, beta: int, rng: random.Random, now: float) -> list[Contact] | None:
+        """What ``sample_peers`` would draw, when it needs no message (every subtree cached):
+        the sampled peers at once, with no operation to finish; else None, nothing drawn."""
+        depth = sample_depth(self.size_estimate(), self.config.ksize)
+        picks = self._sampler.cached_sample(beta, depth, rng, now)
+        if picks is not None:
+            self._new_op_id()       # as sample_peers would: later operations keep their ids
+        return picks
+
     def members(self, rng: random.Random, now: float) -> tuple[int, Effects]:
         """Start enumerating every live peer of the overlay (``Done.contacts``), subtree by
         subtree through the same cache as ``sample_peers`` (BSP/SSP need every peer).
@@ -309,7 +318,7 @@ class KademliaNode(NodeOps):
             # anything but our own message objects is wire data from a peer: validate it all
             message = decode(message, frames, max_contacts=self.config.ksize,
                              max_value_bytes=self.config.max_value_bytes)
-        assert isinstance(message, tuple(MESSAGE_TYPES))
+        assert type(message) in MESSAGE_TYPES
         sender = Contact(message.sender_id, sender_address)
         if sender.node_id == self.node_id:
             raise ProtocolError(f"{sender_address} claims our own id")

@@ -48,6 +48,10 @@ class KBucket:
         return 160 - (self.hi - self.lo).bit_length() + 1
 
 
+#: the most targets ``nearest`` remembers (it forgets them all when full)
+MAX_NEAREST = 1024
+
+
 class RoutingTable:
     """k-buckets over the 160-bit space, split by the paper's rule (only the bucket that covers
     our own id splits).
@@ -80,6 +84,8 @@ class RoutingTable:
         self._by_address: dict[str, int] = {}
         #: bumped whenever the set of contacts changes (what depends on it may be cached)
         self.version = 0
+        self._nearest: dict[int, Contact | None] = {}   # target -> ``nearest``, at version
+        self._nearest_at = 0
 
     # ----------------------------------------------------------------- queries
     def __len__(self) -> int:
@@ -117,6 +123,24 @@ class RoutingTable:
         """
         ids = heapq.nsmallest(n + len(exclude), self._all, key=lambda i: i ^ target)
         return [self._all[i] for i in ids if i not in exclude][:n]
+
+    def nearest(self, target: int) -> Contact | None:
+        """The held contact closest to ``target`` (``closest(target, 1)``), remembered until
+        the contacts change (a key's owner asks it for every push it serves or sends).
+
+        >>> table = RoutingTable(KadId(0), ksize=2)
+        >>> table.observe(Contact(KadId(6), "a"), now=0.0)
+        >>> table.nearest(7).address, table.observe(Contact(KadId(7), "b"), 0.0)
+        ('a', None)
+        >>> table.nearest(7).address
+        'b'
+        """
+        if self._nearest_at != self.version or len(self._nearest) >= MAX_NEAREST:
+            self._nearest, self._nearest_at = {}, self.version
+        if target not in self._nearest:
+            closest = self.closest(target, 1)
+            self._nearest[target] = closest[0] if closest else None
+        return self._nearest[target]
 
     def level_counts(self) -> dict[int, int]:
         """Number of contacts per shared-prefix length with our own id."""

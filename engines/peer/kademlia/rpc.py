@@ -57,33 +57,35 @@ WireMessage = tuple  # (version, kind, rpc_id, sender_id_bytes, step, *fields)
 def encode(msg: Message) -> WireMessage:
     """Plain-values form of a message; a value is a descriptor (see ``value_frames``)."""
     head = (PROTOCOL_VERSION, int(msg.KIND), msg.rpc_id, id_to_bytes(msg.sender_id), msg.step)
-    if isinstance(msg, Store):
-        return head + (id_to_bytes(msg.key), msg.value.descriptor(), float(msg.ttl_s),
-                       msg.clock, id_to_bytes(msg.writer))
-    if isinstance(msg, Stored):
-        return head + (msg.clock, id_to_bytes(msg.writer))
-    if isinstance(msg, FindNode):
-        return head + (id_to_bytes(msg.target),)
-    if isinstance(msg, FindValue):
-        return head + (id_to_bytes(msg.key),)
-    if isinstance(msg, Value):
-        return head + (id_to_bytes(msg.key), msg.value.descriptor(), msg.clock,
-                       id_to_bytes(msg.writer))
-    if isinstance(msg, Nodes):
-        return head + ([(id_to_bytes(c.node_id), c.address) for c in msg.contacts],)
-    if isinstance(msg, Call):
-        return head + (int(msg.method), id_to_bytes(msg.key), _plain_args(msg.args),
-                       None if msg.value is None else msg.value.descriptor())
-    if isinstance(msg, Reply):
-        return head + (int(msg.status), _plain_args(msg.args),
-                       None if msg.value is None else msg.value.descriptor(),
-                       [[id_to_bytes(i), n] for i, n in msg.peer_steps])
-    return head
+    fields = _FIELDS.get(type(msg))
+    return head if fields is None else head + fields(msg)
+
+
+def _descriptor(value: Blob | None) -> list[Any] | None:
+    return None if value is None else value.descriptor()
+
+
+#: message type -> its fields after the head, in wire order (looked up by the exact type:
+#: encode runs for every message a peer sends; a kind with none has no entry)
+_FIELDS: dict[type, Callable[[Any], tuple]] = {
+    Store: lambda m: (id_to_bytes(m.key), m.value.descriptor(), float(m.ttl_s), m.clock,
+                      id_to_bytes(m.writer)),
+    Stored: lambda m: (m.clock, id_to_bytes(m.writer)),
+    FindNode: lambda m: (id_to_bytes(m.target),),
+    FindValue: lambda m: (id_to_bytes(m.key),),
+    Value: lambda m: (id_to_bytes(m.key), m.value.descriptor(), m.clock,
+                      id_to_bytes(m.writer)),
+    Nodes: lambda m: ([(id_to_bytes(c.node_id), c.address) for c in m.contacts],),
+    Call: lambda m: (int(m.method), id_to_bytes(m.key), _plain_args(m.args),
+                     _descriptor(m.value)),
+    Reply: lambda m: (int(m.status), _plain_args(m.args), _descriptor(m.value),
+                      [[id_to_bytes(i), n] for i, n in m.peer_steps]),
+}
 
 
 def _plain_args(args: tuple[Any, ...]) -> list[Any]:
     """Args as the decoder accepts them: int subclasses (enums) become plain ints."""
-    return [int(a) if isinstance(a, int) and type(a) is not int and type(a) is not bool
+    return [int(a) if type(a) is not int and isinstance(a, int) and type(a) is not bool
             else a for a in args]
 
 

@@ -170,15 +170,24 @@ class Sampler:
         draws are a uniform subset of all the peers but us, so ``rng.sample`` of their union
         is the same distribution, without the rejected draws (most of them on a small
         overlay: 2 peers accept 1 draw in 2k)."""
-        everyone = self._everyone_cached(op.depth, now)
-        if everyone is None:
+        assert op.beta is not None
+        picks = self.cached_sample(op.beta, op.depth, op.rng, now)
+        if picks is None:
             self._advance(op, now, eff)
             return
-        others = [c for c in everyone if c.node_id != self.own_id]
-        assert op.beta is not None
-        for pick in op.rng.sample(others, min(op.beta, len(others))):
+        for pick in picks:
             op.chosen[pick.node_id] = pick
         self._end(op, now, eff)
+
+    def cached_sample(self, beta: int, depth: int, rng: random.Random,
+                      now: float) -> list[Contact] | None:
+        """``sample``'s draw when every depth-``depth`` subtree is cached (``beta`` distinct
+        other peers, or all of them if fewer), else None (nothing drawn from ``rng``)."""
+        everyone = self._everyone_cached(depth, now)
+        if everyone is None:
+            return None
+        others = [c for c in everyone if c.node_id != self.own_id]
+        return rng.sample(others, min(beta, len(others)))
 
     def _everyone_cached(self, depth: int, now: float) -> list[Contact] | None:
         """Every peer of the overlay, if each depth-``depth`` subtree is cached (and there

@@ -40,6 +40,8 @@ _NUMPY_DTYPES = frozenset(
     f"{order}{code}" for order in "<>" for code in
     ("i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16")
 ) | frozenset({"|b1", "|i1", "|u1"})
+#: the allowed numpy dtypes, built once (a received value is rebuilt with its dtype)
+_NUMPY_DTYPE_OF = {code: np.dtype(code) for code in _NUMPY_DTYPES}
 _TORCH_ITEMSIZE = {
     "bool": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2,
     "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8, "complex128": 16,
@@ -106,7 +108,9 @@ class Blob:
         if self.kind == ValueKind.BYTES:
             return bytes(self.data)
         if self.kind == ValueKind.NUMPY:
-            return np.frombuffer(self.data, dtype=np.dtype(self.dtype)).reshape(self.shape)
+            dtype = _NUMPY_DTYPE_OF.get(self.dtype)
+            return np.frombuffer(self.data, dtype=np.dtype(self.dtype) if dtype is None
+                                 else dtype).reshape(self.shape)
         import torch  # only reached for a tensor, so torch is installed on the sender's side
 
         flat = np.frombuffer(self.data, dtype=np.uint8)
@@ -154,13 +158,16 @@ def _torch_ok(torch: Any, value: Any) -> bool:
             and value.layout == torch.strided)
 
 
+_VALUE_KINDS = tuple(ValueKind)   # by value (0, 1, 2): parse's lookup, not an enum call
+
+
 def _itemsize(kind: ValueKind, dtype: object) -> int:
     if type(dtype) is not str:
         raise ProtocolError("value dtype must be a str")
     if kind == ValueKind.BYTES and dtype == "|u1":
         return 1
     if kind == ValueKind.NUMPY and dtype in _NUMPY_DTYPES:
-        return np.dtype(dtype).itemsize
+        return _NUMPY_DTYPE_OF[dtype].itemsize
     if kind == ValueKind.TORCH and dtype in _TORCH_ITEMSIZE:
         return _TORCH_ITEMSIZE[dtype]
     raise ProtocolError(f"value dtype {dtype[:20]!r} is not allowed for {kind.name}")
@@ -189,12 +196,13 @@ def parse(descriptor: object, buffer: object, max_bytes: int) -> Blob:
     raw_kind, dtype, raw_shape = descriptor
     if type(raw_kind) is not int or raw_kind not in (0, 1, 2):
         raise ProtocolError("unknown value kind")
-    kind = ValueKind(raw_kind)
+    kind = _VALUE_KINDS[raw_kind]
     itemsize = _itemsize(kind, dtype)
     if type(raw_shape) not in (list, tuple) or len(raw_shape) > MAX_DIMS:
         raise ProtocolError(f"value shape must be a list of at most {MAX_DIMS} sizes")
-    if any(type(n) is not int or not 0 <= n <= max_bytes for n in raw_shape):
-        raise ProtocolError("value shape holds a size that is not an int in range")
+    for n in raw_shape:
+        if type(n) is not int or not 0 <= n <= max_bytes:
+            raise ProtocolError("value shape holds a size that is not an int in range")
     shape = tuple(raw_shape)
     if kind == ValueKind.BYTES and len(shape) != 1:
         raise ProtocolError("a bytes value has one dimension")

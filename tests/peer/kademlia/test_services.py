@@ -101,6 +101,26 @@ class TestSamplePeers:
         rpcs = node.stats.rpcs_sent
         assert len(net.sample_peers("n0", 8, rng)) == 8 and node.stats.rpcs_sent == rpcs
 
+    def test_sample_cached_draws_what_sample_peers_would(self) -> None:
+        # the barrier's shortcut (``sample_cached``) must be the same draw, with the same
+        # rng use and op ids, as the operation it skips; and draw nothing until cached
+        net = grown(30, seed=30)
+        node, now = net.nodes["n0"], net.clock.now()
+        fresh = grown(30, seed=30, config=dataclasses.replace(FAST, sample_cache_s=0.0))
+        rng = random.Random(5)
+        assert fresh.nodes["n0"].sample_cached(3, rng, now) is None
+        assert rng.getstate() == random.Random(5).getstate()
+        net.sample_peers("n0", 3, random.Random(1))           # fills the cache
+        for beta in (1, 3, 40):
+            a, b = random.Random(beta), random.Random(beta)
+            ops = node._next_op
+            picks = node.sample_cached(beta, a, now)
+            assert picks is not None and node._next_op == ops + 1
+            op_id, eff = node.sample_peers(beta, b, now)
+            assert op_id == ops + 1 and list(eff.done[0].contacts) == picks and not eff.sends
+            assert a.getstate() == b.getstate()
+            assert len(picks) == min(beta, 29)
+
     def test_small_overlays_give_everyone(self) -> None:
         net = grown(8, seed=8)
         sample = net.sample_peers("n3", 20, random.Random(9))
