@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", type=apputil.positive_float, default=None,
                         help="a peer stops early once the w it last read has a weight error "
                              "below this")
-    parser.add_argument("--timeout", type=apputil.positive_float, default=600.0, help="seconds (default 600)")
+    parser.add_argument("--timeout", type=apputil.positive_float, default=600.0,
+                        help="seconds (default 600)")
     parser.add_argument("--plot", metavar="FILE", help="save the training curves (png)")
     apputil.add_cluster_arguments(parser, default_workers=2)
     parser.add_argument("--bootstrap", metavar="tcp://HOST:PORT",

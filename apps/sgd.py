@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--features", type=int, default=100, help="default 100")
     parser.add_argument("--target", type=apputil.positive_float, default=None,
                         help="stop early once weight_error is below this")
-    parser.add_argument("--timeout", type=apputil.positive_float, default=600.0, help="seconds (default 600)")
+    parser.add_argument("--timeout", type=apputil.positive_float, default=600.0,
+                        help="seconds (default 600)")
     parser.add_argument("--plot", metavar="FILE", help="save the training curves (png)")
     apputil.add_cluster_arguments(parser, default_workers=2)
     return parser
