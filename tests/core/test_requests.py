@@ -4,6 +4,7 @@ sender waits instead of growing memory, and the tables stay bounded. In-process 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
 import os
 import sys
@@ -45,6 +46,29 @@ def pair():
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextlib.contextmanager
+def _bare_loop(next_tick):
+    """A SocketLoop on a ROUTER of its own, its ticks recorded: ``(loop, ticks)``;
+    ``next_tick(now)`` says when it next wants one."""
+    ticks = []
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"inproc://router-{id(ticks)}")
+
+    def tick(now):
+        ticks.append(now)
+        return next_tick(now)
+    loop = SocketLoop(ctx, router, "test-loop", lambda: None, tick, lambda reason: None)
+    loop.start()
+    try:
+        yield loop, ticks
+    finally:
+        loop.stop()
+        loop.thread.join(10)
+        router.close(linger=0)
+        ctx.term()
 
 
 class TestFailFast:
@@ -120,41 +144,16 @@ class TestFailFast:
     def test_the_io_loop_waits_for_a_tick_months_away_quietly(self, caplog):
         # the loop's poll raised OverflowError (an ERROR, 100 ms of back-off) every other
         # round while a request's deadline was that far (Node.request(timeout_s=1e7))
-        ticks = []
-        ctx = zmq.Context()
-        router = ctx.socket(zmq.ROUTER)
-        router.bind(f"inproc://router-{id(ticks)}")
-
-        def tick(now):
-            ticks.append(now)
-            return now + 1e7
-        loop = SocketLoop(ctx, router, "test-loop", lambda: None, tick, lambda reason: None)
-        loop.start()
-        try:
+        with _bare_loop(lambda now: now + 1e7) as (loop, ticks):
             wait_until(lambda: len(ticks) >= 1, 10, "the first tick")
             loop.wake()
             wait_until(lambda: len(ticks) >= 2, 10, "the tick after a wake-up")
-        finally:
-            loop.stop()
-            loop.thread.join(10)
-            router.close(linger=0)
-            ctx.term()
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
     def test_let_run_gives_a_loop_quiet_for_a_while_a_round(self):
         # a thread whose requests its own node answers on that thread never waits: it now
         # hands the loop a round when the loop has gone LET_RUN_AFTER_S without one
-        ticks = []
-        ctx = zmq.Context()
-        router = ctx.socket(zmq.ROUTER)
-        router.bind(f"inproc://router-{id(ticks)}")
-
-        def tick(now):
-            ticks.append(now)
-            return None   # no timer: the loop polls until woken
-        loop = SocketLoop(ctx, router, "test-loop", lambda: None, tick, lambda reason: None)
-        loop.start()
-        try:
+        with _bare_loop(lambda now: None) as (loop, ticks):   # no timer: polls until woken
             wait_until(lambda: len(ticks) >= 1, 10, "the first tick")
             began = time.monotonic()
             while time.monotonic() - began < 2 * loop_module.LET_RUN_AFTER_S:
@@ -162,11 +161,6 @@ class TestFailFast:
             before = len(ticks)
             loop.let_run()   # wakes it (with no timer, nothing else would)
             wait_until(lambda: len(ticks) > before, 10, "the round let_run gave the loop")
-        finally:
-            loop.stop()
-            loop.thread.join(10)
-            router.close(linger=0)
-            ctx.term()
 
     def test_an_undecodable_result_says_it_could_not_be_unpickled(self, pair, tmp_path):
         server, client, _ = pair
