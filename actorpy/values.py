@@ -5,6 +5,7 @@ from).
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Mapping
 
 import numpy as np
@@ -12,6 +13,16 @@ import numpy as np
 from actorpy.errors import ConfigError
 
 _BYTES = (bytes, bytearray, memoryview)
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer, a numpy one too (a sweep over ``np.arange``), and not
+    a bool (``True`` is an int to Python, never a count or a size to a caller).
+
+    >>> is_int(3), is_int(np.int64(3)), is_int(True), is_int(3.0)
+    (True, True, False, False)
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def family(value: Any) -> str | None:

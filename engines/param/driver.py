@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, RemoteError,
                             ServiceNameTaken)
 from actorpy.ids import NodeId
-from actorpy.values import check_model
+from actorpy.values import check_model, is_int
 from engines.param import checkpoint
 from engines.param.errors import CheckpointError
 from engines.param.kinds import ParamKind
@@ -84,10 +84,6 @@ class RunStats:
     checkpoint_failures: int = 0
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 class Run:
     """A running job (``Job.start``); ``result()`` waits for the model."""
 
@@ -101,8 +97,8 @@ class Run:
         timeout_s = options.timeout_s
         if not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
             raise ConfigError(f"need a finite timeout_s > 0, got {options.timeout_s}")
-        if not (_is_int(options.batch) and options.batch >= 1
-                and _is_int(options.checkpoint_every) and options.checkpoint_every >= 0):
+        if not (is_int(options.batch) and options.batch >= 1
+                and is_int(options.checkpoint_every) and options.checkpoint_every >= 0):
             # NaN pulls between checkpoints never came: the run took none but its first
             raise ConfigError(f"need an int batch >= 1 and an int checkpoint_every >= 0, got "
                               f"batch={options.batch!r} and "

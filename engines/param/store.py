@@ -10,7 +10,6 @@ changing stored ones in place.
 from __future__ import annotations
 
 import hashlib
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -18,7 +17,7 @@ import numpy as np
 
 from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
-from actorpy.values import as_like, describe, family, fits
+from actorpy.values import as_like, describe, family, fits, is_int
 from engines.param.errors import KeyNotLocal, UpdateError
 
 
@@ -35,7 +34,7 @@ def shard_of(key: str, shards: int) -> int:
 
 def plan_shards(keys: Iterable[str], shards: int) -> dict[str, int]:
     """``{key: shard}`` for every key (see :func:`shard_of`)."""
-    if not isinstance(shards, numbers.Integral) or isinstance(shards, bool) or shards < 1:
+    if not is_int(shards) or shards < 1:
         raise ConfigError(f"servers must be an int >= 1, got {shards!r}")
     return {k: shard_of(k, shards) for k in keys}
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from actorpy.barrier import ASP, PSP, SSP, Policy
 from actorpy.errors import ConfigError
-from actorpy.values import as_like, check_model, describe, family, fits
+from actorpy.values import as_like, check_model, describe, family, fits, is_int
 
 from .kademlia.values import unstorable
 
@@ -143,7 +143,7 @@ def check_run(peers: int, init: Mapping[str, Any]) -> None:
     Raises:
         ConfigError: no peer, an empty ``init``, or a value of it the overlay cannot store.
     """
-    if not isinstance(peers, numbers.Integral) or isinstance(peers, bool) or peers < 1:
+    if not is_int(peers) or peers < 1:
         raise ConfigError(f"a P2P job needs an int number of peers >= 1, got {peers!r}")
     check_model(init, bytes_ok=True)
     if not init:
@@ -215,8 +215,7 @@ class JobSpec:
             if (not isinstance(value, numbers.Real) or isinstance(value, bool)
                     or not math.isfinite(value) or value <= 0):
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        if (not isinstance(self.batch, numbers.Integral) or isinstance(self.batch, bool)
-                or self.batch < 1):
+        if not is_int(self.batch) or self.batch < 1:
             raise ConfigError(f"batch must be an int >= 1, got {self.batch!r}")
         object.__setattr__(self, "batch", int(self.batch))   # np.int64(64) too, kept plain
         if self.balance and balance_bound(self.policy) is None:

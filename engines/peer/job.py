@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from actorpy.barrier import ASP, Policy
 from actorpy.errors import ConfigError
-from actorpy.values import describe
+from actorpy.values import describe, is_int
 
 from .context import JobSpec, Pull, Push, Schedule, Stop
 from .kademlia.events import KademliaConfig
@@ -122,8 +122,7 @@ class Job:
             # a str here failed in every peer's first barrier check, as an AttributeError
             raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "
                               f"or have decide(me_step, view); got {barrier!r}")
-        if (not isinstance(replication, numbers.Integral) or isinstance(replication, bool)
-                or not 1 <= replication <= ksize):
+        if not is_int(replication) or not 1 <= replication <= ksize:
             raise ConfigError(f"replication must be an int in [1, ksize={ksize}], "
                               f"got {replication!r}")
         replication = int(replication)   # a numpy int too, kept as a plain one
@@ -148,7 +147,7 @@ class Job:
             raise ConfigError(f"overlap must be True, False or an int in 0..{MAX_OVERLAP}, "
                               f"got {overlap!r}")
         self.overlap = overlap if isinstance(overlap, bool) else int(overlap)
-        if not isinstance(alpha, numbers.Integral) or isinstance(alpha, bool) or alpha < 1:
+        if not is_int(alpha) or alpha < 1:
             raise ConfigError(f"alpha must be an int >= 1, got {alpha!r}")   # 0: asks nobody
         self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
                                         "alpha": int(alpha), "replication": replication})
