@@ -1,0 +1,93 @@
+"""What a job refuses before it runs: callbacks that are no functions, names too long for the
+services they name, missing callbacks, bad init and run options (each named in the error), and
+the bench's flag that feeds the engine's straggler policy."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import actorpy
+from engines import param
+from tests.param import problems as pb
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_a_callback_that_is_no_function_is_refused():
+    # before: taken, then every worker or shard failed on "'int' object is not callable"
+    job = param.Job("x")
+    for role in ("schedule", "push", "pull", "barrier", "stop"):
+        with pytest.raises(actorpy.ConfigError, match=f"^register_{role} must be a "
+                                                      "function, got an int$"):
+            getattr(job, f"register_{role}")(5)
+    with pytest.raises(actorpy.ConfigError, match="^data must be a function, got a tuple$"):
+        param.Job("x", data=(1, 2))
+
+
+def test_a_name_too_long_for_the_services_it_names_is_refused():
+    # before: taken, then the run failed as its first shard registered its service name
+    # (a RemoteError repeating the whole name)
+    with pytest.raises(actorpy.ConfigError, match=r"^a job name has at most 150 "
+                                                  r"characters .*, not 1,000: 'xxx"):
+        param.Job("x" * 1000)
+    assert param.Job("x" * 150).name == "x" * 150
+
+
+def test_missing_callbacks_and_bad_init(cluster):
+    job = param.Job("x")
+    with pytest.raises(actorpy.ConfigError, match="register_push and register_pull"):
+        job.run(cluster, init={"w": np.zeros(2)})
+    job.register_push(pb.linear_push)
+    job.register_pull(pb.SGDPull(0.1))
+    with pytest.raises(actorpy.ConfigError, match="needs a stop condition"):
+        job.run(cluster, init={"w": np.zeros(2)})
+    job.register_stop(pb.StepStop(1))
+    with pytest.raises(actorpy.ConfigError, match="numpy arrays or torch tensors"):
+        job.run(cluster, init={"w": [0.0, 1.0]})
+    # before: a TypeError from dict() ("cannot convert dictionary update sequence ...")
+    for bad, what in ((np.zeros(2), r"a float64 array of shape \(2,\)"),
+                      ([("w", np.zeros(2))], "a list"), (3, "an int")):
+        with pytest.raises(actorpy.ConfigError, match=f"^init is {what}: it must be a dict "
+                                                      "of key -> value"):
+            job.run(cluster, init=bad)
+    # before: taken, then every worker's first update did not fit "a object array"
+    for bad in (np.array([1, "a"], dtype=object), np.array([[1.0, 2.0], [3.0]], dtype=object)):
+        with pytest.raises(actorpy.ConfigError, match=r"init\['b'\] is an array of dtype "
+                                                      r"object \(Python objects\)"):
+            job.run(cluster, init={"w": np.zeros(2), "b": bad})
+    for timeout in (float("nan"), float("inf")):   # before: nan waited "nan s", then
+        with pytest.raises(actorpy.ConfigError, match="finite timeout_s"):  # failed;
+            job.run(cluster, init={"w": np.zeros(2)}, timeout_s=timeout)  # inf: traceback
+    # before: "need a finite timeout_s > 0 (got 600.0), batch >= 1 and checkpoint_every
+    # >= 0", the one value shown not the one at fault
+    # straggler_factor=0 turned the policy off without a word; NaN failed on the shard
+    for bad in ({"batch": 0}, {"checkpoint_every": -1}, {"straggler_factor": 0},
+                {"straggler_factor": -1.0}, {"straggler_factor": float("nan")},
+                {"straggler_factor": float("inf")}):
+        with pytest.raises(actorpy.ConfigError, match=f"{next(iter(bad))}="
+                                                      f"{next(iter(bad.values()))}"):
+            job.run(cluster, init={"w": np.zeros(2)}, **bad)
+    with pytest.raises(actorpy.ConfigError, match="seed must be an int >= 0, got -1"):
+        param.Job("x", seed=-1)   # before: numpy's ValueError on every worker
+    # before: TypeErrors from a comparison and from range(); a lone surrogate key (a
+    # file name decoded with surrogateescape) a UnicodeEncodeError from the shard plan
+    with pytest.raises(actorpy.ConfigError, match="finite timeout_s > 0, got 5"):
+        job.run(cluster, init={"w": np.zeros(2)}, timeout_s="5")
+    with pytest.raises(actorpy.ConfigError, match="servers must be an int >= 1, got 1.5"):
+        job.run(cluster, init={"w": np.zeros(2)}, servers=1.5)
+    with pytest.raises(actorpy.ConfigError, match=r"init key '\\ud800' is not valid "):
+        job.run(cluster, init={"\ud800": np.zeros(2)})
+
+
+def test_the_bench_release_factor_flag_refuses_what_the_engine_refuses():
+    # before: -1 and NaN were taken (the runs with the policy then failed one by one,
+    # after the ones without it); 0 still means "no runs with the policy"
+    for bad in ("-1", "nan", "0.5"):
+        out = subprocess.run([sys.executable, "bench/ps.py", "--release-factor", bad],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert "--release-factor: must be a finite number > 1, or 0" in out.stderr
