@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import numbers
 import os
 import random
 import threading
@@ -25,7 +26,6 @@ from actorpy.runtime.node import Node, NodeEvent, Subscription
 from actorpy.runtime.reply import ReplyFuture, check_seconds
 from actorpy.runtime.stream import StreamTable, TaskStream
 from actorpy.runtime.tasks import CancelState, ContextCallTask, StreamTask
-from actorpy.values import is_int
 from actorpy.wire.auth import Security
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
@@ -241,7 +241,7 @@ class Cluster(Caller):
                 "local cluster (actorpy.connect() with no address); to grow this cluster, run "
                 f"`actorpy worker --manager {peer.address if peer else 'tcp://HOST:PORT'} "
                 "--secret-file F` on a machine that can reach the manager")
-        if not is_int(n) or n < 1:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ConfigError(f"add_workers needs an int n >= 1, not {n!r}")
         check_seconds("timeout_s", timeout_s)
         if len(self.local.worker_ids) + n > MAX_LOCAL_WORKERS:
