@@ -7,13 +7,13 @@ lost partition is recomputed by running them again.
 """
 from __future__ import annotations
 
+import numbers
 import os
 import weakref
 from operator import index, itemgetter
 from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar
 
 from actorpy.errors import ConfigError
-from actorpy.values import is_int
 from engines.mapre import actions
 from engines.mapre import plan as P
 from engines.mapre.engine import Engine, release_cache
@@ -57,7 +57,7 @@ def _check_partitions(n: int | None, what: str) -> int | None:
     """``partitions``, checked, as a plain int (a numpy one too) or None."""
     if n is None:
         return None
-    if not is_int(n) or n < 1:
+    if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"{what}: partitions must be an integer >= 1, got {n!r}")
     if n > MAX_PARTITIONS:
         raise ConfigError(f"{what}: partitions={n} is more than {MAX_PARTITIONS}: each "

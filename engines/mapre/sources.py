@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import codecs
+import numbers
 import os
 from typing import Any, Iterable, Sequence, TypeVar
 
 from actorpy.errors import ConfigError
-from actorpy.values import is_int
 from engines.mapre import io
 from engines.mapre import plan as P
 from engines.mapre.dataset import Dataset, _check_partitions
@@ -55,7 +55,8 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
     except LookupError:
         raise ConfigError(f"errors={errors!r} is not a codec error handler; use 'strict' or "
                           "'replace'") from None
-    if not is_int(split_bytes) or split_bytes < 1:
+    if not isinstance(split_bytes, numbers.Integral) or isinstance(split_bytes, bool) \
+            or split_bytes < 1:
         raise ConfigError(f"split_bytes must be an integer >= 1, got {split_bytes!r}")
     split_bytes = int(split_bytes)
     if cut_long_lines and lines:
