@@ -163,6 +163,19 @@ def load(path: str, *, job: str, shard: int, shards: int,
             UnicodeDecodeError) as exc:
         raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint ({exc}); "
                               "delete it or resume from another directory") from None
+    try:
+        return _snapshot(path, meta, arrays, like)
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        # the format's marker and the job's name, with fields a writer of ours never wrote
+        # (a hand-edited or crafted file): refused as a whole, like a corrupt one
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint (its "
+                              f"description is malformed: {type(exc).__name__}: {exc}); "
+                              "delete it or resume from another directory") from None
+
+
+def _snapshot(path: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
+              like: Mapping[str, Any]) -> Snapshot:
+    """The checked snapshot of a checkpoint whose members were read (``load``)."""
     entries = {e["key"]: e for e in meta["keys"]}
     if set(entries) != set(like):
         raise CheckpointError(f"checkpoint {path} holds keys {sorted(entries)}, but this "
@@ -181,7 +194,8 @@ def load(path: str, *, job: str, shard: int, shards: int,
                                   f"the model's is {describe(ref)}: it belongs to another model")
         values[key] = value
     return Snapshot(values, {k: int(e["clock"]) for k, e in entries.items()},
-                    dict(meta["steps"]), int(meta["base_step"]), int(meta["updates"]),
+                    {str(k): int(v) for k, v in dict(meta["steps"]).items()},
+                    int(meta["base_step"]), int(meta["updates"]),
                     int(meta["pulls"]))
 
 

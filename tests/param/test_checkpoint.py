@@ -2,6 +2,7 @@
 files."""
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 
@@ -97,6 +98,30 @@ class TestCheckpoint:
         with zipfile.ZipFile(path, "w") as z:
             for name, data in members.items():
                 z.writestr(name, data)
+        with pytest.raises(CheckpointError, match="corrupt or not a checkpoint"):
+            checkpoint.load(path, like={"w": np.zeros(2)}, **KW)
+
+    @pytest.mark.parametrize("tamper", [
+        lambda m: m["keys"][0].pop("sha256"),
+        lambda m: m["keys"][0].update(clock="soon"),
+        lambda m: m["keys"][0].update(family="torch", dtype="float64", shape=[5, 5]),
+        lambda m: m.update(steps=[1, 2]),
+        lambda m: m.update(steps={"w-1": "many"}),
+        lambda m: m.update(keys=[["w"]]),
+        lambda m: m.update(base_step=None),
+    ])
+    def test_a_malformed_description_is_refused_whole(self, tmp_path, tamper):
+        """A file with our format's marker and the right job, whose description a writer
+        of ours never wrote: refused as corrupt (before, a KeyError, TypeError or
+        ValueError escaped from the load)."""
+        path = str(tmp_path / "c.npz")
+        checkpoint.save(path, Snapshot({"w": np.zeros(2)}, {"w": 0}, {"w-1": 3}), **KW)
+        with np.load(path) as npz:
+            members = {name: npz[name] for name in npz.files}
+        meta = json.loads(bytes(members["meta"]).decode())
+        tamper(meta)
+        members["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        np.savez(path, **members)
         with pytest.raises(CheckpointError, match="corrupt or not a checkpoint"):
             checkpoint.load(path, like={"w": np.zeros(2)}, **KW)
 
