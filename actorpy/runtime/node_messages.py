@@ -37,6 +37,8 @@ log = logging.getLogger("actorpy.runtime.node")
 #: request deadlines are checked on this grid, so a stream of requests does not wake the
 #: loop once per request (a deadline fires at most this late)
 DEADLINE_GRID_S = 0.05
+#: a message to this node itself is never cut into frames (nor held to a frame limit)
+_LOOPBACK_CHUNK_BYTES = 1 << 62
 
 
 class NodeMessaging:
@@ -77,13 +79,20 @@ class NodeMessaging:
         """
         if self._closed.is_set():
             raise NodeLost(self.node_id, f"node {self.node_id} {self._dir.closed_why}")
+        if dest == self.node_id:
+            # Loopback copies every frame before this returns, so no snapshot first (a
+            # reply's arrays were copied twice), and arrays are not cut into the wire's
+            # chunks (the receiver would join them with another copy): one copy in all.
+            self._send_to_self(wm.assemble(service, kind, self._sender, payload,
+                                           request_id=request_id, step=step,
+                                           chunk_bytes=_LOOPBACK_CHUNK_BYTES,
+                                           from_service=from_service))
+            return
         frames = wm.assemble(service, kind, self._sender, payload, request_id=request_id,
                              step=step, chunk_bytes=self.chunk_bytes,
                              max_frame_bytes=self.max_frame_bytes, snapshot=snapshot,
                              from_service=from_service)
-        if dest == self.node_id:
-            self._send_to_self(frames)
-        elif route is not None:
+        if route is not None:
             self._send_routed(dest, route, frames)
         else:
             self._dir.send(dest, frames)
@@ -114,8 +123,9 @@ class NodeMessaging:
         on the sending thread (resolving a future and offering to an inbox are thread-safe;
         a service's quick kind may run right here): no hand-off to the I/O thread and back.
         Messages for the node's own handlers go through the I/O thread, where those run."""
-        copied = [bytes(memoryview(f).cast("B")) for f in frames]
-        msg = wm.Message.parse(copied, self.max_frame_bytes)
+        # (bytes are immutable: shared, not copied; no frame limit, as no wire is crossed)
+        copied = [f if type(f) is bytes else bytes(memoryview(f).cast("B")) for f in frames]
+        msg = wm.Message.parse(copied, _LOOPBACK_CHUNK_BYTES)
         if msg.header.service != CORE_SERVICE or msg.header.kind in REPLY_KINDS:
             self._guard(lambda: self._receiver.dispatch(msg))
             return
