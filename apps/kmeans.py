@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from actorpy import apputil
-from actorpy.errors import ActorpyError, ConfigError
+from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError
 from apps.training import check_memory
 from engines import mapre
 
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=50, help="at most (default 50)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the generated points and of the first centres (default 0)")
+    parser.add_argument("--timeout", type=apputil.positive_float, default=600.0, metavar="S",
+                        help="seconds each iteration may take (default 600)")
     apputil.add_cluster_arguments(parser)
     args = parser.parse_args(argv)
     small = [f"--{name} {getattr(args, name)}"
@@ -169,9 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with apputil.connect_from_args(args) as cluster:
             result = kmeans(cluster, points, args.k, partitions=args.partitions,
-                            iterations=args.iterations, seed=args.seed)
+                            iterations=args.iterations, seed=args.seed,
+                            timeout_s=args.timeout)
     except ConfigError:  # bad flags: the command line says so with status 2, as for sgd
         raise
+    except ActorpyTimeout as exc:   # the engine's words name its timeout_s=
+        print(f"actorpy kmeans: a step did not finish within --timeout {args.timeout:g} s; "
+              f"raise --timeout ({apputil.error_line(exc)})", file=sys.stderr)
+        return 1
     except ActorpyError as exc:
         print(f"actorpy kmeans: {apputil.error_line(exc)}", file=sys.stderr)
         return 1

@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="text files, directories or globs (UTF-8, one line per record)")
     parser.add_argument("--top", type=int, default=20, metavar="K",
                         help="how many of the most frequent words to print (default 20)")
-    parser.add_argument("--timeout-s", type=apputil.positive_float, default=3600.0,
+    # --timeout as in every other app; --timeout-s, its first name, still works
+    parser.add_argument("--timeout", "--timeout-s", dest="timeout_s",
+                        type=apputil.positive_float, default=3600.0, metavar="S",
                         help="give up after this many seconds (default 3600)")
     parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
                         help="an undecodable byte: fail naming file and offset (strict, the "
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.top < 0:
         parser.error("--top must be >= 0")
     t0 = time.perf_counter()
-    counting = False   # a timeout while connecting is not the count's --timeout-s
+    counting = False   # a timeout while connecting is not the count's --timeout
     try:
         mapre.list_inputs(args.paths)  # a missing input fails before a cluster starts
         with apputil.connect_from_args(args) as cluster:
@@ -162,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 else str(exc.__cause__) if isinstance(exc.__cause__, (mapre.InputNotWords,
                                                                       mapre.InputChanged))
                 # the engine's words name its timeout_s= ("pass a larger timeout_s")
-                else f"counting did not finish within --timeout-s {args.timeout_s:g} s; "
-                "raise --timeout-s" if isinstance(exc, ActorpyTimeout) and counting
+                else f"counting did not finish within --timeout {args.timeout_s:g} s; "
+                "raise --timeout" if isinstance(exc, ActorpyTimeout) and counting
                 else apputil.error_line(exc))
         print(f"actorpy wordcount: {line}", file=sys.stderr)
         return 1

@@ -100,3 +100,14 @@ def test_every_option_says_what_it_is_in_help(capsys):
                         ("--seed SEED", "seed of the generated points")):
         after = text.split(f"  {flag}", 1)[1]
         assert " ".join(after.split()).startswith(words), (flag, after[:80])
+
+
+def test_a_run_past_its_timeout_names_the_flag(capsys):
+    """kmeans had no --timeout (each action waited up to 600 s, whatever the user wanted);
+    it takes one like every other app, checked, and a run past it names it."""
+    assert kmeans.main(["--workers", "1", "--points", "2000", "--timeout", "1e-6"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "actorpy kmeans: a step did not finish within --timeout 1e-06 s; raise --timeout")
+    with pytest.raises(SystemExit) as exit_:
+        kmeans.main(["--timeout", "nan"])
+    assert exit_.value.code == 2 and "must be a finite number > 0" in capsys.readouterr().err

@@ -47,8 +47,8 @@ def test_table_and_missing_input(tmp_path):
     many = _run("--workers", "1000", str(tmp_path))  # took a minute, then failed
     assert many.returncode == 2 and "at most 256 workers, not 1000" in many.stderr
     assert len(many.stderr.splitlines()) == 1
-    for bad in ("nan", "-5"):  # NaN never timed out
-        wrong = _run("--timeout-s", bad, str(tmp_path))
+    for flag, bad in (("--timeout", "nan"), ("--timeout-s", "-5")):  # NaN never timed out
+        wrong = _run(flag, bad, str(tmp_path))
         assert wrong.returncode == 2 and "must be a finite number > 0" in wrong.stderr
 
 
@@ -105,9 +105,10 @@ def test_a_run_past_its_timeout_names_the_flag(tmp_path, capsys):
     # before: "reduce_by_key_locally did not finish within 1e-06 s; pass a larger timeout_s
     # (or check the workers' logs)": the engine's names, not the command's
     (tmp_path / "t.txt").write_text("x y\n" * 1000, encoding="utf-8")
-    assert wordcount.main(["--workers", "1", "--timeout-s", "1e-6", str(tmp_path)]) == 1
+    # --timeout, as in every other app (it was only --timeout-s, which still works)
+    assert wordcount.main(["--workers", "1", "--timeout", "1e-6", str(tmp_path)]) == 1
     assert capsys.readouterr().err == ("actorpy wordcount: counting did not finish within "
-                                       "--timeout-s 1e-06 s; raise --timeout-s\n")
+                                       "--timeout 1e-06 s; raise --timeout\n")
 
 
 def test_table_columns_line_up_for_wide_and_combining_characters():
