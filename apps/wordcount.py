@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="text files, directories or globs (UTF-8, one line per record)")
     parser.add_argument("--top", type=int, default=20, metavar="K",
-                        help="how many of the most frequent words to print (default 20)")
+                        help="how many of the most frequent words the table shows (default "
+                             "20; --json prints every word's count)")
     # --timeout as in every other app; --timeout-s, its first name, still works
     parser.add_argument("--timeout", "--timeout-s", dest="timeout_s",
                         type=apputil.positive_float, default=3600.0, metavar="S",
