@@ -417,6 +417,22 @@ class KademliaNode(NodeOps):
         eff.done.append(Done(op.op_id, kind, self.node_id, tuple(op.chosen.values()),
                              rpcs=op.rpcs, elapsed_s=now - op.started_s))
 
+    def _fail_pending_to(self, node_id: int, now: float, eff: Effects) -> None:
+        """``node_id`` left: what we asked it will never be answered, so it fails now
+        rather than at its timeout."""
+        for rpc_id in [r for r, p in self._pending.items() if p.contact.node_id == node_id]:
+            pending = self._pending.pop(rpc_id)
+            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+            if op is not None:
+                op.in_flight -= 1
+            self._give_up(pending, op, now, eff)
+        for rpc_id in [r for r, p in self._late.items()
+                       if p.contact.node_id == node_id and p.final]:
+            pending = self._late.pop(rpc_id)      # a PING given up on, waiting for its end
+            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+            if op is not None and op.lookup is None:
+                self._give_up(pending, op, now, eff)
+
     def _answer(self, sender: Contact, message: Message, now: float,
                 eff: Effects) -> Message | None:
         me, step = self.node_id, self.step

@@ -38,6 +38,7 @@ class _Pending:
     key: int = 0
     sent_s: float = 0.0
     limit_s: float = 0.0        # the longest wait: rpc_timeout_s (+ a value's allowance)
+    first_s: float = 0.0        # when its first try was sent (it may be a retry)
     retry: int | None = None    # timed out (kept in ``_late``): the rpc id of its retry
     final: bool = False         # ... its last try: no answer by limit_s evicts
 
@@ -198,7 +199,7 @@ class NodeOps:
         else:       # a value's allowance on top (``sizes.py``)
             timeout = limit = self._sizes.wait_s(self.config, message, self.storage, retry)
         self._pending[rpc_id] = _Pending(contact, message.KIND, op.op_id if op else None, make,
-                                         key, now, limit)
+                                         key, now, limit, now)
         self.stats.rpcs_sent += 1
         if op is not None:
             op.rpcs += 1
@@ -303,12 +304,14 @@ class NodeOps:
                 pending.limit_s = max(pending.limit_s, self._pending[retry].limit_s)
             elif node_id in self.routing:
                 retry = self._probe(pending.contact, now, eff)
+            if retry is not None:
+                self._pending[retry].first_s = pending.first_s
             self._keep_late(rpc_id, pending, retry, now, eff)
         elif self._keep_late(rpc_id, pending, None, now, eff, final=True):
             # consecutive misses, the last one before rpc_timeout_s: a lookup goes on
             # without the contact and its keys are stored again now (as the eviction did
             # before: extra copies at worst), but the eviction (out of the table, the steps,
-            # the samples) and the end of a PING wait until rpc_timeout_s passed with no
+            # the samples) and the end of a PING wait until ``_late_until`` passed with no
             # answer (``_expire_late``), so a live peer that is only slow keeps its place
             if failures == self.config.max_failures:
                 self._keys_at_risk(node_id, now, eff)
@@ -323,20 +326,31 @@ class NodeOps:
         """Remember a request timed out before its ``limit_s`` until then, so its answer is
         still taken if it comes late (``_on_late``), not refused as unsolicited; False if
         ``limit_s`` has passed."""
-        left = pending.sent_s + pending.limit_s - now
+        pending.retry, pending.final = retry, final
+        left = self._late_until(pending) - now
         if left <= 1e-3:
             return False
-        pending.retry, pending.final = retry, final
         self._late[rpc_id] = pending
         eff.timers.append(SetTimer(left, TimerKind.RPC_TIMEOUT, rpc_id))
         return True
+
+    def _late_until(self, pending: _Pending) -> float:
+        """Until when the answer to a request that timed out is taken: ``limit_s`` after it
+        was sent; for a contact's last try of a PING or FIND_NODE (the eviction waits for
+        it), ``max_failures x rpc_timeout_s`` after the first, as with fixed timeouts (an
+        adaptive first try waited less, and a slow live peer was evicted sooner)."""
+        until = pending.sent_s + pending.limit_s
+        if pending.final and pending.kind in ADAPTIVE_KINDS:
+            most = pending.first_s + self.config.max_failures * self.config.rpc_timeout_s
+            until = max(until, most)
+        return until
 
     def _expire_late(self, rpc_id: int, now: float, eff: Effects) -> None:
         """A timer of a request in ``_late`` fell due: forget it once its ``limit_s`` has
         passed since it was sent (a retry answered through ``_on_late`` still has its own
         adaptive timer running: that one re-arms for the rest)."""
         pending = self._late[rpc_id]
-        left = pending.sent_s + pending.limit_s - now
+        left = self._late_until(pending) - now
         if left > 1e-3:
             eff.timers.append(SetTimer(left, TimerKind.RPC_TIMEOUT, rpc_id))
             return
@@ -391,22 +405,6 @@ class NodeOps:
         if op is not None:
             op.in_flight -= 1
             self._on_reply(op, sender, message, now, eff)
-
-    def _fail_pending_to(self, node_id: int, now: float, eff: Effects) -> None:
-        """``node_id`` left: what we asked it will never be answered, so it fails now
-        rather than at its timeout."""
-        for rpc_id in [r for r, p in self._pending.items() if p.contact.node_id == node_id]:
-            pending = self._pending.pop(rpc_id)
-            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
-            if op is not None:
-                op.in_flight -= 1
-            self._give_up(pending, op, now, eff)
-        for rpc_id in [r for r, p in self._late.items()
-                       if p.contact.node_id == node_id and p.final]:
-            pending = self._late.pop(rpc_id)      # a PING given up on, waiting for its end
-            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
-            if op is not None and op.lookup is None:
-                self._give_up(pending, op, now, eff)
 
     def _give_up(self, pending: _Pending, op: _Op | None, now: float, eff: Effects) -> None:
         """An operation's request to a peer now evicted will get no answer: go on without."""
