@@ -149,8 +149,11 @@ class Job:
         self.overlap = overlap if isinstance(overlap, bool) else int(overlap)
         if not is_int(alpha) or alpha < 1:
             raise ConfigError(f"alpha must be an int >= 1, got {alpha!r}")   # 0: asks nobody
-        self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
-                                        "alpha": int(alpha), "replication": replication})
+        try:    # its own checks (min_rpc_timeout_s, rpc_timeout_s_per_mb) raise ValueError
+            self.config = KademliaConfig(**{**TRAINING_OVERLAY, **overlay, "ksize": ksize,
+                                            "alpha": int(alpha), "replication": replication})
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if not 0 < self.config.rpc_timeout_s < math.inf:   # 0: every request times out
             raise ConfigError(f"rpc_timeout_s must be a finite number > 0, got "
                               f"{self.config.rpc_timeout_s!r}")

@@ -15,7 +15,8 @@ drives one ``Peer`` (its Kademlia node and, in a job, its runner).
   dropped with one WARNING naming the sender. A sender that is in the routing table (a
   peer answering with garbage) is dropped from it too; any other sender leaves the table as
   it was. An unsolicited answer (mostly one after its RPC timeout) is only counted (the node
-  itself takes one that came after an adaptive timeout but within ``rpc_timeout_s``).
+  itself takes one that came after an adaptive timeout but within ``rpc_timeout_s``, or
+  within a value's allowance: ``kademlia/sizes.py``).
 - The driver's control kinds (``INFO``, ``JOIN``, ``SET``, ``GET``, ``START``, ``STATUS``,
   ``LEAVE``) are requests answered when the node's operation is ``Done`` (deferred replies).
 - A standalone peer's job is leased to its driver (``DRIVER_LEASE_S``). The renewal is the

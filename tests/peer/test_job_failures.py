@@ -186,6 +186,8 @@ class TestFailures:
             Job("x", seed=-1)
         with pytest.raises(ConfigError, match="rpc_timeout_s must be a finite number > 0"):
             Job("x", rpc_timeout_s=0.0)
+        with pytest.raises(ConfigError, match="rpc_timeout_s_per_mb must be a finite number"):
+            Job("x", rpc_timeout_s_per_mb=-1.0)      # a ValueError from KademliaConfig
         with pytest.raises(ConfigError, match="alpha must be an int >= 1"):
             Job("x", alpha=0)
         with pytest.raises(ConfigError, match="durable must be True or False"):

@@ -6,6 +6,7 @@ when one is due) and finished operations (``Done``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -26,9 +27,16 @@ class KademliaConfig:
         ksize: bucket size and lookup width *k*.
         alpha: lookup concurrency (requests in flight per lookup).
         replication: how many of the closest nodes store a value (default: ``ksize``).
-        rpc_timeout_s: the longest wait for a reply before the request counts as missed,
-            and the wait for every request that carries or may bring back a value of any
-            size (STORE, FIND_VALUE, CALL) or before any round trip was measured.
+        rpc_timeout_s: the longest wait for a reply to a PING or FIND_NODE before the
+            request counts as missed (the wait before any round trip was measured), and the
+            wait for a STORE, FIND_VALUE or CALL, plus its value's allowance (next).
+        rpc_timeout_s_per_mb: the allowance per MB (10**6 bytes) that a STORE, FIND_VALUE
+            or CALL waits on top of ``rpc_timeout_s``, for the value it carries and the
+            value its answer may bring back (the last size seen of that key, or of the copy
+            held; a read of a key never seen allows for ``max_value_bytes`` on its retry
+            only: ``sizes.py``). The default, 0.02 s (50 MB/s), is well below a loaded
+            2-core machine's loopback and a 1 Gb/s link: a 200 MB value waits 4 s more.
+            0: the fixed ``rpc_timeout_s``, whatever the size.
         min_rpc_timeout_s: the shortest wait for a PING or FIND_NODE (small requests the
             node answers at once): those time out after ``srtt + 4 * rttvar`` of the
             contact's measured round trips (``rtt.py``; the pooled estimate for one never
@@ -62,6 +70,7 @@ class KademliaConfig:
     alpha: int = 3
     replication: int | None = None
     rpc_timeout_s: float = 2.0
+    rpc_timeout_s_per_mb: float = 0.02
     min_rpc_timeout_s: float = 0.05
     max_failures: int = 2
     dead_for_s: float = 300.0
@@ -79,6 +88,9 @@ class KademliaConfig:
         # (one over rpc_timeout_s is cut to it: the timeouts are then fixed)
         if not self.min_rpc_timeout_s > 0:   # 0 or less: every PING and FIND_NODE timed out
             raise ValueError(f"min_rpc_timeout_s must be > 0, not {self.min_rpc_timeout_s}")
+        if not 0 <= self.rpc_timeout_s_per_mb < math.inf:   # NaN or inf: never timed out
+            raise ValueError("rpc_timeout_s_per_mb must be a finite number >= 0, not "
+                             f"{self.rpc_timeout_s_per_mb}")
 
     @property
     def copies(self) -> int:

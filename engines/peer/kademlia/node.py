@@ -35,6 +35,7 @@ from .rtt import ADAPTIVE_KINDS, RttEstimator
 from .rpc import decode
 from .sampling import SampleOp, Sampler, SubtreeCache
 from .services import sample_depth, table_size_estimate
+from .sizes import ValueSizes
 from .steps import StepTable
 from .storage import MemoryStorage, Storage
 from .upkeep import Upkeep
@@ -100,6 +101,7 @@ class KademliaNode(NodeOps):
         self._late: dict[int, _Pending] = {}    # timed out early, answer still taken
         self._rtt = RttEstimator(min(self.config.min_rpc_timeout_s, self.config.rpc_timeout_s),
                                  self.config.rpc_timeout_s)
+        self._sizes = ValueSizes()           # of the values seen per key (request timeouts)
         self._ops: dict[int, _Op] = {}
         self._dead: dict[int, float] = {}
         self._failures: dict[int, int] = {}
@@ -230,7 +232,7 @@ class KademliaNode(NodeOps):
         blob = None if value is None else Blob.of(value)
         eff = Effects()
         self._request(contact, lambda rpc: Call(rpc, self.node_id, method, key, tuple(args),
-                                                blob, self.step), op, now, eff)
+                                                blob, self.step), op, now, eff, key=key)
         return op.op_id, eff
 
     def leave(self, now: float) -> tuple[int, Effects]:
@@ -340,6 +342,8 @@ class KademliaNode(NodeOps):
             return eff
         if message.KIND in REQUEST_KINDS:
             self._note_alive(sender, message.step, now, eff)
+            if isinstance(message, (Store, Call)) and message.value is not None:
+                self._sizes.note(message.key, message.value.nbytes)
             # the answer goes out before what answering started (an owner's replication
             # STOREs): the asker waits for it, the STOREs' holders do not
             started = Effects()
@@ -360,6 +364,8 @@ class KademliaNode(NodeOps):
             raise ProtocolError(f"{message.KIND.name} does not answer {pending.kind.name}")
         if isinstance(message, Value) and message.key != pending.key:
             raise ProtocolError("VALUE for a key that was not asked for")
+        if isinstance(message, (Value, Reply)) and message.value is not None:
+            self._sizes.note(pending.key, message.value.nbytes)    # the CALL's key for a REPLY
         if isinstance(message, Reply):
             for node_id, peer_step in message.peer_steps:
                 if node_id != self.node_id and node_id != sender.node_id:
@@ -399,6 +405,34 @@ class KademliaNode(NodeOps):
         return eff
 
     # ------------------------------------------------------------ internals
+    def _subtree_lookup(self, target: KadId, now: float, eff: Effects,
+                        on_result: Callable[[list[Contact], int, float, Effects], None]) -> None:
+        def then(op: _Op, when: float, eff: Effects) -> None:
+            assert op.lookup is not None
+            on_result(op.lookup.result(), op.rpcs, when, eff)
+        self._begin(OpKind.SUBTREE, target, now, eff=eff, then=then)
+
+    def _sample_done(self, op: SampleOp, now: float, eff: Effects) -> None:
+        kind = OpKind.SAMPLE if op.beta is not None else OpKind.MEMBERS
+        eff.done.append(Done(op.op_id, kind, self.node_id, tuple(op.chosen.values()),
+                             rpcs=op.rpcs, elapsed_s=now - op.started_s))
+
+    def _fail_pending_to(self, node_id: int, now: float, eff: Effects) -> None:
+        """``node_id`` left: what we asked it will never be answered, so it fails now
+        rather than at its timeout."""
+        for rpc_id in [r for r, p in self._pending.items() if p.contact.node_id == node_id]:
+            pending = self._pending.pop(rpc_id)
+            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+            if op is not None:
+                op.in_flight -= 1
+            self._give_up(pending, op, now, eff)
+        for rpc_id in [r for r, p in self._late.items()
+                       if p.contact.node_id == node_id and p.final]:
+            pending = self._late.pop(rpc_id)      # a PING given up on, waiting for its end
+            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
+            if op is not None and op.lookup is None:
+                self._give_up(pending, op, now, eff)
+
     def _answer(self, sender: Contact, message: Message, now: float,
                 eff: Effects) -> Message | None:
         me, step = self.node_id, self.step

@@ -19,7 +19,8 @@ from .messages import NO_STEP, FindNode, FindValue, Kind, Message, Nodes, Ping, 
     Store, Stored, Value
 from .routing import Contact, RoutingTable
 from .rtt import ADAPTIVE_KINDS, READ_KINDS, RttEstimator
-from .sampling import SampleOp, SubtreeCache
+from .sampling import SubtreeCache
+from .sizes import ValueSizes
 from .steps import StepTable
 from .storage import Storage
 from .upkeep import STORE_OPS, Upkeep
@@ -36,8 +37,10 @@ class _Pending:
     make: Callable[[int], Message]
     key: int = 0
     sent_s: float = 0.0
+    limit_s: float = 0.0        # the longest wait: rpc_timeout_s (+ a value's allowance)
+    first_s: float = 0.0        # when its first try was sent (it may be a retry)
     retry: int | None = None    # timed out (kept in ``_late``): the rpc id of its retry
-    final: bool = False         # ... its last try: no answer by rpc_timeout_s evicts
+    final: bool = False         # ... its last try: no answer by limit_s evicts
 
 
 @dataclass
@@ -98,6 +101,7 @@ class NodeOps:
     _pending: dict[int, _Pending]
     _late: dict[int, _Pending]
     _rtt: RttEstimator
+    _sizes: ValueSizes
     _ops: dict[int, _Op]
     _dead: dict[int, float]
     _failures: dict[int, int]
@@ -185,13 +189,17 @@ class NodeOps:
         return self.routing.closest(target, self.config.ksize, exclude=frozenset(skip))
 
     def _request(self, contact: Contact, make: Callable[[int], Message], op: _Op | None,
-                 now: float, eff: Effects, key: int = 0) -> int:
+                 now: float, eff: Effects, key: int = 0, retry: bool = False) -> int:
         rpc_id = self._rng.getrandbits(63)
         while rpc_id in self._pending or rpc_id in self._late:
             rpc_id = self._rng.getrandbits(63)
         message = make(rpc_id)
+        if message.KIND in ADAPTIVE_KINDS:
+            timeout, limit = self._rtt.timeout(contact.node_id), self.config.rpc_timeout_s
+        else:       # a value's allowance on top (``sizes.py``)
+            timeout = limit = self._sizes.wait_s(self.config, message, self.storage, retry)
         self._pending[rpc_id] = _Pending(contact, message.KIND, op.op_id if op else None, make,
-                                         key, now)
+                                         key, now, limit, now)
         self.stats.rpcs_sent += 1
         if op is not None:
             op.rpcs += 1
@@ -199,8 +207,6 @@ class NodeOps:
             if op.lookup is not None and op.awaiting == 0:
                 self.stats.max_in_flight = max(self.stats.max_in_flight, op.in_flight)
         eff.sends.append(Send(contact.address, message))
-        timeout = (self._rtt.timeout(contact.node_id) if message.KIND in ADAPTIVE_KINDS
-                   else self.config.rpc_timeout_s)
         eff.timers.append(SetTimer(timeout, TimerKind.RPC_TIMEOUT, rpc_id))
         return rpc_id
 
@@ -292,15 +298,20 @@ class NodeOps:
                 self._suspects.add(node_id)
             if op is not None:
                 retry = self._request(pending.contact, pending.make, op, now, eff,
-                                      key=pending.key)
+                                      key=pending.key, retry=True)
+                # a retry that waits longer (a read of a size never seen): the first try's
+                # answer is taken until then too
+                pending.limit_s = max(pending.limit_s, self._pending[retry].limit_s)
             elif node_id in self.routing:
                 retry = self._probe(pending.contact, now, eff)
+            if retry is not None:
+                self._pending[retry].first_s = pending.first_s
             self._keep_late(rpc_id, pending, retry, now, eff)
         elif self._keep_late(rpc_id, pending, None, now, eff, final=True):
             # consecutive misses, the last one before rpc_timeout_s: a lookup goes on
             # without the contact and its keys are stored again now (as the eviction did
             # before: extra copies at worst), but the eviction (out of the table, the steps,
-            # the samples) and the end of a PING wait until rpc_timeout_s passed with no
+            # the samples) and the end of a PING wait until ``_late_until`` passed with no
             # answer (``_expire_late``), so a live peer that is only slow keeps its place
             if failures == self.config.max_failures:
                 self._keys_at_risk(node_id, now, eff)
@@ -312,23 +323,34 @@ class NodeOps:
 
     def _keep_late(self, rpc_id: int, pending: _Pending, retry: int | None, now: float,
                    eff: Effects, final: bool = False) -> bool:
-        """Remember a request timed out before ``rpc_timeout_s`` until then, so its answer
-        is still taken if it comes late (``_on_late``), not refused as unsolicited; False
-        if ``rpc_timeout_s`` has passed."""
-        left = pending.sent_s + self.config.rpc_timeout_s - now
+        """Remember a request timed out before its ``limit_s`` until then, so its answer is
+        still taken if it comes late (``_on_late``), not refused as unsolicited; False if
+        ``limit_s`` has passed."""
+        pending.retry, pending.final = retry, final
+        left = self._late_until(pending) - now
         if left <= 1e-3:
             return False
-        pending.retry, pending.final = retry, final
         self._late[rpc_id] = pending
         eff.timers.append(SetTimer(left, TimerKind.RPC_TIMEOUT, rpc_id))
         return True
 
+    def _late_until(self, pending: _Pending) -> float:
+        """Until when the answer to a request that timed out is taken: ``limit_s`` after it
+        was sent; for a contact's last try of a PING or FIND_NODE (the eviction waits for
+        it), ``max_failures x rpc_timeout_s`` after the first, as with fixed timeouts (an
+        adaptive first try waited less, and a slow live peer was evicted sooner)."""
+        until = pending.sent_s + pending.limit_s
+        if pending.final and pending.kind in ADAPTIVE_KINDS:
+            most = pending.first_s + self.config.max_failures * self.config.rpc_timeout_s
+            until = max(until, most)
+        return until
+
     def _expire_late(self, rpc_id: int, now: float, eff: Effects) -> None:
-        """A timer of a request in ``_late`` fell due: forget it once ``rpc_timeout_s`` has
+        """A timer of a request in ``_late`` fell due: forget it once its ``limit_s`` has
         passed since it was sent (a retry answered through ``_on_late`` still has its own
         adaptive timer running: that one re-arms for the rest)."""
         pending = self._late[rpc_id]
-        left = pending.sent_s + self.config.rpc_timeout_s - now
+        left = self._late_until(pending) - now
         if left > 1e-3:
             eff.timers.append(SetTimer(left, TimerKind.RPC_TIMEOUT, rpc_id))
             return
@@ -383,22 +405,6 @@ class NodeOps:
         if op is not None:
             op.in_flight -= 1
             self._on_reply(op, sender, message, now, eff)
-
-    def _fail_pending_to(self, node_id: int, now: float, eff: Effects) -> None:
-        """``node_id`` left: what we asked it will never be answered, so it fails now
-        rather than at its timeout."""
-        for rpc_id in [r for r, p in self._pending.items() if p.contact.node_id == node_id]:
-            pending = self._pending.pop(rpc_id)
-            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
-            if op is not None:
-                op.in_flight -= 1
-            self._give_up(pending, op, now, eff)
-        for rpc_id in [r for r, p in self._late.items()
-                       if p.contact.node_id == node_id and p.final]:
-            pending = self._late.pop(rpc_id)      # a PING given up on, waiting for its end
-            op = self._ops.get(pending.op_id) if pending.op_id is not None else None
-            if op is not None and op.lookup is None:
-                self._give_up(pending, op, now, eff)
 
     def _give_up(self, pending: _Pending, op: _Op | None, now: float, eff: Effects) -> None:
         """An operation's request to a peer now evicted will get no answer: go on without."""
@@ -478,18 +484,6 @@ class NodeOps:
             refusals=tuple(op.refusals), asked=op.holders,
             reply=op.reply, rounds=lookup.rounds if lookup is not None else 0,
             rpcs=op.rpcs, elapsed_s=now - op.started_s))
-
-    def _subtree_lookup(self, target: KadId, now: float, eff: Effects,
-                        on_result: Callable[[list[Contact], int, float, Effects], None]) -> None:
-        def then(op: _Op, when: float, eff: Effects) -> None:
-            assert op.lookup is not None
-            on_result(op.lookup.result(), op.rpcs, when, eff)
-        self._begin(OpKind.SUBTREE, target, now, eff=eff, then=then)
-
-    def _sample_done(self, op: SampleOp, now: float, eff: Effects) -> None:
-        kind = OpKind.SAMPLE if op.beta is not None else OpKind.MEMBERS
-        eff.done.append(Done(op.op_id, kind, self.node_id, tuple(op.chosen.values()),
-                             rpcs=op.rpcs, elapsed_s=now - op.started_s))
 
     def _newest(self, key: KadId, values: list[Value], now: float) -> Value | None:
         """The highest version among the copies a lookup found and our own."""

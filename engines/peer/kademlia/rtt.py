@@ -24,7 +24,7 @@ from .messages import Kind
 
 #: requests timed out adaptively: small, answered at once by the node, with small answers.
 #: STORE, FIND_VALUE and CALL move values of any size (and a CALL waits on its engine), so
-#: they keep the fixed ``rpc_timeout_s``.
+#: they wait ``rpc_timeout_s`` plus an allowance for the size of their values (``sizes.py``).
 ADAPTIVE_KINDS = frozenset({Kind.PING, Kind.FIND_NODE})
 #: requests whose late answer may stand in for their retry's (reads: asking twice changes
 #: nothing at the peer)

@@ -151,7 +151,7 @@ class TestSamplePeers:
         victim = net.sample_peers("n0", 1, rng)[0]
         net.kill(victim.address)
         net.find_node("n0", victim.node_id)                  # two misses: given up,
-        net.run_for(FAST.rpc_timeout_s)                      # evicted once unanswered
+        net.run_for(2 * FAST.rpc_timeout_s)                  # evicted once unanswered
         assert victim.node_id not in node.routing
         assert victim not in cached(net, "n0", victim.node_id)
         newcomer = net.add_node()

@@ -150,9 +150,11 @@ class TestAdaptiveTimeouts:
         assert net.contact(victim) not in done.contacts
         assert [c.node_id for c in done.contacts] == [
             c.node_id for c in net.true_closest(target, CONFIG.ksize)]
-        # the eviction (what re-replication acts on) waits out rpc_timeout_s unanswered
+        # the eviction waits until two rpc_timeout_s passed since the first try, unanswered
         assert net.nodes[victim].node_id in node.routing
-        net.run_for(CONFIG.rpc_timeout_s)
+        net.run_for(2 * CONFIG.rpc_timeout_s - (net.clock.now() - start) - 0.01)
+        assert net.nodes[victim].node_id in node.routing
+        net.run_for(0.02)
         assert net.nodes[victim].node_id not in node.routing and node.is_gone(
             net.nodes[victim].node_id, net.clock.now())
 
@@ -171,6 +173,17 @@ class TestAdaptiveTimeouts:
         timeouts = node.stats.timeouts
         done = net.run_op(asker, lambda n, now: n.find_node(target, now))
         assert done.contacts[0].node_id == slow_id and node.stats.timeouts == timeouts
+
+    def test_a_live_contact_silent_for_less_than_two_full_timeouts_keeps_its_place(self):
+        """As with fixed timeouts, where a contact was evicted after two missed tries of
+        ``rpc_timeout_s`` each: stalled 3 s (rpc_timeout_s 2 s), it was evicted after one
+        adaptive timeout (~70 ms) plus rpc_timeout_s, 2.07 s, and its answers refused."""
+        net, node, slow_id, target = _stalled(77, "n23", 3.0)
+        net.run_op("n0", lambda n, now: n.find_node(target, now))
+        assert node.stats.timeouts == 2                  # the lookup went on without it
+        net.run_for(2 * CONFIG.rpc_timeout_s)            # past every deadline
+        assert slow_id in node.routing and not node.is_gone(slow_id, net.clock.now())
+        assert node.stats.late_replies >= 1
 
     def test_a_late_answer_feeds_the_lookup_still_waiting_on_the_retry(self) -> None:
         net, node, slow_id, target = _stalled(75, "n31", 0.1)   # past its first timeout only

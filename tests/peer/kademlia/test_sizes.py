@@ -1,0 +1,168 @@
+"""Requests that move large values (``sizes.py``): a STORE, FIND_VALUE or CALL waits
+``rpc_timeout_s`` plus an allowance per MB of the value it carries and of the one its answer
+may bring, so a live peer on a link that takes longer than ``rpc_timeout_s`` to move a
+value is neither given up on nor evicted; small requests keep ``rpc_timeout_s``."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engines.peer.kademlia.events import Effects, KademliaConfig
+from engines.peer.kademlia.ids import KadId
+from engines.peer.kademlia.messages import Call, FindValue, Store
+from engines.peer.kademlia.node import KademliaNode
+from engines.peer.kademlia.sim import SimNetwork
+from engines.peer.kademlia.sizes import MB, ValueSizes
+from engines.peer.kademlia.values import Blob
+
+# the training overlay's 0.1 s timeout (engines/peer/job.py), replication 3
+CONFIG = KademliaConfig(rpc_timeout_s=0.1, replication=3, refresh_on_join=False,
+                        refresh_interval_s=1e9, republish_interval_s=1e9)
+LINK_BYTES_PER_S = 100 * MB          # every peer's uplink: 0.2 s for the 20 MB value
+VALUE = np.arange(5 * MB, dtype=np.float32)      # 20 MB
+
+
+class Uplink:
+    """A live node on a link of ``LINK_BYTES_PER_S``: a message that carries a value
+    leaves once its bytes went out (``nbytes / LINK_BYTES_PER_S`` later); the rest at once."""
+
+    def __init__(self, net: SimNetwork, address: str) -> None:
+        self.net, self.address = net, address
+        self.node = net.nodes[address]
+
+    def _paced(self, effects: Effects) -> Effects:
+        now_sends = []
+        for send in effects.sends:
+            value = getattr(send.message, "value", None)
+            if value is None:
+                now_sends.append(send)
+                continue
+            delay = value.nbytes / LINK_BYTES_PER_S
+            self.net.clock.call_later(delay, lambda s=send: self.net.apply(
+                self.address, Effects(sends=[s])))
+        effects.sends = now_sends
+        return effects
+
+    def receive(self, sender: str, message: Any, now: float, frames: Any = ()) -> Effects:
+        return self._paced(self.node.receive(sender, message, now, frames))
+
+    def on_timer(self, kind: Any, token: int, now: float) -> Effects:
+        return self._paced(self.node.on_timer(kind, token, now))
+
+
+def paced_net(config: KademliaConfig, seed: int) -> SimNetwork:
+    net = SimNetwork(config, seed=seed, latency_s=(0.010, 0.012))
+    net.grow(30)
+    for address in net.nodes:
+        net.attach(address, Uplink(net, address))
+    return net
+
+
+def stored(net: SimNetwork, writer: str, key: KadId) -> tuple[Any, list[str]]:
+    """Set VALUE under ``key`` from ``writer``: (its Done, the other holders' addresses)."""
+    done = net.run_op(writer, lambda n, now: n.set(key, VALUE, now))
+    return done, [c.address for c in done.stored_on if c.address != writer]
+
+
+def reader_of(net: SimNetwork, key: KadId) -> str:
+    """A peer that holds no copy of ``key`` (and never saw its value)."""
+    holders = {c.address for c in net.true_closest(key, CONFIG.copies)}
+    return next(a for a in sorted(net.nodes, key=lambda a: int(a[1:])) if a not in holders)
+
+
+class TestLargeValues:
+    def test_a_large_value_is_stored_without_a_miss(self) -> None:
+        net = paced_net(CONFIG, seed=81)
+        key = KadId(net.nodes["n4"].node_id ^ 5)
+        done, holders = stored(net, "n0", key)
+        writer = net.nodes["n0"]
+        # 20 MB take 0.2 s on the link, twice the 0.1 s timeout: its STOREs wait 0.1 s +
+        # 20 x 0.02 s and are answered once
+        assert done.durable and done.asked == len(holders) >= 2
+        assert writer.stats.timeouts == 0 and net.rejected == 0
+        assert all(net.nodes[h].node_id in writer.routing for h in holders)
+
+    def test_a_peer_that_never_saw_a_large_value_reads_it_and_keeps_its_holders(self):
+        net = paced_net(CONFIG, seed=83)
+        key = KadId(net.nodes["n4"].node_id ^ 5)
+        holders = [c.address for c in net.true_closest(key, CONFIG.copies)]
+        for holder in holders:          # put there directly: only the read is tested
+            net.nodes[holder].storage.put(key, Blob.of(VALUE), 0.0, 1e6, clock=3)
+        address = reader_of(net, key)
+        reader = net.nodes[address]
+        # its first FIND_VALUE to a holder times out at 0.1 s (a read of a size never seen
+        # waits as a small one), the retry allows for max_value_bytes, and the first try's
+        # answer, late, is taken: the value is read
+        got = net.get(address, key)
+        np.testing.assert_array_equal(got.value, VALUE)
+        assert got.clock == 3 and reader.stats.late_replies >= 1 and net.rejected == 0
+        net.run_for(30.0)                               # past every deadline
+        for holder in holders:
+            holder_id = net.nodes[holder].node_id
+            assert holder_id in reader.routing
+            assert not reader.is_gone(holder_id, net.clock.now())
+        # the size is known now: a read of the newest copies misses nothing
+        timeouts = reader.stats.timeouts
+        again = net.get(address, key, newest=True)
+        np.testing.assert_array_equal(again.value, VALUE)
+        assert reader.stats.timeouts == timeouts and net.rejected == 0
+
+    def test_without_the_allowance_the_holders_are_lost(self) -> None:
+        """The old fixed timeout (``rpc_timeout_s_per_mb=0``): the same STORE times out
+        twice per holder, each a live peer that gets evicted, and nothing is durable."""
+        config = dataclasses.replace(CONFIG, rpc_timeout_s_per_mb=0.0)
+        net = paced_net(config, seed=81)
+        key = KadId(net.nodes["n4"].node_id ^ 5)
+        done = net.run_op("n0", lambda n, now: n.set(key, VALUE, now))
+        writer = net.nodes["n0"]
+        assert not done.durable and done.asked >= 2
+        assert writer.stats.timeouts >= 2 * done.asked       # each tried twice
+        holders = [c for c in net.true_closest(key, 3) if c.address != "n0"]
+        assert all(writer.is_gone(c.node_id, net.clock.now()) for c in holders)
+        net.run_for(0.5)
+        assert net.rejected >= 2 * done.asked   # their answers came too late to count
+
+    def test_a_call_that_moves_a_large_value_each_way_is_answered(self) -> None:
+        net = paced_net(CONFIG, seed=82)
+        echo = net.nodes["n7"]
+        echo.on_call = lambda sender, call, now, eff: (1, (), call.value)
+        peer = net.contact("n7")
+        key = KadId(99)
+        done = net.run_op("n2", lambda n, now: n.call(peer, 5, key, now, value=VALUE))
+        # 20 MB out, 20 MB back (0.2 s on n7's link): the CALL waits 0.1 s + 40 x 0.02 s
+        assert done.reply is not None and done.reply.status == 1
+        np.testing.assert_array_equal(done.reply.value.to_value(), VALUE)
+        assert net.nodes["n2"].stats.timeouts == 0 and peer.node_id in net.nodes["n2"].routing
+
+
+class TestWaits:
+    def test_small_requests_wait_rpc_timeout_s_and_large_ones_more(self) -> None:
+        sizes = ValueSizes()
+        small = Store(1, KadId(1), KadId(2), b"x" * 100, ttl_s=60.0)
+        assert sizes.wait_s(CONFIG, small, None) == pytest.approx(0.1, abs=1e-5)
+        read = FindValue(2, KadId(1), KadId(3))        # never seen: rpc_timeout_s
+        assert sizes.wait_s(CONFIG, read, None) == 0.1
+        assert sizes.wait_s(CONFIG, read, None, retry=True) == pytest.approx(
+            0.1 + 0.02 * CONFIG.max_value_bytes / MB)
+        big = Call(3, KadId(1), 1, KadId(4), (), Blob.of(bytes(10 * MB)))
+        # 10 MB out, and as much expected back: 0.1 + 20 x 0.02
+        assert sizes.wait_s(CONFIG, big, None) == pytest.approx(0.5)
+
+    def test_the_copy_held_gives_the_size_and_sizes_are_bounded(self) -> None:
+        node = KademliaNode(KadId(1), "a", CONFIG)
+        node.set(KadId(9), bytes(5 * MB), now=0.0)
+        sizes = ValueSizes(max_keys=2)
+        assert sizes.expected(9, node.storage) == 5 * MB
+        for key in (1, 2, 3):
+            sizes.note(key, 10)
+        assert sizes.expected(1, None) is None and sizes.expected(3, None) == 10
+
+
+@pytest.mark.parametrize("rate", [-0.01, math.nan, math.inf])
+def test_a_negative_or_unbounded_allowance_is_refused(rate: float) -> None:
+    with pytest.raises(ValueError, match="rpc_timeout_s_per_mb"):
+        KademliaConfig(rpc_timeout_s_per_mb=rate)
