@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import time
 from typing import Any, Generic, TypeVar
 
 from actorpy.errors import ActorpyError
@@ -17,17 +18,21 @@ from engines.mapre.errors import MapreError, check_timeout
 T = TypeVar("T")
 
 _task_ctx: contextvars.ContextVar[Any] = contextvars.ContextVar("actorpy_mapre_task_ctx")
+#: when the running task's action gives up (time.monotonic()), for a broadcast's fetch
+_task_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("actorpy_mapre_deadline")
 _ids = itertools.count(1)
 _UNSET: Any = object()
 
 
-def bind(ctx: Any) -> contextvars.Token[Any]:
-    """Make ``ctx`` the running task's context (the task runner calls this)."""
-    return _task_ctx.set(ctx)
+def bind(ctx: Any, timeout_s: float = 60.0) -> tuple[contextvars.Token[Any], ...]:
+    """Make ``ctx`` the running task's context, with ``timeout_s`` left to its action (the
+    task runner calls this)."""
+    return (_task_ctx.set(ctx), _task_deadline.set(time.monotonic() + timeout_s))
 
 
-def unbind(token: contextvars.Token[Any]) -> None:
-    _task_ctx.reset(token)
+def unbind(tokens: tuple[contextvars.Token[Any], ...]) -> None:
+    _task_ctx.reset(tokens[0])
+    _task_deadline.reset(tokens[1])
 
 
 def store_stats() -> Any:
@@ -95,8 +100,11 @@ class Broadcast(Generic[T]):
         for node in self.holders:
             if node == ctx.node_id:
                 continue
+            # the action's time, not a fixed minute: a large value on a slow link takes
+            # longer (1 GB at 100 Mb/s: 80 s), and a lost holder fails the fetch at once
+            left = _task_deadline.get(time.monotonic() + 60.0) - time.monotonic()
             try:
-                value = ctx.fetch(node, self.key, timeout_s=60.0)
+                value = ctx.fetch(node, self.key, timeout_s=max(1.0, left))
             except ActorpyError as exc:
                 errors.append(f"{node}: {exc}".splitlines()[0])
                 continue

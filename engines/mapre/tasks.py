@@ -292,7 +292,7 @@ class PartitionTask:
     def run(self, ctx: Any) -> TaskOutcome:
         t0 = time.perf_counter()
         env = TaskEnv(ctx, self.fetch_timeout_s)
-        token = bind_task_context(ctx)
+        token = bind_task_context(ctx, self.fetch_timeout_s)
         try:
             value, rows_out = self.sink.run(env, self.spec.items(env))
         finally:

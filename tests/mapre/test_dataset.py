@@ -190,3 +190,34 @@ def test_reduce_matches_functools(clusters):
     data = list(range(1, 30))
     d = mapre.from_items(clusters[2], data, 5)
     assert d.reduce(operator.mul, timeout_s=60) == functools.reduce(operator.mul, data)
+
+
+def test_a_broadcast_fetched_in_a_task_waits_the_actions_time_not_a_minute():
+    """A worker that joined after a broadcast fetches it from a holder. Before, that fetch
+    gave up after a fixed 60 s whatever the action's timeout_s (a 1 GB value at 100 Mb/s
+    takes 80 s), then blamed the holders: "is on no live worker". Now it has the action's
+    time left (a lost holder still fails the fetch at once)."""
+    import importlib   # (engines.mapre.broadcast is also the package's function)
+    bc = importlib.import_module("engines.mapre.broadcast")
+
+    class Ctx:
+        node_id = "w-late"
+        asked: list[float] = []
+
+        def get(self, key):
+            raise KeyError(key)
+
+        def fetch(self, node, key, *, timeout_s):
+            self.asked.append(timeout_s)
+            return "the value"
+
+        def put(self, key, value):
+            return 0
+
+    value = bc.Broadcast("b-1", ("w-holder",))
+    tokens = bc.bind(Ctx(), 900.0)
+    try:
+        assert value.value == "the value"
+    finally:
+        bc.unbind(tokens)
+    assert len(Ctx.asked) == 1 and 890.0 < Ctx.asked[0] <= 900.0
