@@ -292,11 +292,11 @@ class PartitionTask:
     def run(self, ctx: Any) -> TaskOutcome:
         t0 = time.perf_counter()
         env = TaskEnv(ctx, self.fetch_timeout_s)
-        token = bind_task_context(ctx, self.fetch_timeout_s)
+        tokens = bind_task_context(ctx, self.fetch_timeout_s)
         try:
             value, rows_out = self.sink.run(env, self.spec.items(env))
         finally:
-            unbind_task_context(token)
+            unbind_task_context(tokens)
         return TaskOutcome(value, env.rows_in, env.bytes_in, rows_out, tuple(env.cached),
                            time.perf_counter() - t0)
 
