@@ -29,7 +29,8 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
 
     Args:
         cluster: from ``actorpy.connect()``.
-        path: a file, a directory (its files, skipping ``_*`` and ``.*``), a glob, or a list.
+        path: a file, a directory (its files, skipping ``_*`` and ``.*``), a glob (one with
+            ``*?[`` is a glob, as in the shell, where a file has that very name too), or a list.
         split_bytes: at most this many bytes per partition (default 32 MiB).
         errors: "strict" (an undecodable byte fails naming file and offset), "replace", ...
         lines: False gives blocks of text instead: each a str of whole lines (about 64 KB,

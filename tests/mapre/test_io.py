@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import subprocess
 import sys
@@ -203,6 +204,17 @@ class TestInputs:
         (tmp_path / "a" / "x.txt").write_text("x\n")
         os.symlink("..", tmp_path / "a" / "up")  # glob's ** walks a/up/a/up/... until ELOOP
         assert io.list_inputs(str(tmp_path / "**" / "*.txt")) == [str(tmp_path / "a" / "x.txt")]
+
+    def test_a_file_named_like_a_pattern_does_not_hide_its_matches(self, tmp_path):
+        # before: a file named "*.txt" was read alone, and a.txt and b.txt never were
+        for name in ("*.txt", "a.txt", "b.txt"):
+            (tmp_path / name).write_text("x\n")
+        assert io.list_inputs(str(tmp_path / "*.txt")) == \
+            [str(tmp_path / n) for n in ("*.txt", "a.txt", "b.txt")]
+        assert io.list_inputs(glob.escape(str(tmp_path / "*.txt"))) == [str(tmp_path / "*.txt")]
+        # a name with pattern characters that matches nothing else is read as a name
+        (tmp_path / "log[1].txt").write_text("x\n")
+        assert io.list_inputs(str(tmp_path / "log[1].txt")) == [str(tmp_path / "log[1].txt")]
 
     def test_paths_of_the_wrong_type_are_refused(self, tmp_path):
         (tmp_path / "a.txt").write_text("x\n")
