@@ -253,13 +253,15 @@ def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
 
     p = sub.add_parser("manager", help="run a cluster manager")
     p.add_argument("--bind", required=True, help="tcp://0.0.0.0:PORT or ipc://PATH")
-    p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
+    p.add_argument("--secret-file", type=apputil.given("a file name"),
+                   help="file holding the cluster secret (tcp)")
     _add_local_cluster_arguments(p)
     p.set_defaults(func=cmd_manager)
 
     p = sub.add_parser("worker", help="run a worker that joins a manager")
     p.add_argument("--manager", required=True, help="tcp://HOST:PORT or ipc://PATH")
-    p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
+    p.add_argument("--secret-file", type=apputil.given("a file name"),
+                   help="file holding the cluster secret (tcp)")
     p.add_argument("--host", help="address other nodes use to reach this worker (tcp)")
     p.add_argument("--threads", type=int, help="tasks run at once (default 1)")
     _add_local_cluster_arguments(p)
@@ -268,7 +270,8 @@ def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="list a cluster's nodes")
     p.add_argument("--manager", required=True, help="tcp://HOST:PORT or ipc://PATH")
-    p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
+    p.add_argument("--secret-file", type=apputil.given("a file name"),
+                   help="file holding the cluster secret (tcp)")
     p.add_argument("--timeout-s", type=float, default=5.0,
                    help="how long the manager may take to answer (default 5)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")

@@ -19,6 +19,7 @@ import sys
 import threading
 from typing import Any, Sequence
 
+from actorpy import apputil
 from actorpy.errors import ActorpyError, ConfigError, ProtocolError
 from actorpy.runtime.address import refuse_ipv6, security_for
 from engines.peer.dialer import check_endpoint
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to listen (PORT 0: any free port)")
     parser.add_argument("--bootstrap", metavar="tcp://HOST:PORT",
                         help="any live peer of the overlay (none: this is the first peer)")
-    parser.add_argument("--secret-file", metavar="F",
+    parser.add_argument("--secret-file", metavar="F", type=apputil.given("a file name"),
                         help="the cluster secret (else ACTORPY_SECRET)")
     parser.add_argument("--host", help="the host other peers dial, if not the bound one")
     parser.add_argument("--timeout", type=float, default=10.0,

@@ -209,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", metavar="FILE", help="save the training curves (png)")
     apputil.add_cluster_arguments(parser, default_workers=2)
     parser.add_argument("--bootstrap", metavar="tcp://HOST:PORT",
+                        type=apputil.given("an address"),
                         help="train on the standalone peers (`actorpy peer`) of the overlay "
                              "this peer belongs to, all of them (with --secret-file)")
     return parser

@@ -33,6 +33,16 @@ def test_bad_flags_fail_before_connecting(argv, message):
         apputil.connect_from_args(_parse(argv))
 
 
+@pytest.mark.parametrize("flag", ["--manager", "--secret-file"])
+def test_an_empty_address_or_file_is_refused(flag, capsys):
+    # before: `--manager "$UNSET"` ran the job on an embedded cluster, on this machine,
+    # without a word
+    with pytest.raises(SystemExit) as info:
+        _parse([flag, " "])
+    assert info.value.code == 2
+    assert f"argument {flag}: needs " in capsys.readouterr().err
+
+
 def test_print_json_is_one_document():
     out = io.StringIO()
     apputil.print_json({"wörd": 2}, out)
