@@ -80,9 +80,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
     node_id = args.node_id or new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "w")
     worker = Worker(node_id, args.manager, node_bind(args.manager, node_id, args.host),
                     security, config)
+    joining = [True]
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process outright
+        worker.stop("signal")
+        if joining[0]:   # the join waits up to start_timeout_s: stop waiting for it
+            joining[0] = False
+            raise _StopWhileJoining
+    for sig in (signal.SIGINT, signal.SIGTERM):   # SIGTERM last: caught means both are
+        signal.signal(sig, on_signal)
     try:
         try:
-            worker.start(config.start_timeout_s)
+            try:
+                worker.start(config.start_timeout_s)
+            finally:
+                joining[0] = False
+        except _StopWhileJoining:   # before: SIGTERM killed it (-15), Ctrl-C gave 130
+            pass
         except ActorpyError:
             if not _driver_gone(args.lifeline_fd):
                 raise
@@ -101,6 +116,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     code = _worker_status(worker.stop_reason, args.lifeline_fd)
     logging.shutdown()
     os._exit(code)
+
+
+class _StopWhileJoining(BaseException):
+    """SIGTERM or Ctrl-C while a worker still joins its manager: it stops as a worker that
+    joined does (status 0). A BaseException, as KeyboardInterrupt, so no ``except
+    Exception`` on the way swallows it."""
 
 
 #: a worker's exit status when its manager went without a word (killed, its host lost):

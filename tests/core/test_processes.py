@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -273,6 +274,37 @@ def test_workers_stopped_on_purpose_exit_zero(tcp_manager):
     assert manager.wait(15) == 0
     assert workers[1].wait(15) == 0
     assert [w.stderr.read() for w in workers] == ["", ""]
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (Linux's /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_stopped_while_it_joins_exits_zero(sig):
+    # before: SIGTERM killed a worker still waiting for its manager (status -15, where a
+    # supervisor expects 0 for a requested stop), and Ctrl-C gave 130
+    with socket.socket() as listener:   # it accepts connections, and never answers them
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        proc = subprocess.Popen(
+            [PY, "-m", "actorpy", "worker", "--manager",
+             f"tcp://127.0.0.1:{listener.getsockname()[1]}"], stderr=subprocess.PIPE,
+            text=True, env={**os.environ, "ACTORPY_SECRET": "a-secret-long-enough-0123"})
+        try:
+            # its handlers are set once its node dials the manager, before it joins
+            wait_until(lambda: _catches(proc.pid, signal.SIGTERM), 30, "the worker to start")
+            proc.send_signal(sig)
+            assert proc.wait(15) == 0
+            assert proc.stderr.read() == ""
+        finally:
+            proc.kill()
+            proc.wait(10)
+            proc.stderr.close()
 
 
 STUCK_WORKER = """
