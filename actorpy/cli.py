@@ -23,7 +23,7 @@ from actorpy.config import Config
 from actorpy import apputil
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError
 from actorpy.ids import new_node_id
-from actorpy.runtime.address import node_bind, security_for
+from actorpy.runtime.address import check_host, node_bind, security_for, worker_bind
 from actorpy.runtime import launch
 from actorpy.runtime.membership import IO_FAILED, MANAGER_GONE
 from actorpy.runtime.worker import DRIVER_GONE
@@ -78,8 +78,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = Config.from_env(task_threads=args.threads)
     security = security_for(args.manager, secret_file=args.secret_file)
     node_id = args.node_id or new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "w")
-    worker = Worker(node_id, args.manager, node_bind(args.manager, node_id, args.host),
-                    security, config)
+    try:
+        worker = Worker(node_id, args.manager, _worker_bind(args, node_id), security, config,
+                        host=args.host)
+    except ConfigError as exc:
+        if args.host is None or args.bind is not None or not str(exc).startswith("cannot bind"):
+            raise
+        raise ConfigError(f"{exc}; is {args.host} an address of this machine? To be reached "
+                          "there through NAT or a container's published port, listen with "
+                          "--bind tcp://0.0.0.0:PORT (a port forwarded to this machine "
+                          f"under the same number) and keep --host {args.host}") from None
     joining = [True]
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -122,6 +130,19 @@ class _StopWhileJoining(BaseException):
     """SIGTERM or Ctrl-C while a worker still joins its manager: it stops as a worker that
     joined does (status 0). A BaseException, as KeyboardInterrupt, so no ``except
     Exception`` on the way swallows it."""
+
+
+def _worker_bind(args: argparse.Namespace, node_id: str) -> str:
+    """Where a worker listens: ``--bind``, else the ``--host`` it is reached at, else the
+    address that routes to the manager (any free port)."""
+    if args.host is not None:
+        check_host(args.host)
+    if args.bind is None:
+        return node_bind(args.manager, node_id, args.host)
+    if args.manager.startswith("ipc://"):
+        raise ConfigError("--bind is for a tcp cluster: a worker of an ipc manager listens "
+                          "beside it")
+    return worker_bind(args.bind)
 
 
 #: a worker's exit status when its manager went without a word (killed, its host lost):
@@ -283,7 +304,12 @@ def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--manager", required=True, help="tcp://HOST:PORT or ipc://PATH")
     p.add_argument("--secret-file", type=apputil.given("a file name"),
                    help="file holding the cluster secret (tcp)")
-    p.add_argument("--host", help="address other nodes use to reach this worker (tcp)")
+    p.add_argument("--host", help="the host name or IPv4 address other nodes dial to reach "
+                   "this worker (tcp; default: the bound one); with no --bind it binds there")
+    p.add_argument("--bind", metavar="tcp://HOST:PORT",
+                   help="where it listens (default: the address that routes to the manager, "
+                        "any free port); behind NAT or in a container, e.g. "
+                        "tcp://0.0.0.0:7401 with --host the address others reach it at")
     p.add_argument("--threads", type=int, help="tasks run at once (default 1)")
     _add_local_cluster_arguments(p)
     p.add_argument("--node-id", help=argparse.SUPPRESS)

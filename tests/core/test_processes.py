@@ -1,7 +1,9 @@
 """Failures with real processes: kill -9 of a worker, of the driver, of the manager; the CLI."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -86,6 +88,17 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
     (["status", "--manager", "tcp://127.0.0.1:9", "--timeout-s", "nan"], "--timeout-s"),
     (["demo", "--workers", "0"], "--workers"),
     (["secret", "--out", ""], "--out needs a file name, got an empty one"),
+    # before: bound every interface and told the others to dial 0.0.0.0
+    (["worker", "--manager", "tcp://127.0.0.1:9", "--host", "0.0.0.0"],
+     "--host 0.0.0.0 is not an address other nodes can dial: to listen on every interface, "
+     "give --bind tcp://0.0.0.0:PORT"),
+    (["worker", "--manager", "tcp://127.0.0.1:9", "--host", "10.0.0.1:7401"],
+     "--host must be a host name or an IPv4 address, without a port"),
+    (["worker", "--manager", "tcp://127.0.0.1:9", "--bind", "0.0.0.0:7401"],
+     "--bind must be tcp://HOST:PORT"),
+    # before: "cannot bind tcp://203.0.113.7:*: Cannot assign requested address", no way out
+    (["worker", "--manager", "tcp://127.0.0.1:9", "--host", "203.0.113.7"],
+     "is 203.0.113.7 an address of this machine? To be reached there through NAT"),
 ])
 def test_cli_refuses_bad_input_without_a_traceback(args, message):
     out = _cli(*args, env={"ACTORPY_SECRET": "a-secret-long-enough-0123"}, timeout=30)
@@ -274,6 +287,31 @@ def test_workers_stopped_on_purpose_exit_zero(tcp_manager):
     assert manager.wait(15) == 0
     assert workers[1].wait(15) == 0
     assert [w.stderr.read() for w in workers] == ["", ""]
+
+
+def test_a_worker_listens_on_one_address_and_is_reached_at_another(tcp_manager):
+    # behind NAT or in a container a worker listens on every interface and is dialled at
+    # the address the others reach it at (before: --host was bound too, so a NAT's or a
+    # container host's address could not be given)
+    address, secret_file, manager, workers = tcp_manager
+    worker = subprocess.Popen([PY, "-m", "actorpy", "worker", "--manager", address,
+                               "--secret-file", str(secret_file), "--bind", "tcp://0.0.0.0:0",
+                               "--host", "localhost"], stderr=subprocess.PIPE, text=True)
+
+    def joined():
+        out = _cli("status", "--manager", address, "--secret-file", str(secret_file), "--json")
+        rows = json.loads(out.stdout) if out.returncode == 0 else []
+        return [r for r in rows if r["pid"] == worker.pid and r["state"] == "alive"]
+    try:
+        row, = wait_until(joined, 20, "the worker to join")
+        assert re.fullmatch(r"tcp://localhost:\d+", row["address"]), row
+        with actorpy.connect(address, secret_file=str(secret_file)) as cluster:
+            assert cluster.submit_to(row["node_id"], os.getpid).result(timeout=30) == worker.pid
+    finally:
+        worker.terminate()
+        assert worker.wait(15) == 0
+        assert worker.stderr.read() == ""
+        worker.stderr.close()
 
 
 def _catches(pid: int, sig: int) -> bool:
