@@ -87,6 +87,15 @@ class TestCli:
         assert "argument --bootstrap: needs an address, got an empty one" in \
             capsys.readouterr().err
 
+    def test_a_bootstrap_where_no_peer_answers_is_named_not_the_timeout(self, monkeypatch):
+        # before: "training did not finish within --timeout 600 s; raise --timeout", said
+        # 10 s in, when no peer had answered at --bootstrap
+        monkeypatch.setenv("ACTORPY_SECRET", "a-secret-long-enough-0123")
+        with pytest.raises(actorpy.ActorpyTimeout, match="no peer answered at "
+                                                         "tcp://127.0.0.1:9") as info:
+            p2p_sgd.main(["--bootstrap", "tcp://127.0.0.1:9"])
+        assert info.value.cli_message is None
+
     def test_a_run_past_its_timeout_names_the_flag(self):
         # before: "... give it a longer timeout_s or fewer peers", the engine's names
         with pytest.raises(actorpy.ActorpyTimeout) as info:
