@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import runpy
 
 import pytest
 from hypothesis import given, strategies as st
@@ -139,6 +140,11 @@ def test_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback(monke
     monkeypatch.delitem(sys.modules, "actorpy.cli", raising=False)
     monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
     assert entry.main(["--help"]) == 130
+    # `python -m actorpy` too: it imported the command line with no handler
+    monkeypatch.setattr(sys, "argv", ["actorpy", "--help"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_module("actorpy", run_name="__main__")
+    assert info.value.code == 130
 
 
 @pytest.mark.parametrize("argv, hoisted", [
