@@ -230,10 +230,7 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
     with open(split.path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < split.end:   # it was longer when listed: its lines past size would be lost
-            raise InputChanged(f"{split.path} is {size:,} bytes, shorter than the {split.end:,} "
-                               "it had when the job listed its input: it was truncated or "
-                               "rewritten while the job ran; run the job again once the file "
-                               "stays as it is")
+            raise _shorter(split, size)
         pos = split.start  # file offset of the first byte not yet returned
         if pos > 0:  # the line covering start - 1 belongs to the split before
             f.seek(pos - 1)
@@ -248,6 +245,10 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
         while pos < split.end or in_line:
             block = f.read(block_bytes)
             if not block:  # end of file: the last line has no newline
+                if pos + sum(map(len, carry)) < split.end:
+                    # cut short while this split was read: its last lines were lost without
+                    # a word (a count came out short)
+                    raise _shorter(split, os.fstat(f.fileno()).st_size)
                 if carry:
                     yield pos, b"".join(carry)
                 return
@@ -279,6 +280,12 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
             pos += len(body)
             carry = [rest] if rest else []
             in_line = False
+
+
+def _shorter(split: Split, size: int) -> InputChanged:
+    return InputChanged(f"{split.path} is {size:,} bytes, shorter than the {split.end:,} it "
+                        "had when the job listed its input: it was truncated or rewritten "
+                        "while the job ran; run the job again once the file stays as it is")
 
 
 def _without_bom(blocks: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
