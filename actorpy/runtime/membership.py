@@ -95,11 +95,12 @@ class Membership:
                 # the manager proved the cluster key, and answers over a link of its own to
                 # info["address"]: was "no manager answered ... is it running there?"
                 raise ActorpyTimeout(
-                    f"the manager at {address} took this {self.role}'s registration but its "
-                    f"answer did not come within {timeout_s} s: it answers by connecting "
-                    f"back to {info['address']}; check that the manager's machine can reach "
-                    "that address (a firewall, NAT: `actorpy worker --bind ... --host ...`), "
-                    "or that the manager is not overloaded") from None
+                    f"{address} took this {self.role}'s connection (it holds the cluster "
+                    f"secret) but did not answer its registration within {timeout_s} s: a "
+                    f"manager answers by connecting back to {info['address']}, so check that "
+                    "the manager's machine can reach that address (a firewall, NAT: "
+                    "`actorpy worker --bind ... --host ...`); or is it no manager (an "
+                    "`actorpy peer`), or an overloaded one?") from None
             raise ActorpyTimeout(f"no manager answered at {address} within {timeout_s} s; "
                                  "is `actorpy manager` running there?") from None
         except NodeLost as exc:

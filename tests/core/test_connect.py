@@ -197,9 +197,10 @@ def test_a_worker_the_manager_cannot_reach_back_is_told_so(manager_address):
                     Security.curve(SECRET.encode()), Config(), host="127.0.0.2")
     try:
         with pytest.raises(ActorpyTimeout, match=(
-                f"the manager at {manager_address} took this worker's registration but its "
-                r"answer did not come within 3.0 s: it answers by connecting back to "
-                r"tcp://127.0.0.2:\d+; check that the manager's machine can reach that")):
+                f"{manager_address} took this worker's connection \\(it holds the cluster "
+                r"secret\) but did not answer its registration within 3.0 s: a manager "
+                r"answers by connecting back to tcp://127.0.0.2:\d+, so check that the "
+                "manager's machine can reach that address")):
             worker.start(3.0)
     finally:
         worker.stop()
