@@ -92,15 +92,16 @@ class Membership:
                                        timeout_s=timeout_s, what="registration")
         except ActorpyTimeout:
             if self.node.link_ever_up(MANAGER_ID):
-                # the manager proved the cluster key, and answers over a link of its own to
-                # info["address"]: was "no manager answered ... is it running there?"
+                # the listener proved the cluster key; a manager answers over a link of its
+                # own to info["address"]: was "no manager answered ... is it running there?"
                 raise ActorpyTimeout(
                     f"{address} took this {self.role}'s connection (it holds the cluster "
                     f"secret) but did not answer its registration within {timeout_s} s: a "
                     f"manager answers by connecting back to {info['address']}, so check that "
                     "the manager's machine can reach that address (a firewall, NAT: "
-                    "`actorpy worker --bind ... --host ...`); or is it no manager (an "
-                    "`actorpy peer`), or an overloaded one?") from None
+                    "`actorpy worker --bind ... --host ...`); or is that no manager's "
+                    "address (a worker's, an `actorpy peer`'s), or an overloaded one's?") \
+                    from None
             raise ActorpyTimeout(f"no manager answered at {address} within {timeout_s} s; "
                                  "is `actorpy manager` running there?") from None
         except NodeLost as exc:
