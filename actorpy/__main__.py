@@ -1,5 +1,5 @@
 import sys
 
-from actorpy.cli import main
+from actorpy.entry import main  # a Ctrl-C while the command line loads: status 130
 
 sys.exit(main())

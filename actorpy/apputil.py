@@ -31,14 +31,29 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, default_workers: i
     group.add_argument("--workers", type=int, default=None,
                        help=f"worker processes of the embedded local cluster "
                             f"(default {default_workers}); ignored with --manager")
-    group.add_argument("--manager", metavar="tcp://HOST:PORT",
+    group.add_argument("--manager", metavar="tcp://HOST:PORT", type=given("an address"),
                        help="run on an existing cluster instead of an embedded one")
-    group.add_argument("--secret-file", metavar="F",
+    group.add_argument("--secret-file", metavar="F", type=given("a file name"),
                        help="the cluster secret, with --manager (else ACTORPY_SECRET)")
     parser.set_defaults(default_workers=default_workers)
     if json_flag:
         parser.add_argument("--json", action="store_true",
                             help="print only a JSON object on stdout")
+
+
+def given(what: str) -> Any:
+    """argparse ``type=`` for a flag's value that may not be empty or blank: ``--manager
+    "$UNSET"`` ran the job on an embedded cluster, on this machine, without a word.
+
+    >>> given("an address")("tcp://h:7400")
+    'tcp://h:7400'
+    """
+    def check(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"needs {what}, got an empty one (an unset "
+                                             "variable?); leave the flag out if not meant")
+        return text
+    return check
 
 
 def connect_from_args(args: argparse.Namespace, **settings: Any) -> Any:

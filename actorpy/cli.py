@@ -23,7 +23,7 @@ from actorpy.config import Config
 from actorpy import apputil
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError
 from actorpy.ids import new_node_id
-from actorpy.runtime.address import node_bind, security_for
+from actorpy.runtime.address import check_host, node_bind, security_for, worker_bind
 from actorpy.runtime import launch
 from actorpy.runtime.membership import IO_FAILED, MANAGER_GONE
 from actorpy.runtime.worker import DRIVER_GONE
@@ -78,11 +78,34 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = Config.from_env(task_threads=args.threads)
     security = security_for(args.manager, secret_file=args.secret_file)
     node_id = args.node_id or new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "w")
-    worker = Worker(node_id, args.manager, node_bind(args.manager, node_id, args.host),
-                    security, config)
+    try:
+        worker = Worker(node_id, args.manager, _worker_bind(args, node_id), security, config,
+                        host=args.host)
+    except ConfigError as exc:
+        if args.host is None or args.bind is not None or not str(exc).startswith("cannot bind"):
+            raise
+        raise ConfigError(f"{exc}; is {args.host} an address of this machine? To be reached "
+                          "there through NAT or a container's published port, listen with "
+                          "--bind tcp://0.0.0.0:PORT (a port forwarded to this machine "
+                          f"under the same number) and keep --host {args.host}") from None
+    joining = [True]
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process outright
+        worker.stop("signal")
+        if joining[0]:   # the join waits up to start_timeout_s: stop waiting for it
+            joining[0] = False
+            raise _StopWhileJoining
+    for sig in (signal.SIGINT, signal.SIGTERM):   # SIGTERM last: caught means both are
+        signal.signal(sig, on_signal)
     try:
         try:
-            worker.start(config.start_timeout_s)
+            try:
+                worker.start(config.start_timeout_s)
+            finally:
+                joining[0] = False
+        except _StopWhileJoining:   # before: SIGTERM killed it (-15), Ctrl-C gave 130
+            pass
         except ActorpyError:
             if not _driver_gone(args.lifeline_fd):
                 raise
@@ -101,6 +124,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
     code = _worker_status(worker.stop_reason, args.lifeline_fd)
     logging.shutdown()
     os._exit(code)
+
+
+class _StopWhileJoining(BaseException):
+    """SIGTERM or Ctrl-C while a worker still joins its manager: it stops as a worker that
+    joined does (status 0). A BaseException, as KeyboardInterrupt, so no ``except
+    Exception`` on the way swallows it."""
+
+
+def _worker_bind(args: argparse.Namespace, node_id: str) -> str:
+    """Where a worker listens: ``--bind``, else the ``--host`` it is reached at, else the
+    address that routes to the manager (any free port)."""
+    if args.host is not None:
+        check_host(args.host)
+    if args.bind is None:
+        return node_bind(args.manager, node_id, args.host)
+    if args.manager.startswith("ipc://"):
+        raise ConfigError("--bind is for a tcp cluster: a worker of an ipc manager listens "
+                          "beside it")
+    return worker_bind(args.bind)
 
 
 #: a worker's exit status when its manager went without a word (killed, its host lost):
@@ -253,14 +295,21 @@ def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
 
     p = sub.add_parser("manager", help="run a cluster manager")
     p.add_argument("--bind", required=True, help="tcp://0.0.0.0:PORT or ipc://PATH")
-    p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
+    p.add_argument("--secret-file", type=apputil.given("a file name"),
+                   help="file holding the cluster secret (tcp)")
     _add_local_cluster_arguments(p)
     p.set_defaults(func=cmd_manager)
 
     p = sub.add_parser("worker", help="run a worker that joins a manager")
     p.add_argument("--manager", required=True, help="tcp://HOST:PORT or ipc://PATH")
-    p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
-    p.add_argument("--host", help="address other nodes use to reach this worker (tcp)")
+    p.add_argument("--secret-file", type=apputil.given("a file name"),
+                   help="file holding the cluster secret (tcp)")
+    p.add_argument("--host", help="the host name or IPv4 address other nodes dial to reach "
+                   "this worker (tcp; default: the bound one); with no --bind it binds there")
+    p.add_argument("--bind", metavar="tcp://HOST:PORT",
+                   help="where it listens (default: the address that routes to the manager, "
+                        "any free port); behind NAT or in a container, e.g. "
+                        "tcp://0.0.0.0:7401 with --host the address others reach it at")
     p.add_argument("--threads", type=int, help="tasks run at once (default 1)")
     _add_local_cluster_arguments(p)
     p.add_argument("--node-id", help=argparse.SUPPRESS)
@@ -268,7 +317,8 @@ def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="list a cluster's nodes")
     p.add_argument("--manager", required=True, help="tcp://HOST:PORT or ipc://PATH")
-    p.add_argument("--secret-file", help="file holding the cluster secret (tcp)")
+    p.add_argument("--secret-file", type=apputil.given("a file name"),
+                   help="file holding the cluster secret (tcp)")
     p.add_argument("--timeout-s", type=float, default=5.0,
                    help="how long the manager may take to answer (default 5)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")

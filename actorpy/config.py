@@ -112,6 +112,11 @@ class Config:
         if min(self.service_inbox_items, self.service_inbox_bytes, self.stream_window_items,
                self.stream_window_bytes) < 1:
             raise ConfigError("service_inbox_* and stream_window_* must be >= 1")
+        if not 0 <= self.linger_ms < 1 << 31:
+            # ZeroMQ's -1 waits for ever: terminate() of a driver holding messages for a
+            # killed worker took 10 s, then said its I/O thread was still busy
+            raise ConfigError(f"linger_ms must be 0 to {(1 << 31) - 1} milliseconds, got "
+                              f"{self.linger_ms}")
         if self.store_budget_bytes is not None and self.store_budget_bytes < 0:
             raise ConfigError("store_budget_bytes must be >= 0 (0: every block spills)")
         if self.local_transport not in ("auto", "ipc", "tcp"):

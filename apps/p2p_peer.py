@@ -19,6 +19,7 @@ import sys
 import threading
 from typing import Any, Sequence
 
+from actorpy import apputil
 from actorpy.errors import ActorpyError, ConfigError, ProtocolError
 from actorpy.runtime.address import refuse_ipv6, security_for
 from engines.peer.dialer import check_endpoint
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to listen (PORT 0: any free port)")
     parser.add_argument("--bootstrap", metavar="tcp://HOST:PORT",
                         help="any live peer of the overlay (none: this is the first peer)")
-    parser.add_argument("--secret-file", metavar="F",
+    parser.add_argument("--secret-file", metavar="F", type=apputil.given("a file name"),
                         help="the cluster secret (else ACTORPY_SECRET)")
     parser.add_argument("--host", help="the host other peers dial, if not the bound one")
     parser.add_argument("--timeout", type=float, default=10.0,
@@ -47,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="end a job once its driver has been unreachable this many "
                              f"seconds (killed, stopped, cut off; default {DRIVER_LEASE_S:g})")
     return parser
+
+
+class _StopWhileJoining(BaseException):
+    """SIGTERM or Ctrl-C while the peer still joins: it stops as a joined peer does (status
+    0). A BaseException, as KeyboardInterrupt, so no ``except Exception`` swallows it."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,17 +78,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopped = threading.Event()
     failure: list[str] = []   # why its I/O loop gave up: exit 1, so a supervisor restarts it
     peer.node.on_fatal(lambda reason: (failure.append(reason), stopped.set()))
+    joining = [True]
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process outright
+        stopped.set()
+        if joining[0]:   # the join waits up to --timeout: stop waiting for it
+            joining[0] = False
+            raise _StopWhileJoining
+    for sig in (signal.SIGINT, signal.SIGTERM):   # SIGTERM last: caught means both are
+        signal.signal(sig, on_signal)
     try:
-        contacts = peer.join(args.bootstrap, args.timeout) if args.bootstrap else 0
+        try:
+            try:
+                contacts = peer.join(args.bootstrap, args.timeout) if args.bootstrap else 0
+            finally:
+                joining[0] = False
+        except _StopWhileJoining:   # before: SIGTERM killed it (-15), Ctrl-C gave 130
+            return 0   # it holds no keys yet: nothing to hand on
         joined = f"joined through {args.bootstrap}, {contacts} contacts" if args.bootstrap \
             else "the first peer"
         print(f"actorpy peer {peer.node_id} ready at {peer.endpoint} ({joined})", flush=True)
-
-        def on_signal(signum: int, frame: Any) -> None:
-            signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process outright
-            stopped.set()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_signal)
         while not stopped.wait(0.5):
             pass
         if not peer.node.closed:

@@ -119,9 +119,11 @@ class Trace:
 
 @quiet
 def train(cluster: Any, args: argparse.Namespace, barrier: Any,
-          on_poll: Callable[[Any, float], None] | None = None) -> tuple[dict[str, Any], list]:
+          on_poll: Callable[[Any, float], None] | None = None,
+          members: list[Any] | None = None) -> tuple[dict[str, Any], list]:
     """One training run: the JSON fields and the trace (``on_poll``: see ``Job.run``).
-    ``cluster`` is a cluster, or an ``OverlayClient`` of standalone peers."""
+    ``cluster`` is a cluster, or an ``OverlayClient`` of standalone peers (``members``:
+    its ``members()``, when already asked)."""
     job = peer.Job(f"p2p-sgd-{args.model}", barrier=barrier, replication=args.replication,
                    seed=args.seed, rpc_timeout_s=args.rpc_timeout, batch=args.batch,
                    balance=args.balance, overlap=args.overlap)
@@ -129,7 +131,8 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
     w_star = true_weights(args.seed, args.features, args.model)
     push = Push(args.model, w_star if args.target is not None else None)
     job.register_push(push)
-    members = cluster.members() if isinstance(cluster, OverlayClient) else None
+    if members is None and isinstance(cluster, OverlayClient):
+        members = cluster.members()
     peers = args.peers if members is None else len(members)
     lr = args.lr if args.lr is not None else default_lr(
         args.model, barrier, peers, averaged=False, features=args.features, batch=args.batch)
@@ -209,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", metavar="FILE", help="save the training curves (png)")
     apputil.add_cluster_arguments(parser, default_workers=2)
     parser.add_argument("--bootstrap", metavar="tcp://HOST:PORT",
+                        type=apputil.given("an address"),
                         help="train on the standalone peers (`actorpy peer`) of the overlay "
                              "this peer belongs to, all of them (with --secret-file)")
     return parser
@@ -262,8 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "with `actorpy worker --manager ...`")
             check_batch_on_workers(cluster, args.batch, sample_bytes(args.features),
                                    peers=args.peers)
+        # asked first: a --bootstrap where no peer answers is said as such, not as a run
+        # past its --timeout (it was, 10 s into a --timeout of 600 s)
+        members = cluster.members() if args.bootstrap else None
         try:
-            result, trace = train(cluster, args, barrier)
+            result, trace = train(cluster, args, barrier, members=members)
         except ActorpyTimeout as exc:   # the engine's words name its timeout_s=
             exc.cli_message = (f"training did not finish within --timeout {args.timeout:g} "
                                "s; raise --timeout (or lower --steps or --peers)")

@@ -138,6 +138,61 @@ def node_bind(manager_address: str, node_id: str, host: str | None = None) -> st
     return f"tcp://{host or advertise_host(manager_address)}:*"
 
 
+#: hosts that mean "every interface" to a bind, and that no other machine can dial
+ALL_INTERFACES = frozenset({"0.0.0.0", "*"})
+
+
+def worker_bind(bind: str) -> str:
+    """What ZeroMQ binds for a worker's ``--bind tcp://HOST:PORT``; port 0 or ``*``: any
+    free one.
+
+    >>> worker_bind("tcp://0.0.0.0:7401"), worker_bind("tcp://10.0.0.5:0")
+    ('tcp://0.0.0.0:7401', 'tcp://10.0.0.5:*')
+
+    Raises:
+        ConfigError: not a tcp://HOST:PORT.
+    """
+    if not (bind.startswith("tcp://") and is_endpoint(bind)):
+        raise ConfigError(f"--bind must be tcp://HOST:PORT (HOST 0.0.0.0: every interface; "
+                          f"PORT 0: any free port), not {bind!r}" + _why_not(bind))
+    refuse_ipv6(bind)
+    host, _, port = bind.rpartition(":")
+    return f"{host}:{'*' if port in ('*', '0') else int(port)}"
+
+
+def check_host(host: str) -> str:
+    """A ``--host``: the bare host name or IPv4 address other nodes dial (no port).
+
+    Raises:
+        ConfigError: empty, a port or scheme with it, or an address nobody can dial.
+    """
+    if host in ALL_INTERFACES:
+        raise ConfigError(f"--host {host} is not an address other nodes can dial: to listen "
+                          "on every interface, give --bind tcp://0.0.0.0:PORT, and --host the "
+                          "address the others reach this machine at")
+    if ":" in host or not is_endpoint(f"tcp://{host}:1"):
+        # our sockets are IPv4 only; ZeroMQ's own word for an IPv6 host is "No such device"
+        raise ConfigError(f"--host must be a host name or an IPv4 address, without a port "
+                          f"(that comes from --bind), not {host!r}")
+    return host
+
+
+def advertised(bound: str, host: str | None, manager_address: str) -> str:
+    """Where other nodes reach a node bound at ``bound`` (its real port): at ``host`` if
+    given, else at the bound host, else (bound to every interface) at the address that
+    routes to the manager. An ipc address is its own.
+
+    >>> advertised("tcp://0.0.0.0:7401", "203.0.113.7", "tcp://10.0.0.4:7400")
+    'tcp://203.0.113.7:7401'
+    """
+    if not bound.startswith("tcp://"):
+        return bound
+    bound_host, _, port = bound[len("tcp://"):].rpartition(":")
+    if host is None and bound_host in ALL_INTERFACES:
+        host = advertise_host(manager_address)
+    return f"tcp://{host or bound_host}:{port}"
+
+
 def refuse_served_ipc(bind: str) -> None:
     """Refuse an ipc path another process listens on: ZeroMQ's bind would replace its
     socket file without a word, and that process would no longer be reachable there."""

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 from actorpy.config import MAX_TASK_THREADS, Config
-from actorpy.errors import ConfigError
+from actorpy.errors import ConfigError, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime.address import is_endpoint
 from actorpy.runtime.liveness import LivenessTimes, StallGuard, judge
@@ -240,9 +240,16 @@ class Manager:
         level = logging.WARNING if state == "dead" else logging.INFO
         log.log(level, "%s %s is %s: %s", rec.role, rec.node_id, state, reason)
         self.node.mark_dead(NodeId(rec.node_id), reason, left=state == "left")
-        for other in self._members():
-            self.node.send(NodeId(other.node_id), CORE_SERVICE, Kind.NODE_DEAD,
-                           (rec.node_id, reason, state))
+        try:
+            for other in self._members():
+                self.node.send(NodeId(other.node_id), CORE_SERVICE, Kind.NODE_DEAD,
+                               (rec.node_id, reason, state))
+        except NodeLost:
+            # stopped as it announced this (the workers of a `systemctl stop` leave as their
+            # manager stops): the members were told to shut down. Before: an ERROR and a
+            # traceback in the manager's log
+            if not self.node.closed:
+                raise
         self._gone.append(rec.node_id)
         while len(self._gone) > MAX_GONE_RECORDS:
             old = self._gone.popleft()

@@ -47,11 +47,14 @@ class Membership:
         config: heartbeat and timeout settings.
         on_manager_lost: called (on the I/O thread) when the manager is gone, orders this
             node to shut down, or this node's I/O loop fails.
+        address: where the others dial this node, if not its bound address (``--host``).
     """
 
     def __init__(self, node: Node, manager_address: str, role: str, config: Config,
-                 on_manager_lost: Callable[[str], None], slots: int = 1) -> None:
+                 on_manager_lost: Callable[[str], None], slots: int = 1,
+                 address: str | None = None) -> None:
         self.node = node
+        self.address = address
         self.role = role
         self.config = config
         self.slots = slots
@@ -80,14 +83,25 @@ class Membership:
             AuthError: the manager refused our handshake (the cluster secret differs).
             ActorpyTimeout: no manager answered (e.g. a listener that is not one).
         """
-        info = {"role": self.role, "address": self.node.address, "pid": os.getpid(),
-                "host": socket.gethostname(), "slots": self.slots}
+        info = {"role": self.role, "address": self.address or self.node.address,
+                "pid": os.getpid(), "host": socket.gethostname(), "slots": self.slots}
         peer = self.node.peer(MANAGER_ID)
         address = peer.address if peer else "?"
         try:
             directory = self.node.call(MANAGER_ID, CORE_SERVICE, Kind.REGISTER, info,
                                        timeout_s=timeout_s, what="registration")
         except ActorpyTimeout:
+            if self.node.link_ever_up(MANAGER_ID):
+                # the listener proved the cluster key; a manager answers over a link of its
+                # own to info["address"]: was "no manager answered ... is it running there?"
+                raise ActorpyTimeout(
+                    f"{address} took this {self.role}'s connection (it holds the cluster "
+                    f"secret) but did not answer its registration within {timeout_s} s: a "
+                    f"manager answers by connecting back to {info['address']}, so check that "
+                    "the manager's machine can reach that address (a firewall, NAT: "
+                    "`actorpy worker --bind ... --host ...`); or is that no manager's "
+                    "address (a worker's, an `actorpy peer`'s), or an overloaded one's?") \
+                    from None
             raise ActorpyTimeout(f"no manager answered at {address} within {timeout_s} s; "
                                  "is `actorpy manager` running there?") from None
         except NodeLost as exc:

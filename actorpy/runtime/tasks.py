@@ -220,6 +220,11 @@ class TaskRunner:
             else:
                 self.node.reply(msg, value)
         except Exception as exc:  # e.g. the result does not pickle: say so to the caller
+            if self.node.closed:
+                # the worker stops (its driver or manager gone, a SIGTERM): nobody waits for
+                # this answer. Before: "could not report a failure" with a traceback
+                log.debug("no answer to %s: this worker is stopping (%s)", msg.sender, exc)
+                return
             if not failed:
                 self.node.reply_error(msg, exc)
             else:

@@ -7,7 +7,9 @@ import logging
 import threading
 
 from actorpy.config import Config
+from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
+from actorpy.runtime.address import advertised
 from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.membership import MANAGER_GONE, SHUTDOWN, Membership
 from actorpy.runtime.node import Node
@@ -31,12 +33,19 @@ class Worker:
         bind: this worker's endpoint.
         security, config: as for every node.
         node_id: this worker's id.
+        host: the host other nodes dial to reach it, where that is not the bound one (a
+            NAT's or a container host's address; ``address.advertised``).
     """
 
     def __init__(self, node_id: NodeId, manager_address: str, bind: str, security: Security,
-                 config: Config) -> None:
+                 config: Config, *, host: str | None = None) -> None:
         self.config = config
         self.node = Node.from_config(node_id, bind, security, config)
+        try:
+            self.address = advertised(self.node.address, host, manager_address)
+        except ConfigError:
+            self.node.close()
+            raise
         budget = (config.store_budget_bytes if config.store_budget_bytes is not None
                   else default_budget_bytes(config.workers))
         self.store = ObjectStore(budget_bytes=budget, chunk_bytes=self.node.chunk_bytes,
@@ -46,13 +55,14 @@ class Worker:
         self.services = ServiceHost(self.node, config, self.store)
         self.tasks = TaskRunner(self.node, self.store, self.services, config.task_threads)
         self.membership = Membership(self.node, manager_address, "worker", config,
-                                     self.stop, slots=config.task_threads)
+                                     self.stop, slots=config.task_threads,
+                                     address=self.address)
         self.node.on(CORE_SERVICE, Kind.FETCH, self._fetch)
 
     def start(self, timeout_s: float) -> Worker:
         self.node.start()
         self.membership.join(timeout_s)
-        log.info("worker %s serving at %s", self.node.node_id, self.node.address)
+        log.info("worker %s serving at %s", self.node.node_id, self.address)
         return self
 
     def stop(self, reason: str = "stopped") -> None:

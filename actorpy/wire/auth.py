@@ -60,6 +60,11 @@ def read_secret(secret_file: str | None = None, secret: str | bytes | None = Non
     # is dropped, so `secret=open(f).read()` or an ACTORPY_SECRET with the file's newline
     # must give the same key, not a handshake refused as "the secret differs".
     if secret is not None:
+        if not isinstance(secret, (str, bytes, bytearray, memoryview)):
+            # bytes(16) is 16 NUL bytes, a secret nobody else holds: the handshake was
+            # refused as "the secret differs"; bytes(10**10) tried to allocate 10 GB
+            raise ConfigError(f"secret must be a str or bytes (or give secret_file=), got "
+                              f"{type(secret).__name__}")
         value = (secret.encode() if isinstance(secret, str) else bytes(secret)).strip()
     elif secret_file:
         try:

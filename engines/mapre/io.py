@@ -61,7 +61,10 @@ def _once_each(paths: Iterable[str]) -> list[str]:
 
 def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
     """The files named by a path, a directory, a glob, or a list of those (sorted per entry),
-    as absolute paths: the workers that read them may run in another directory.
+    as absolute paths: the workers that read them may run in another directory. A path
+    with ``*``, ``?`` or ``[`` is a glob, as in the shell, even where a file has that very
+    name; only a glob that matches nothing is taken as a name (``glob.escape`` makes a name
+    with those characters a glob that matches only itself).
 
     Raises:
         InputNotFound: an entry names no file (missing path, empty glob, empty directory).
@@ -79,18 +82,20 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     files: list[str] = []
     for entry in entries:
         path = os.fspath(entry)
-        if os.path.isdir(path):
+        # A pattern is expanded first, as the shell does: a file named "*.txt" is one of
+        # the matches of "*.txt", not all of them (it was, and the other files were never
+        # read). Only a pattern that matches nothing may name a file or directory itself.
+        found = _matches(path) if _GLOB_CHARS & set(path) else []
+        if found:
+            pass
+        elif os.path.isdir(path):
             found = _data_files(path)
             if not found and not os.path.exists(os.path.join(path, SUCCESS)):
                 raise InputNotFound(f"directory {path!r} holds no data files")
         elif os.path.isfile(path):
             found = [path]
         elif _GLOB_CHARS & set(path):
-            # "**" spans directories, as in the shell's globstar and pathlib
-            found = [p for p in glob.glob(path, recursive=True) if os.path.isfile(p)]
-            found = _once_each(found) if "**" in path else sorted(found)
-            if not found:
-                raise InputNotFound(f"the pattern {path!r} matches no file")
+            raise InputNotFound(f"the pattern {path!r} matches no file")
         elif os.path.exists(path):
             raise InputNotFound(f"input path {path!r} is not a regular file or a directory "
                                 "(a pipe, a device or a socket cannot be cut into byte ranges)")
@@ -108,6 +113,13 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         return files
     cwd = os.getcwd()  # joined, not normalised: "link/.." must stay what it is
     return [f if os.path.isabs(f) else os.path.join(cwd, f) for f in files]
+
+
+def _matches(pattern: str) -> list[str]:
+    """The files ``pattern`` matches, sorted; "**" spans directories, as in the shell's
+    globstar and pathlib."""
+    found = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+    return _once_each(found) if "**" in pattern else sorted(found)
 
 
 def _has_bytes(path: str) -> bool:
@@ -218,10 +230,7 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
     with open(split.path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < split.end:   # it was longer when listed: its lines past size would be lost
-            raise InputChanged(f"{split.path} is {size:,} bytes, shorter than the {split.end:,} "
-                               "it had when the job listed its input: it was truncated or "
-                               "rewritten while the job ran; run the job again once the file "
-                               "stays as it is")
+            raise _shorter(split, size)
         pos = split.start  # file offset of the first byte not yet returned
         if pos > 0:  # the line covering start - 1 belongs to the split before
             f.seek(pos - 1)
@@ -236,6 +245,10 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
         while pos < split.end or in_line:
             block = f.read(block_bytes)
             if not block:  # end of file: the last line has no newline
+                if pos + sum(map(len, carry)) < split.end:
+                    # cut short while this split was read: its last lines were lost without
+                    # a word (a count came out short)
+                    raise _shorter(split, os.fstat(f.fileno()).st_size)
                 if carry:
                     yield pos, b"".join(carry)
                 return
@@ -267,6 +280,12 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
             pos += len(body)
             carry = [rest] if rest else []
             in_line = False
+
+
+def _shorter(split: Split, size: int) -> InputChanged:
+    return InputChanged(f"{split.path} is {size:,} bytes, shorter than the {split.end:,} it "
+                        "had when the job listed its input: it was truncated or rewritten "
+                        "while the job ran; run the job again once the file stays as it is")
 
 
 def _without_bom(blocks: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:

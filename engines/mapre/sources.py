@@ -9,7 +9,7 @@ from typing import Any, Iterable, Sequence, TypeVar
 from actorpy.errors import ConfigError
 from engines.mapre import io
 from engines.mapre import plan as P
-from engines.mapre.dataset import Dataset, _check_partitions
+from engines.mapre.dataset import MAX_PARTITIONS, Dataset, _check_partitions
 from engines.mapre.engine import engine_for
 
 T = TypeVar("T")
@@ -29,7 +29,8 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
 
     Args:
         cluster: from ``actorpy.connect()``.
-        path: a file, a directory (its files, skipping ``_*`` and ``.*``), a glob, or a list.
+        path: a file, a directory (its files, skipping ``_*`` and ``.*``), a glob (one with
+            ``*?[`` is a glob, as in the shell, where a file has that very name too), or a list.
         split_bytes: at most this many bytes per partition (default 32 MiB).
         errors: "strict" (an undecodable byte fails naming file and offset), "replace", ...
         lines: False gives blocks of text instead: each a str of whole lines (about 64 KB,
@@ -62,6 +63,13 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
     if cut_long_lines and lines:
         raise ConfigError("cut_long_lines=True needs lines=False: a line is an item whole")
     files = io.list_inputs(path)
+    total = sum(os.path.getsize(f) for f in files)
+    if -(-total // split_bytes) > MAX_PARTITIONS:
+        # a partition holds at most split_bytes: split_bytes=1 made a task per byte (26k
+        # for a 26 kB README, 9 s; a 1 GB file's billion splits exhausted the driver)
+        raise ConfigError(f"split_bytes={split_bytes} cuts the {total:,} bytes of input into "
+                          f"more than {MAX_PARTITIONS} partitions, each a task; give "
+                          f"split_bytes >= {-(-total // MAX_PARTITIONS):,}")
     where = (os.fspath(path) if isinstance(path, (str, os.PathLike))
              else f"{len(files)} file{'s' * (len(files) != 1)}")
     engine = engine_for(cluster)

@@ -144,6 +144,34 @@ def test_clear_one_line_errors(secret_file, tmp_path):
         first.wait(20)
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (Linux's /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_peer_stopped_while_it_joins_exits_zero(secret_file, sig):
+    # before: SIGTERM killed a peer still waiting for its bootstrap peer (status -15, where
+    # a supervisor expects 0 for a requested stop), and Ctrl-C gave 130
+    with socket.socket() as listener:   # it accepts connections, and never answers them
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        proc = _peer(secret_file, f"tcp://127.0.0.1:{listener.getsockname()[1]}")
+        try:
+            wait_until(lambda: _catches(proc.pid, signal.SIGTERM), 30, "the peer to start")
+            proc.send_signal(sig)
+            assert proc.wait(15) == 0
+            assert (proc.stdout.read(), proc.stderr.read()) == ("", "")
+        finally:
+            proc.kill()
+            proc.wait(10)
+            proc.stdout.close()
+            proc.stderr.close()
+
+
 @pytest.mark.parametrize("timeout", ["inf", "nan", "0", "-1"])
 def test_a_timeout_that_never_ends_is_refused(timeout, monkeypatch):
     # before: --timeout inf was taken, and a --bootstrap that never answered held the peer

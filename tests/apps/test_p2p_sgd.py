@@ -79,6 +79,23 @@ class TestCli:
             p2p_sgd.main(["--bootstrap", "tcp://127.0.0.1:9", "--peers", "2"])
         assert p2p_sgd.parse([]).peers == 4
 
+    def test_an_empty_bootstrap_is_refused(self, capsys):
+        # before: `--bootstrap "$UNSET"` trained on an embedded cluster without a word
+        with pytest.raises(SystemExit) as info:
+            p2p_sgd.main(["--bootstrap", "", "--steps", "3"])
+        assert info.value.code == 2
+        assert "argument --bootstrap: needs an address, got an empty one" in \
+            capsys.readouterr().err
+
+    def test_a_bootstrap_where_no_peer_answers_is_named_not_the_timeout(self, monkeypatch):
+        # before: "training did not finish within --timeout 600 s; raise --timeout", said
+        # 10 s in, when no peer had answered at --bootstrap
+        monkeypatch.setenv("ACTORPY_SECRET", "a-secret-long-enough-0123")
+        with pytest.raises(actorpy.ActorpyTimeout, match="no peer answered at "
+                                                         "tcp://127.0.0.1:9") as info:
+            p2p_sgd.main(["--bootstrap", "tcp://127.0.0.1:9"])
+        assert info.value.cli_message is None
+
     def test_a_run_past_its_timeout_names_the_flag(self):
         # before: "... give it a longer timeout_s or fewer peers", the engine's names
         with pytest.raises(actorpy.ActorpyTimeout) as info:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import runpy
 
 import pytest
 from hypothesis import given, strategies as st
@@ -31,6 +32,16 @@ def test_flags_and_defaults():
 def test_bad_flags_fail_before_connecting(argv, message):
     with pytest.raises(ConfigError, match=message):
         apputil.connect_from_args(_parse(argv))
+
+
+@pytest.mark.parametrize("flag", ["--manager", "--secret-file"])
+def test_an_empty_address_or_file_is_refused(flag, capsys):
+    # before: `--manager "$UNSET"` ran the job on an embedded cluster, on this machine,
+    # without a word
+    with pytest.raises(SystemExit) as info:
+        _parse([flag, " "])
+    assert info.value.code == 2
+    assert f"argument {flag}: needs " in capsys.readouterr().err
 
 
 def test_print_json_is_one_document():
@@ -129,6 +140,11 @@ def test_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback(monke
     monkeypatch.delitem(sys.modules, "actorpy.cli", raising=False)
     monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
     assert entry.main(["--help"]) == 130
+    # `python -m actorpy` too: it imported the command line with no handler
+    monkeypatch.setattr(sys, "argv", ["actorpy", "--help"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_module("actorpy", run_name="__main__")
+    assert info.value.code == 130
 
 
 @pytest.mark.parametrize("argv, hoisted", [

@@ -208,6 +208,13 @@ class TestSecret:
             auth.read_secret(**kwargs)
         assert auth.read_secret(secret="x" * auth.MIN_SECRET_BYTES) == b"x" * 16
 
+    @pytest.mark.parametrize("secret", [16, ["a-secret-long-enough"], 1.5])
+    def test_a_secret_of_another_type_is_refused(self, secret):
+        # before: bytes(16), 16 NUL bytes, was the key (the handshake was refused as "the
+        # secret differs"), and bytes(10**10) tried to allocate 10 GB
+        with pytest.raises(ConfigError, match="secret must be a str or bytes"):
+            auth.read_secret(secret=secret, env={})
+
     def test_unreadable_file_names_the_parameter_or_the_flag(self, tmp_path):
         with pytest.raises(ConfigError, match="cannot read secret_file .*missing") as info:
             auth.read_secret(str(tmp_path / "missing"))

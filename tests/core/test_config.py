@@ -42,6 +42,10 @@ class TestConfig:
             Config.from_env({}, task_threads=0)
         with pytest.raises(ConfigError, match="got chunk_bytes=0 and max_frame_bytes="):
             Config.from_env({}, chunk_bytes=0)
+        # ZeroMQ's "wait for ever": terminate() with messages for a killed worker took 10 s
+        with pytest.raises(ConfigError, match="^linger_ms must be 0 to 2147483647 "
+                                              "milliseconds, got -1$"):
+            Config.from_env({"ACTORPY_LINGER_MS": "-1"})
 
     def test_wrong_types_are_refused_naming_the_field(self):
         # connect(workers=2.5) started a manager that exited on ACTORPY_WORKERS='2.5' (a

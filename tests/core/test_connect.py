@@ -187,6 +187,26 @@ def test_a_worker_that_could_not_join_a_listener_speaking_http_closes_at_once():
                 conn.close()
 
 
+def test_a_worker_the_manager_cannot_reach_back_is_told_so(manager_address):
+    # a --host that is not where the worker can be reached (a typo, a firewall, NAT): the
+    # manager's answer never came, and the worker said "no manager answered at ...; is
+    # `actorpy manager` running there?" of a manager that had taken its registration
+    from actorpy.runtime.worker import Worker
+
+    worker = Worker("w-far", manager_address, "tcp://127.0.0.1:*",
+                    Security.curve(SECRET.encode()), Config(), host="127.0.0.2")
+    try:
+        with pytest.raises(ActorpyTimeout, match=(
+                f"{manager_address} took this worker's connection \\(it holds the cluster "
+                r"secret\) but did not answer its registration within 3.0 s: a manager "
+                r"answers by connecting back to tcp://127.0.0.2:\d+, so check that the "
+                "manager's machine can reach that address")):
+            worker.start(3.0)
+    finally:
+        worker.stop()
+        worker.close()
+
+
 def test_every_option_of_the_core_commands_says_what_it_is():
     # before: `actorpy status --help` listed --manager, --secret-file and --timeout-s bare,
     # and `actorpy demo --help` its --workers

@@ -169,3 +169,17 @@ def test_a_node_that_heartbeats_before_our_link_is_up_is_admitted_when_it_comes_
             if n is not None:
                 n.close()
         manager.stop(tell_nodes=False)
+
+
+def test_a_manager_stopping_as_a_worker_leaves_says_nothing_of_it(net):
+    # before: a worker's LEAVE handled while its manager was being stopped (SIGTERM to both,
+    # as a `systemctl stop` of the machine does) was an ERROR and a traceback: the manager
+    # told the other members through a node already closed
+    manager, node = net
+    node("w-1", "worker")
+    node("w-2", "worker")
+    wait_until(lambda: sum(r.state == "alive" for r in manager.records.values()) == 2, 10,
+               "both workers to be admitted")
+    manager.node.close()   # what stop() does, as the LEAVE is being handled
+    manager._declare(manager.records[NodeId("w-1")], "left", "left the cluster")
+    assert manager.records[NodeId("w-1")].state == "left"

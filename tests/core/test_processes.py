@@ -1,8 +1,11 @@
 """Failures with real processes: kill -9 of a worker, of the driver, of the manager; the CLI."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -85,6 +88,17 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
     (["status", "--manager", "tcp://127.0.0.1:9", "--timeout-s", "nan"], "--timeout-s"),
     (["demo", "--workers", "0"], "--workers"),
     (["secret", "--out", ""], "--out needs a file name, got an empty one"),
+    # before: bound every interface and told the others to dial 0.0.0.0
+    (["worker", "--manager", "tcp://127.0.0.1:9", "--host", "0.0.0.0"],
+     "--host 0.0.0.0 is not an address other nodes can dial: to listen on every interface, "
+     "give --bind tcp://0.0.0.0:PORT"),
+    (["worker", "--manager", "tcp://127.0.0.1:9", "--host", "10.0.0.1:7401"],
+     "--host must be a host name or an IPv4 address, without a port"),
+    (["worker", "--manager", "tcp://127.0.0.1:9", "--bind", "0.0.0.0:7401"],
+     "--bind must be tcp://HOST:PORT"),
+    # before: "cannot bind tcp://203.0.113.7:*: Cannot assign requested address", no way out
+    (["worker", "--manager", "tcp://127.0.0.1:9", "--host", "203.0.113.7"],
+     "is 203.0.113.7 an address of this machine? To be reached there through NAT"),
 ])
 def test_cli_refuses_bad_input_without_a_traceback(args, message):
     out = _cli(*args, env={"ACTORPY_SECRET": "a-secret-long-enough-0123"}, timeout=30)
@@ -273,6 +287,62 @@ def test_workers_stopped_on_purpose_exit_zero(tcp_manager):
     assert manager.wait(15) == 0
     assert workers[1].wait(15) == 0
     assert [w.stderr.read() for w in workers] == ["", ""]
+
+
+def test_a_worker_listens_on_one_address_and_is_reached_at_another(tcp_manager):
+    # behind NAT or in a container a worker listens on every interface and is dialled at
+    # the address the others reach it at (before: --host was bound too, so a NAT's or a
+    # container host's address could not be given)
+    address, secret_file, manager, workers = tcp_manager
+    worker = subprocess.Popen([PY, "-m", "actorpy", "worker", "--manager", address,
+                               "--secret-file", str(secret_file), "--bind", "tcp://0.0.0.0:0",
+                               "--host", "localhost"], stderr=subprocess.PIPE, text=True)
+
+    def joined():
+        out = _cli("status", "--manager", address, "--secret-file", str(secret_file), "--json")
+        rows = json.loads(out.stdout) if out.returncode == 0 else []
+        return [r for r in rows if r["pid"] == worker.pid and r["state"] == "alive"]
+    try:
+        row, = wait_until(joined, 20, "the worker to join")
+        assert re.fullmatch(r"tcp://localhost:\d+", row["address"]), row
+        with actorpy.connect(address, secret_file=str(secret_file)) as cluster:
+            assert cluster.submit_to(row["node_id"], os.getpid).result(timeout=30) == worker.pid
+    finally:
+        worker.terminate()
+        assert worker.wait(15) == 0
+        assert worker.stderr.read() == ""
+        worker.stderr.close()
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (Linux's /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_stopped_while_it_joins_exits_zero(sig):
+    # before: SIGTERM killed a worker still waiting for its manager (status -15, where a
+    # supervisor expects 0 for a requested stop), and Ctrl-C gave 130
+    with socket.socket() as listener:   # it accepts connections, and never answers them
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        proc = subprocess.Popen(
+            [PY, "-m", "actorpy", "worker", "--manager",
+             f"tcp://127.0.0.1:{listener.getsockname()[1]}"], stderr=subprocess.PIPE,
+            text=True, env={**os.environ, "ACTORPY_SECRET": "a-secret-long-enough-0123"})
+        try:
+            # its handlers are set once its node dials the manager, before it joins
+            wait_until(lambda: _catches(proc.pid, signal.SIGTERM), 30, "the worker to start")
+            proc.send_signal(sig)
+            assert proc.wait(15) == 0
+            assert proc.stderr.read() == ""
+        finally:
+            proc.kill()
+            proc.wait(10)
+            proc.stderr.close()
 
 
 STUCK_WORKER = """

@@ -170,6 +170,17 @@ class TestArguments:
         assert mapre.from_items(cluster, [1, 2], partitions=np.int64(2)).collect(
             timeout_s=30) == [1, 2]
 
+    def test_a_split_size_that_makes_too_many_partitions_is_refused(self, cluster, tmp_path):
+        # before: load(..., split_bytes=1) made a task per byte (9 s for a 26 kB file; a
+        # 1 GB file's billion splits exhausted the driver's memory)
+        path = tmp_path / "a.txt"
+        path.write_bytes(b"word\n" * 20_000)
+        with pytest.raises(ValueError, match="split_bytes=1 cuts the 100,000 bytes of input "
+                                             "into more than 65536 partitions, each a task; "
+                                             "give split_bytes >= 2"):
+            mapre.load(cluster, str(path), split_bytes=1)
+        assert mapre.load(cluster, str(path), split_bytes=2).partitions <= 65536
+
     def test_take_and_top_need_a_count(self, cluster):
         # before: int(n), so top("3") gave 3 items, take(2.5) 2 and take(-1) none
         d = mapre.from_items(cluster, [3, 1, 2])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import subprocess
 import sys
@@ -134,6 +135,18 @@ class TestReadSplit:
         whole = io.read_split_text(Split(str(path), 0, size), "strict", 256)  # lines: no limit
         assert "".join(whole) == path.read_text()
 
+    def test_a_file_cut_short_while_its_split_is_read_is_an_error(self, tmp_path):
+        # before: the lines past the new end were not read, without a word (a log rotated
+        # while a worker read it: the count came out short)
+        path = tmp_path / "shrinks.txt"
+        path.write_bytes(b"%099d\n" % 0 * 300)   # more than a file object's buffer
+        blocks = io.read_blocks(Split(str(path), 0, 30_000), block_bytes=1000)
+        assert next(blocks) == (0, b"%099d\n" % 0 * 10)
+        os.truncate(path, 5000)
+        with pytest.raises(InputChanged, match=r"shrinks.txt is 5,000 bytes, shorter than the "
+                                               "30,000 it had when the job listed its input"):
+            list(blocks)
+
     def test_text_blocks_check_utf8(self, tmp_path):
         path = tmp_path / "bad.txt"
         path.write_bytes(b"good line\r\nsecond \xff line\n")
@@ -203,6 +216,17 @@ class TestInputs:
         (tmp_path / "a" / "x.txt").write_text("x\n")
         os.symlink("..", tmp_path / "a" / "up")  # glob's ** walks a/up/a/up/... until ELOOP
         assert io.list_inputs(str(tmp_path / "**" / "*.txt")) == [str(tmp_path / "a" / "x.txt")]
+
+    def test_a_file_named_like_a_pattern_does_not_hide_its_matches(self, tmp_path):
+        # before: a file named "*.txt" was read alone, and a.txt and b.txt never were
+        for name in ("*.txt", "a.txt", "b.txt"):
+            (tmp_path / name).write_text("x\n")
+        assert io.list_inputs(str(tmp_path / "*.txt")) == \
+            [str(tmp_path / n) for n in ("*.txt", "a.txt", "b.txt")]
+        assert io.list_inputs(glob.escape(str(tmp_path / "*.txt"))) == [str(tmp_path / "*.txt")]
+        # a name with pattern characters that matches nothing else is read as a name
+        (tmp_path / "log[1].txt").write_text("x\n")
+        assert io.list_inputs(str(tmp_path / "log[1].txt")) == [str(tmp_path / "log[1].txt")]
 
     def test_paths_of_the_wrong_type_are_refused(self, tmp_path):
         (tmp_path / "a.txt").write_text("x\n")
