@@ -105,7 +105,7 @@ class ValueSizes:
         """How long to wait for the answer to ``message`` (a STORE, FIND_VALUE or CALL
         about to be sent to ``node_id``; its value's size is noted). ``retry``: it is sent
         again after a timeout (a read of a size never seen then allows for
-        ``max_value_bytes``). ``node_id`` None: the configured allowance alone."""
+        ``max_value_bytes``). ``node_id`` None: the configured allowance alone, unmeasured."""
         nbytes = sent = 0
         if isinstance(message, (Store, Call)) and message.value is not None:
             nbytes = sent = message.value.nbytes
@@ -113,7 +113,7 @@ class ValueSizes:
         if isinstance(message, (FindValue, Call)):
             back = self.expected(message.key, storage)
             nbytes += (config.max_value_bytes if retry else 0) if back is None else back
-        if node_id is None:
+        if node_id is None or not config.rpc_timeout_s_per_mb:   # 0: the fixed wait
             return config.rpc_timeout_s + config.rpc_timeout_s_per_mb * nbytes / MB
         self.pace.sent(message.rpc_id, sent, nbytes)
         per_mb = self.pace.per_mb(node_id, config.rpc_timeout_s_per_mb)
