@@ -36,7 +36,9 @@ class KademliaConfig:
             held; a read of a key never seen allows for ``max_value_bytes`` on its retry
             only: ``sizes.py``). The default, 0.02 s (50 MB/s), is well below a loaded
             2-core machine's loopback and a 1 Gb/s link: a 200 MB value waits 4 s more.
-            0: the fixed ``rpc_timeout_s``, whatever the size.
+            It is a floor: the allowance follows each contact's measured pace (2 x the
+            slowest of its last 4 value round trips per MB), and grows after a miss.
+            0: the fixed ``rpc_timeout_s``, whatever the size (nothing measured).
         min_rpc_timeout_s: the shortest wait for a PING or FIND_NODE (small requests the
             node answers at once): those time out after ``srtt + 4 * rttvar`` of the
             contact's measured round trips (``rtt.py``; the pooled estimate for one never

@@ -364,8 +364,8 @@ class KademliaNode(NodeOps):
             raise ProtocolError(f"{message.KIND.name} does not answer {pending.kind.name}")
         if isinstance(message, Value) and message.key != pending.key:
             raise ProtocolError("VALUE for a key that was not asked for")
-        if isinstance(message, (Value, Reply)) and message.value is not None:
-            self._sizes.note(pending.key, message.value.nbytes)    # the CALL's key for a REPLY
+        # the size of a value it brings (the CALL's key for a REPLY), the link's pace
+        self._sizes.answered(pending.key, sender.node_id, message, now - pending.sent_s)
         if isinstance(message, Reply):
             for node_id, peer_step in message.peer_steps:
                 if node_id != self.node_id and node_id != sender.node_id:

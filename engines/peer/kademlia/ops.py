@@ -197,7 +197,8 @@ class NodeOps:
         if message.KIND in ADAPTIVE_KINDS:
             timeout, limit = self._rtt.timeout(contact.node_id), self.config.rpc_timeout_s
         else:       # a value's allowance on top (``sizes.py``)
-            timeout = limit = self._sizes.wait_s(self.config, message, self.storage, retry)
+            timeout = limit = self._sizes.wait_s(self.config, message, self.storage, retry,
+                                                 contact.node_id)
         self._pending[rpc_id] = _Pending(contact, message.KIND, op.op_id if op else None, make,
                                          key, now, limit, now)
         self.stats.rpcs_sent += 1
@@ -288,6 +289,8 @@ class NodeOps:
             op.in_flight -= 1
         if pending.kind in ADAPTIVE_KINDS:
             self._rtt.backoff(node_id)      # the retry waits twice as long
+        else:                               # ... as much longer per MB, if it moves a value
+            self._sizes.pace.timed_out(node_id, rpc_id)
         retry = None
         if failures < self.config.max_failures:
             # One miss may be one lost message: ask again before giving up on the contact
@@ -299,9 +302,10 @@ class NodeOps:
             if op is not None:
                 retry = self._request(pending.contact, pending.make, op, now, eff,
                                       key=pending.key, retry=True)
-                # a retry that waits longer (a read of a size never seen): the first try's
-                # answer is taken until then too
-                pending.limit_s = max(pending.limit_s, self._pending[retry].limit_s)
+                # a retry that waits longer (a read of a size never seen, a slow link): the
+                # first try's answer is taken until the retry's deadline too
+                pending.limit_s = max(pending.limit_s,
+                                      now - pending.sent_s + self._pending[retry].limit_s)
             elif node_id in self.routing:
                 retry = self._probe(pending.contact, now, eff)
             if retry is not None:

@@ -16,13 +16,14 @@ from engines.peer.kademlia.ids import KadId
 from engines.peer.kademlia.messages import Call, FindValue, Store
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.sim import SimNetwork
-from engines.peer.kademlia.sizes import MB, ValueSizes
+from engines.peer.kademlia.sizes import MAX_BACKOFF, MB, LinkPace, ValueSizes
 from engines.peer.kademlia.values import Blob
 
 # the training overlay's 0.1 s timeout (engines/peer/job.py), replication 3
 CONFIG = KademliaConfig(rpc_timeout_s=0.1, replication=3, refresh_on_join=False,
                         refresh_interval_s=1e9, republish_interval_s=1e9)
 LINK_BYTES_PER_S = 100 * MB          # every peer's uplink: 0.2 s for the 20 MB value
+SLOW_BYTES_PER_S = 10 * MB          # 2 s for the 20 MB value, 5 x slower than the default
 VALUE = np.arange(5 * MB, dtype=np.float32)      # 20 MB
 
 
@@ -30,8 +31,8 @@ class Uplink:
     """A live node on a link of ``LINK_BYTES_PER_S``: a message that carries a value
     leaves once its bytes went out (``nbytes / LINK_BYTES_PER_S`` later); the rest at once."""
 
-    def __init__(self, net: SimNetwork, address: str) -> None:
-        self.net, self.address = net, address
+    def __init__(self, net: SimNetwork, address: str, rate: float = LINK_BYTES_PER_S) -> None:
+        self.net, self.address, self.rate = net, address, rate
         self.node = net.nodes[address]
 
     def _paced(self, effects: Effects) -> Effects:
@@ -41,7 +42,7 @@ class Uplink:
             if value is None:
                 now_sends.append(send)
                 continue
-            delay = value.nbytes / LINK_BYTES_PER_S
+            delay = value.nbytes / self.rate
             self.net.clock.call_later(delay, lambda s=send: self.net.apply(
                 self.address, Effects(sends=[s])))
         effects.sends = now_sends
@@ -54,11 +55,11 @@ class Uplink:
         return self._paced(self.node.on_timer(kind, token, now))
 
 
-def paced_net(config: KademliaConfig, seed: int) -> SimNetwork:
+def paced_net(config: KademliaConfig, seed: int, rate: float = LINK_BYTES_PER_S) -> SimNetwork:
     net = SimNetwork(config, seed=seed, latency_s=(0.010, 0.012))
     net.grow(30)
     for address in net.nodes:
-        net.attach(address, Uplink(net, address))
+        net.attach(address, Uplink(net, address, rate))
     return net
 
 
@@ -137,6 +138,66 @@ class TestLargeValues:
         assert done.reply is not None and done.reply.status == 1
         np.testing.assert_array_equal(done.reply.value.to_value(), VALUE)
         assert net.nodes["n2"].stats.timeouts == 0 and peer.node_id in net.nodes["n2"].routing
+
+
+class TestSlowLinks:
+    """Links of 10 MB/s, 5 x slower than the default allowance (0.02 s per MB) assumes: the
+    allowance follows each contact's measured pace. Before, the same requests missed twice
+    per contact and live holders were evicted."""
+
+    def test_a_large_value_is_stored_with_one_miss_per_holder_at_most(self) -> None:
+        net = paced_net(CONFIG, seed=81, rate=SLOW_BYTES_PER_S)
+        key = KadId(net.nodes["n4"].node_id ^ 5)
+        done, holders = stored(net, "n0", key)
+        writer = net.nodes["n0"]
+        # 2 s on the link; the first try waits 0.1 + 20 x 0.02 s and misses, its retry
+        # allows 8 x as much per MB, and the first try's answer, late, counts
+        assert done.durable and done.asked == len(holders) >= 2
+        assert writer.stats.timeouts <= len(holders)
+        net.run_for(30.0)                               # past every deadline
+        for holder in holders:
+            holder_id = net.nodes[holder].node_id
+            assert holder_id in writer.routing
+            assert not writer.is_gone(holder_id, net.clock.now())
+        # measured now: the next STORE to them misses nothing
+        timeouts = writer.stats.timeouts
+        again = net.run_op("n0", lambda n, now: n.set(key, VALUE + 1, now))
+        assert again.durable and writer.stats.timeouts == timeouts
+
+    def test_a_call_that_moves_a_large_value_each_way_misses_once_at_most(self) -> None:
+        net = paced_net(CONFIG, seed=82, rate=SLOW_BYTES_PER_S)
+        echo = net.nodes["n7"]
+        echo.on_call = lambda sender, call, now, eff: (1, (), call.value)
+        peer = net.contact("n7")
+        caller = net.nodes["n2"]
+        for attempt in range(2):
+            done = net.run_op("n2", lambda n, now: n.call(peer, 5, KadId(99), now, value=VALUE))
+            assert done.reply is not None and done.reply.status == 1
+            np.testing.assert_array_equal(done.reply.value.to_value(), VALUE)
+            assert caller.stats.timeouts <= 1 and peer.node_id in caller.routing
+        net.run_for(30.0)
+        assert peer.node_id in caller.routing
+        assert not caller.is_gone(peer.node_id, net.clock.now())
+
+    def test_the_allowance_doubles_per_miss_capped_and_comes_back_down(self) -> None:
+        pace = LinkPace()
+        floor = CONFIG.rpc_timeout_s_per_mb
+        assert pace.per_mb(1, floor) == floor               # nothing measured: the default
+        pace.sent(10, 20 * MB, 20 * MB)
+        pace.answered(1, 10, 0, 2.0)                        # 20 MB in 2 s: 0.1 s per MB
+        assert pace.per_mb(1, floor) == pytest.approx(0.2)  # x 2 (MARGIN)
+        assert pace.per_mb(2, floor) == pytest.approx(0.2)  # pooled for an unmeasured one
+        for rpc in range(20, 30):                           # misses: x 2 each, capped
+            pace.sent(rpc, 20 * MB, 20 * MB)
+            pace.timed_out(1, rpc)
+        assert pace.per_mb(1, floor) == pytest.approx(0.2 * MAX_BACKOFF)
+        for rpc in range(30, 34):                           # fast answers: back to the floor
+            pace.sent(rpc, 20 * MB, 20 * MB)
+            pace.answered(1, rpc, 0, 0.1)
+        assert pace.per_mb(1, floor) == floor
+        pace.sent(40, 100, 100)                             # small: not measured
+        pace.answered(1, 40, 0, 5.0)
+        assert pace.per_mb(1, floor) == floor
 
 
 class TestWaits:

@@ -1,0 +1,68 @@
+"""A P2P job whose one key is large, over simulated links 5 x slower than the value
+allowance's default assumes (``kademlia/sizes.py``: 0.02 s per MB, 50 MB/s): every push is
+folded exactly once. Before the allowance followed the link, its requests timed out again and
+again (their values resent), and the job made no step in minutes (simulated) or, on a real
+100 Mbit/s link, ended with a model missing acknowledged pushes."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from actorpy.barrier import ASP
+from engines import peer
+from engines.peer.kademlia.events import Effects
+from engines.peer.kademlia.sizes import MB
+from engines.peer.simrun import SimRun
+
+LINK_BYTES_PER_S = 10 * MB
+
+
+class SlowUplink:
+    """A peer whose messages that carry a value leave one after another at
+    ``LINK_BYTES_PER_S`` (a serial uplink: a resent value queues behind the first)."""
+
+    def __init__(self, run: SimRun, address: str) -> None:
+        self.net, self.address = run.net, address
+        self.inner = run.peers[address]
+        self.busy_until = 0.0
+
+    def _paced(self, effects: Effects) -> Effects:
+        now_sends = []
+        for send in effects.sends:
+            value = getattr(send.message, "value", None)
+            if value is None:
+                now_sends.append(send)
+                continue
+            now = self.net.clock.now()
+            self.busy_until = max(self.busy_until, now) + value.nbytes / LINK_BYTES_PER_S
+            self.net.clock.call_later(self.busy_until - now, lambda s=send: self.net.apply(
+                self.address, Effects(sends=[s])))
+        effects.sends = now_sends
+        return effects
+
+    def receive(self, sender: str, message: Any, now: float, frames: Any = ()) -> Effects:
+        return self._paced(self.inner.receive(sender, message, now, frames))
+
+    def on_timer(self, kind: Any, token: int, now: float) -> Effects:
+        return self._paced(self.inner.on_timer(kind, token, now))
+
+
+@pytest.mark.parametrize("mb", [4, 16])
+def test_a_job_on_a_slow_link_folds_every_push_exactly_once(mb: int) -> None:
+    job = peer.Job("slowlink", barrier=ASP(), seed=1)
+    job.register_schedule(lambda ctx: ["w"])
+    job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
+    job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - 0.5 * up["w"]))
+    job.register_stop(lambda ctx: ctx.step >= 2)
+    run = SimRun(job, 3, {"w": np.zeros(mb * MB // 4, np.float32)}, latency_s=(0.001, 0.002),
+                 max_s=300.0)
+    for address in run.peers:
+        run.net.attach(address, SlowUplink(run, address))
+    result = run.run()
+    # 3 peers x 2 steps: 6 pushes, each acknowledged, each folded once
+    assert {a: p.runner.pushed for a, p in run.peers.items()} == dict.fromkeys(run.peers, 2)
+    assert result.updates == 6 and result.clocks == {"w": 6}
+    np.testing.assert_array_equal(result.model["w"], np.full(mb * MB // 4, -3.0, np.float32))
+    assert result.steps == dict.fromkeys(run.peers, 2)
