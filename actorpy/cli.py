@@ -212,7 +212,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from actorpy.wire.kinds import CORE_SERVICE, Kind
 
     if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
-        raise ConfigError("--timeout-s must be a positive number of seconds")
+        raise ConfigError("--timeout must be a positive number of seconds")
     security = security_for(args.manager, secret_file=args.secret_file)
     node_id = new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "s")
     node = Node(node_id, node_bind(args.manager, node_id), security, linger_ms=0).start()
@@ -227,7 +227,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     except ActorpyTimeout:   # was "...; raise the timeout_s, or check the node's log"
         print(f"actorpy status: no answer from {args.manager} within {args.timeout_s:g} s: is "
               "`actorpy manager` running there (and not stopped)? A loaded one may need a "
-              "longer --timeout-s", file=sys.stderr)
+              "longer --timeout", file=sys.stderr)
         return 1
     except ActorpyError as exc:
         print(f"actorpy status: no answer from {args.manager}: {exc}", file=sys.stderr)
@@ -319,8 +319,9 @@ def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--manager", required=True, help="tcp://HOST:PORT or ipc://PATH")
     p.add_argument("--secret-file", type=apputil.given("a file name"),
                    help="file holding the cluster secret (tcp)")
-    p.add_argument("--timeout-s", type=float, default=5.0,
-                   help="how long the manager may take to answer (default 5)")
+    # --timeout as in the apps; --timeout-s, its first name, still works
+    p.add_argument("--timeout", "--timeout-s", dest="timeout_s", type=float, default=5.0,
+                   metavar="S", help="how long the manager may take to answer (default 5)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=cmd_status)
 

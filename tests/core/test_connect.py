@@ -112,7 +112,7 @@ def test_status_against_a_listener_that_never_answers_says_what_to_check(tmp_pat
         assert time.monotonic() - t0 < 5.0
     said = capsys.readouterr().err
     assert f"no answer from {address} within 1 s: is `actorpy manager` running there" in said
-    assert "longer --timeout-s" in said and "timeout_s" not in said
+    assert "longer --timeout" in said and "timeout_s" not in said
 
 
 def test_the_right_secret_still_connects(manager_address):

@@ -85,7 +85,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
     (["status", "--manager", "tcp://127.0.0.1", "--timeout-s", "1"], "tcp://HOST:PORT"),
     (["status", "--manager", "ipc:///nonexistent-dir/x", "--timeout-s", "1"], "ipc directory"),
     (["worker", "--manager", "ipc:///nonexistent-dir/x"], "ipc directory"),
-    (["status", "--manager", "tcp://127.0.0.1:9", "--timeout-s", "nan"], "--timeout-s"),
+    (["status", "--manager", "tcp://127.0.0.1:9", "--timeout", "nan"], "--timeout"),
     (["demo", "--workers", "0"], "--workers"),
     (["secret", "--out", ""], "--out needs a file name, got an empty one"),
     # before: bound every interface and told the others to dial 0.0.0.0
