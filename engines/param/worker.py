@@ -134,16 +134,10 @@ class _Loop:
         ahead: list[tuple[int, Any]] | None = None   # the next step, computed meanwhile
         while True:
             values = self._values(replies, wctx)
-            # The last reply's arrays are let go of before the next one is awaited, not
-            # held until it comes: a whole model's worth of memory (of this process, and of
-            # the shard's beside a worker on its node: the shard's peak with a 190 MB model
-            # and two workers, 7x the model in Python's arrays, was one of them).
-            replies = None
             if isinstance(values, WorkerResult):   # a step computed ahead is dropped
                 return values
             requests = ahead if ahead is not None else self._step(wctx, values)
             if not t.overlap:
-                values = None
                 replies = self._exchange(requests, step=wctx.step)
                 continue
             # the next step computes while this push travels, on the values the last reply
@@ -151,11 +145,10 @@ class _Loop:
             # that step may begin (ShardConfig.lookahead)
             futures = self._start(requests)
             if all(f.done() for f in futures):   # answered at once (its shard is here and
-                ahead = values = None             # was idle): the next step reads the reply
+                ahead = None                      # was idle): the next step reads the reply
                 replies = self._collect(futures, step=wctx.step)
                 continue
             ahead = self._step(wctx, values)
-            values = None
             replies = self._collect(futures, step=wctx.step - 1)
 
     def _values(self, replies: list[tuple], wctx: WorkerContext) -> Any:
