@@ -56,6 +56,13 @@ def child_pids(pid: int | None = None) -> set[int]:
     return {p for p in found if alive(p)}
 
 
+def catches_signal(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (Linux's /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie."""
     try:

@@ -22,7 +22,7 @@ from apps import p2p_peer
 from engines.peer.dialer import PEER_SERVICE
 from engines.peer.overlay_run import OverlayClient
 from engines.peer.shell import PeerKind
-from tests.conftest import wait_until
+from tests.conftest import catches_signal, wait_until
 
 READY = re.compile(r"ready at (tcp://127\.0\.0\.1:\d+)")
 
@@ -144,13 +144,6 @@ def test_clear_one_line_errors(secret_file, tmp_path):
         first.wait(20)
 
 
-def _catches(pid: int, sig: int) -> bool:
-    """Whether process ``pid`` has a handler for ``sig`` (Linux's /proc)."""
-    with open(f"/proc/{pid}/status") as f:
-        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
-    return bool(int(caught, 16) >> (sig - 1) & 1)
-
-
 @pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="needs Linux's /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_peer_stopped_while_it_joins_exits_zero(secret_file, sig):
@@ -161,7 +154,7 @@ def test_a_peer_stopped_while_it_joins_exits_zero(secret_file, sig):
         listener.listen()
         proc = _peer(secret_file, f"tcp://127.0.0.1:{listener.getsockname()[1]}")
         try:
-            wait_until(lambda: _catches(proc.pid, signal.SIGTERM), 30, "the peer to start")
+            wait_until(lambda: catches_signal(proc.pid, signal.SIGTERM), 30, "the peer to start")
             proc.send_signal(sig)
             assert proc.wait(15) == 0
             assert (proc.stdout.read(), proc.stderr.read()) == ("", "")

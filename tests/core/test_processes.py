@@ -16,7 +16,7 @@ import pytest
 
 import actorpy
 from actorpy.errors import AuthError, NodeLost
-from tests.conftest import alive, wait_until
+from tests.conftest import alive, catches_signal, wait_until
 
 PY = sys.executable
 
@@ -314,13 +314,6 @@ def test_a_worker_listens_on_one_address_and_is_reached_at_another(tcp_manager):
         worker.stderr.close()
 
 
-def _catches(pid: int, sig: int) -> bool:
-    """Whether process ``pid`` has a handler for ``sig`` (Linux's /proc)."""
-    with open(f"/proc/{pid}/status") as f:
-        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
-    return bool(int(caught, 16) >> (sig - 1) & 1)
-
-
 @pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="needs Linux's /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_worker_stopped_while_it_joins_exits_zero(sig):
@@ -335,7 +328,7 @@ def test_a_worker_stopped_while_it_joins_exits_zero(sig):
             text=True, env={**os.environ, "ACTORPY_SECRET": "a-secret-long-enough-0123"})
         try:
             # its handlers are set once its node dials the manager, before it joins
-            wait_until(lambda: _catches(proc.pid, signal.SIGTERM), 30, "the worker to start")
+            wait_until(lambda: catches_signal(proc.pid, signal.SIGTERM), 30, "the worker to start")
             proc.send_signal(sig)
             assert proc.wait(15) == 0
             assert proc.stderr.read() == ""

@@ -5,48 +5,17 @@ again (their values resent), and the job made no step in minutes (simulated) or,
 100 Mbit/s link, ended with a model missing acknowledged pushes."""
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 import pytest
 
 from actorpy.barrier import ASP
 from engines import peer
-from engines.peer.kademlia.events import Effects
 from engines.peer.kademlia.sizes import MB
 from engines.peer.simrun import SimRun
+from tests.peer.paced import PacedLink
 
 LINK_BYTES_PER_S = 10 * MB
-
-
-class SlowUplink:
-    """A peer whose messages that carry a value leave one after another at
-    ``LINK_BYTES_PER_S`` (a serial uplink: a resent value queues behind the first)."""
-
-    def __init__(self, run: SimRun, address: str) -> None:
-        self.net, self.address = run.net, address
-        self.inner = run.peers[address]
-        self.busy_until = 0.0
-
-    def _paced(self, effects: Effects) -> Effects:
-        now_sends = []
-        for send in effects.sends:
-            value = getattr(send.message, "value", None)
-            if value is None:
-                now_sends.append(send)
-                continue
-            now = self.net.clock.now()
-            self.busy_until = max(self.busy_until, now) + value.nbytes / LINK_BYTES_PER_S
-            self.net.clock.call_later(self.busy_until - now, lambda s=send: self.net.apply(
-                self.address, Effects(sends=[s])))
-        effects.sends = now_sends
-        return effects
-
-    def receive(self, sender: str, message: Any, now: float, frames: Any = ()) -> Effects:
-        return self._paced(self.inner.receive(sender, message, now, frames))
-
-    def on_timer(self, kind: Any, token: int, now: float) -> Effects:
-        return self._paced(self.inner.on_timer(kind, token, now))
 
 
 @pytest.mark.parametrize("mb", [4, 16])
@@ -59,7 +28,8 @@ def test_a_job_on_a_slow_link_folds_every_push_exactly_once(mb: int) -> None:
     run = SimRun(job, 3, {"w": np.zeros(mb * MB // 4, np.float32)}, latency_s=(0.001, 0.002),
                  max_s=300.0)
     for address in run.peers:
-        run.net.attach(address, SlowUplink(run, address))
+        run.net.attach(address, PacedLink(run.net, address, run.peers[address],
+                                          LINK_BYTES_PER_S, serial=True))
     result = run.run()
     # 3 peers x 2 steps: 6 pushes, each acknowledged, each folded once
     assert {a: p.runner.pushed for a, p in run.peers.items()} == dict.fromkeys(run.peers, 2)

@@ -11,13 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engines.peer.kademlia.events import Effects, KademliaConfig
+from engines.peer.kademlia.events import KademliaConfig
 from engines.peer.kademlia.ids import KadId
 from engines.peer.kademlia.messages import Call, FindValue, Store
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.sim import SimNetwork
 from engines.peer.kademlia.sizes import MAX_BACKOFF, MB, LinkPace, ValueSizes
 from engines.peer.kademlia.values import Blob
+from tests.peer.paced import PacedLink
 
 # the training overlay's 0.1 s timeout (engines/peer/job.py), replication 3
 CONFIG = KademliaConfig(rpc_timeout_s=0.1, replication=3, refresh_on_join=False,
@@ -27,39 +28,21 @@ SLOW_BYTES_PER_S = 10 * MB          # 2 s for the 20 MB value, 5 x slower than t
 VALUE = np.arange(5 * MB, dtype=np.float32)      # 20 MB
 
 
-class Uplink:
-    """A live node on a link of ``LINK_BYTES_PER_S``: a message that carries a value
-    leaves once its bytes went out (``nbytes / LINK_BYTES_PER_S`` later); the rest at once."""
-
-    def __init__(self, net: SimNetwork, address: str, rate: float = LINK_BYTES_PER_S) -> None:
-        self.net, self.address, self.rate = net, address, rate
-        self.node = net.nodes[address]
-
-    def _paced(self, effects: Effects) -> Effects:
-        now_sends = []
-        for send in effects.sends:
-            value = getattr(send.message, "value", None)
-            if value is None:
-                now_sends.append(send)
-                continue
-            delay = value.nbytes / self.rate
-            self.net.clock.call_later(delay, lambda s=send: self.net.apply(
-                self.address, Effects(sends=[s])))
-        effects.sends = now_sends
-        return effects
-
-    def receive(self, sender: str, message: Any, now: float, frames: Any = ()) -> Effects:
-        return self._paced(self.node.receive(sender, message, now, frames))
-
-    def on_timer(self, kind: Any, token: int, now: float) -> Effects:
-        return self._paced(self.node.on_timer(kind, token, now))
+def kept_after_every_deadline(net: SimNetwork, node: KademliaNode, holders: list[str]) -> None:
+    """Once every deadline passed, ``node`` still has each of ``holders`` in its table, none
+    given up on."""
+    net.run_for(30.0)
+    for holder in holders:
+        holder_id = net.nodes[holder].node_id
+        assert holder_id in node.routing
+        assert not node.is_gone(holder_id, net.clock.now())
 
 
 def paced_net(config: KademliaConfig, seed: int, rate: float = LINK_BYTES_PER_S) -> SimNetwork:
     net = SimNetwork(config, seed=seed, latency_s=(0.010, 0.012))
     net.grow(30)
     for address in net.nodes:
-        net.attach(address, Uplink(net, address, rate))
+        net.attach(address, PacedLink(net, address, net.nodes[address], rate))
     return net
 
 
@@ -101,11 +84,7 @@ class TestLargeValues:
         got = net.get(address, key)
         np.testing.assert_array_equal(got.value, VALUE)
         assert got.clock == 3 and reader.stats.late_replies >= 1 and net.rejected == 0
-        net.run_for(30.0)                               # past every deadline
-        for holder in holders:
-            holder_id = net.nodes[holder].node_id
-            assert holder_id in reader.routing
-            assert not reader.is_gone(holder_id, net.clock.now())
+        kept_after_every_deadline(net, reader, holders)
         # the size is known now: a read of the newest copies misses nothing
         timeouts = reader.stats.timeouts
         again = net.get(address, key, newest=True)
@@ -154,11 +133,7 @@ class TestSlowLinks:
         # allows 8 x as much per MB, and the first try's answer, late, counts
         assert done.durable and done.asked == len(holders) >= 2
         assert writer.stats.timeouts <= len(holders)
-        net.run_for(30.0)                               # past every deadline
-        for holder in holders:
-            holder_id = net.nodes[holder].node_id
-            assert holder_id in writer.routing
-            assert not writer.is_gone(holder_id, net.clock.now())
+        kept_after_every_deadline(net, writer, holders)
         # measured now: the next STORE to them misses nothing
         timeouts = writer.stats.timeouts
         again = net.run_op("n0", lambda n, now: n.set(key, VALUE + 1, now))
