@@ -11,25 +11,27 @@ class PacedLink:
     """Wraps a live simulated node (or a peer driving one): a message that carries a value
     leaves once its bytes went out at ``rate`` bytes a second, the rest at once. ``serial``:
     such messages leave one after another (an uplink: a resent value queues behind the
-    first), else each is paced on its own.
+    first), else each is paced on its own. ``queue_all`` (serial): small messages wait
+    behind the values ahead of them too, as on one TCP connection.
 
     Attach it with ``net.attach(address, PacedLink(net, address, inner, rate))``."""
 
     def __init__(self, net: SimNetwork, address: str, inner: Any, rate: float,
-                 serial: bool = False) -> None:
+                 serial: bool = False, queue_all: bool = False) -> None:
         self.net, self.address, self.inner = net, address, inner
-        self.rate, self.serial = rate, serial
+        self.rate, self.serial, self.queue_all = rate, serial or queue_all, queue_all
         self.busy_until = 0.0
 
     def _paced(self, effects: Effects) -> Effects:
         now_sends = []
         for send in effects.sends:
             value = getattr(send.message, "value", None)
-            if value is None:
+            if value is None and not (self.queue_all and self.busy_until > self.net.clock.now()):
                 now_sends.append(send)
                 continue
             now = self.net.clock.now()
-            done = (max(self.busy_until, now) if self.serial else now) + value.nbytes / self.rate
+            nbytes = value.nbytes if value is not None else 0
+            done = (max(self.busy_until, now) if self.serial else now) + nbytes / self.rate
             if self.serial:
                 self.busy_until = done
             self.net.clock.call_later(done - now, lambda s=send: self.net.apply(

@@ -36,3 +36,30 @@ def test_a_job_on_a_slow_link_folds_every_push_exactly_once(mb: int) -> None:
     assert result.updates == 6 and result.clocks == {"w": 6}
     np.testing.assert_array_equal(result.model["w"], np.full(mb * MB // 4, -3.0, np.float32))
     assert result.steps == dict.fromkeys(run.peers, 2)
+
+
+@pytest.mark.xfail(strict=True, reason="known defect (docs/peer.md, 'Slow links'): small "
+                   "requests queue behind values, live peers are evicted, the key's owner "
+                   "splits and acknowledged updates are lost")
+def test_a_job_whose_pings_wait_behind_values_keeps_every_acknowledged_push() -> None:
+    """The same job over links where every message waits behind the values ahead of it
+    (one TCP connection each way): PINGs and FIND_NODEs time out behind a 16 MB value, live
+    peers are evicted, two peers each take the key over, and the model ends at clock 4
+    (w = -2) with all 6 pushes acknowledged, as on a real 100 Mb/s link. This reproduces
+    that defect deterministically; it fails (xfail) until it is fixed, and then this test
+    says so (strict)."""
+    mb = 16
+    job = peer.Job("fifolink", barrier=ASP(), seed=1)
+    job.register_schedule(lambda ctx: ["w"])
+    job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
+    job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - 0.5 * up["w"]))
+    job.register_stop(lambda ctx: ctx.step >= 2)
+    run = SimRun(job, 3, {"w": np.zeros(mb * MB // 4, np.float32)}, latency_s=(0.001, 0.002),
+                 max_s=300.0)
+    for address in run.peers:
+        run.net.attach(address, PacedLink(run.net, address, run.peers[address],
+                                          LINK_BYTES_PER_S, queue_all=True))
+    result = run.run()
+    assert {a: p.runner.pushed for a, p in run.peers.items()} == dict.fromkeys(run.peers, 2)
+    assert result.clocks == {"w": 6}
+    np.testing.assert_array_equal(result.model["w"], np.full(mb * MB // 4, -3.0, np.float32))
