@@ -5,6 +5,7 @@ again (their values resent), and the job made no step in minutes (simulated) or,
 100 Mbit/s link, ended with a model missing acknowledged pushes."""
 from __future__ import annotations
 
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ from tests.peer.paced import PacedLink
 LINK_BYTES_PER_S = 10 * MB
 
 
-@pytest.mark.parametrize("mb", [4, 16])
-def test_a_job_on_a_slow_link_folds_every_push_exactly_once(mb: int) -> None:
-    job = peer.Job("slowlink", barrier=ASP(), seed=1)
+def _run_job(name: str, mb: int, **link: bool) -> tuple[SimRun, Any]:
+    """The 3-peer job (one key of ``mb`` MB, 2 steps each, 6 pushes of ones at lr 0.5: w
+    ends at -3, clock 6) over ``PacedLink(..., **link)`` links; (the run, its result)."""
+    job = peer.Job(name, barrier=ASP(), seed=1)
     job.register_schedule(lambda ctx: ["w"])
     job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
     job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - 0.5 * up["w"]))
@@ -29,8 +31,13 @@ def test_a_job_on_a_slow_link_folds_every_push_exactly_once(mb: int) -> None:
                  max_s=300.0)
     for address in run.peers:
         run.net.attach(address, PacedLink(run.net, address, run.peers[address],
-                                          LINK_BYTES_PER_S, serial=True))
-    result = run.run()
+                                          LINK_BYTES_PER_S, **link))
+    return run, run.run()
+
+
+@pytest.mark.parametrize("mb", [4, 16])
+def test_a_job_on_a_slow_link_folds_every_push_exactly_once(mb: int) -> None:
+    run, result = _run_job("slowlink", mb, serial=True)
     # 3 peers x 2 steps: 6 pushes, each acknowledged, each folded once
     assert {a: p.runner.pushed for a, p in run.peers.items()} == dict.fromkeys(run.peers, 2)
     assert result.updates == 6 and result.clocks == {"w": 6}
@@ -49,17 +56,7 @@ def test_a_job_whose_pings_wait_behind_values_keeps_every_acknowledged_push() ->
     that defect deterministically; it fails (xfail) until it is fixed, and then this test
     says so (strict)."""
     mb = 16
-    job = peer.Job("fifolink", barrier=ASP(), seed=1)
-    job.register_schedule(lambda ctx: ["w"])
-    job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
-    job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - 0.5 * up["w"]))
-    job.register_stop(lambda ctx: ctx.step >= 2)
-    run = SimRun(job, 3, {"w": np.zeros(mb * MB // 4, np.float32)}, latency_s=(0.001, 0.002),
-                 max_s=300.0)
-    for address in run.peers:
-        run.net.attach(address, PacedLink(run.net, address, run.peers[address],
-                                          LINK_BYTES_PER_S, queue_all=True))
-    result = run.run()
+    run, result = _run_job("fifolink", mb, queue_all=True)
     assert {a: p.runner.pushed for a, p in run.peers.items()} == dict.fromkeys(run.peers, 2)
     assert result.clocks == {"w": 6}
     np.testing.assert_array_equal(result.model["w"], np.full(mb * MB // 4, -3.0, np.float32))
