@@ -86,24 +86,7 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         # the matches of "*.txt", not all of them (it was, and the other files were never
         # read). Only a pattern that matches nothing may name a file or directory itself.
         found = _matches(path) if _GLOB_CHARS & set(path) else []
-        if found:
-            pass
-        elif os.path.isdir(path):
-            found = _data_files(path)
-            if not found and not os.path.exists(os.path.join(path, SUCCESS)):
-                raise InputNotFound(f"directory {path!r} holds no data files")
-        elif os.path.isfile(path):
-            found = [path]
-        elif _GLOB_CHARS & set(path):
-            raise InputNotFound(f"the pattern {path!r} matches no file")
-        elif os.path.exists(path):
-            raise InputNotFound(f"input path {path!r} is not a regular file or a directory "
-                                "(a pipe, a device or a socket cannot be cut into byte ranges)")
-        elif os.path.islink(path):
-            raise InputNotFound(f"input path {path!r} is a symbolic link to nothing (or a loop)")
-        else:
-            raise InputNotFound(f"input path {path!r} does not exist")
-        files.extend(found)
+        files.extend(found or _named(path))
     for path in files:
         if os.path.getsize(path) == 0 and _has_bytes(path):
             raise InputNotFound(f"input path {path!r} reports a size of 0 but holds data (a "
@@ -113,6 +96,30 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         return files
     cwd = os.getcwd()  # joined, not normalised: "link/.." must stay what it is
     return [f if os.path.isabs(f) else os.path.join(cwd, f) for f in files]
+
+
+def _named(path: str) -> list[str]:
+    """The files ``path`` names itself (a file, or a directory's data files), where it is
+    no pattern or a pattern that matched nothing.
+
+    Raises:
+        InputNotFound: it names no readable file, saying why.
+    """
+    if os.path.isdir(path):
+        found = _data_files(path)
+        if not found and not os.path.exists(os.path.join(path, SUCCESS)):
+            raise InputNotFound(f"directory {path!r} holds no data files")
+        return found
+    if os.path.isfile(path):
+        return [path]
+    if _GLOB_CHARS & set(path):
+        raise InputNotFound(f"the pattern {path!r} matches no file")
+    if os.path.exists(path):
+        raise InputNotFound(f"input path {path!r} is not a regular file or a directory "
+                            "(a pipe, a device or a socket cannot be cut into byte ranges)")
+    if os.path.islink(path):
+        raise InputNotFound(f"input path {path!r} is a symbolic link to nothing (or a loop)")
+    raise InputNotFound(f"input path {path!r} does not exist")
 
 
 def _matches(pattern: str) -> list[str]:
