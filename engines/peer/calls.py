@@ -12,7 +12,8 @@ from .context import JobSpec, Timer
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
-from .owner import KeyOwner, Method, Status, pushed_items
+from .owner import KeyOwner, Method, Status
+from .pipeline import pushed_items
 
 
 class Phase(IntEnum):

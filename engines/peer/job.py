@@ -39,7 +39,7 @@ from actorpy.values import describe, is_int
 
 from .context import JobSpec, Pull, Push, Schedule, Stop
 from .kademlia.events import KademliaConfig
-from .owner import MAX_BATCH
+from .pipeline import MAX_BATCH
 
 #: the deepest pipeline a job may ask for (``Job(overlap=...)``): a batch of pushes is the
 #: steps computed while one travels, and a PUSH carries ``MAX_BATCH`` steps at most

@@ -54,9 +54,9 @@ from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import KadId, key_id
 from .kademlia.messages import Call
 from .kademlia.node import KademliaNode
-from .kademlia.rpc import MAX_ARGS
 from .kademlia.routing import Contact
 from .kademlia.values import Blob
+from .pipeline import pushed_items
 
 log = logging.getLogger(__name__)
 
@@ -77,32 +77,6 @@ class Status(IntEnum):
     NOT_OWNER = 2     # someone is closer to the key: look the owner up again
     MISSING = 3       # the owner does not hold the key (yet): retry after ``retry_s``
     ERROR = 4         # pull raised: args (type, message)
-
-
-#: the most steps one PUSH may carry (a pipelined pusher's batch, ``runner``: its args
-#: are the key, the first step, the run and the other steps, of ``rpc.MAX_ARGS``)
-MAX_BATCH = MAX_ARGS - 2
-
-
-def pushed_items(steps: Any, update: Any) -> tuple[tuple[int, Any], ...]:
-    """A PUSH's (step, update) pairs: one for a step (an int; anything else but a tuple is
-    none, -1), or one per step of a batch: increasing steps >= 0 (2 .. ``MAX_BATCH``), the
-    updates stacked along a first axis of that length. () when a batch is malformed.
-
-    >>> import numpy as np
-    >>> [(s, u.tolist()) for s, u in pushed_items((4, 6), np.array([[1, 2], [3, 4]]))]
-    [(4, [1, 2]), (6, [3, 4])]
-    >>> pushed_items((6, 4), np.zeros((2, 2))), pushed_items((4, 6), np.zeros(3))
-    ((), ())
-    """
-    if type(steps) is not tuple:
-        return ((steps if type(steps) is int else -1, update),)
-    shape = getattr(update, "shape", None)
-    if not 2 <= len(steps) <= MAX_BATCH or any(type(s) is not int for s in steps) \
-            or steps[0] < 0 or any(a >= b for a, b in zip(steps, steps[1:])) \
-            or not shape or shape[0] != len(steps):
-        return ()
-    return tuple((s, update[i]) for i, s in enumerate(steps))
 
 
 Then = Callable[[Done, float, Effects], None]
