@@ -132,6 +132,8 @@ class KeyOwner:
         #: ``repush(name, update, now, effects)``: push an own update again, to whoever owns
         #: its key now (the runner wires it; None: own updates are not kept)
         self.repush: Callable[[str, Any, float, Effects], None] | None = None
+        #: called when own updates became safe (the runner's end waits for it)
+        self.settled: Callable[[], None] = lambda: None
         self._tokens = 0
         #: the model's keys' ids, hashed once (a push looks its key's id up several times)
         self._kids = {name: key_id(name) for name in spec.keys}
@@ -314,25 +316,36 @@ class KeyOwner:
             self._replicate(KadId(kid), now, eff)
         return eff
 
-    def _replicate_later(self, kid: KadId, eff: Effects) -> None:
+    def _replicate_later(self, kid: KadId, eff: Effects, delay_s: float | None = None) -> None:
         if kid in self._later.values():
             return
         self._tokens += 1
         self._later[self._tokens] = kid
-        eff.timers.append(SetTimer(self.spec.replicate_s, Timer.REPLICATE, self._tokens))
+        eff.timers.append(SetTimer(self.spec.replicate_s if delay_s is None else delay_s,
+                                   Timer.REPLICATE, self._tokens))
 
     def _covered(self, kid: KadId, clock: int, now: float) -> bool:
         """Whether every holder of ``kid`` has (or was answered with) a copy at ``clock``."""
         holders = self.node.holders_of(kid, now)
         copies = self._copies.get(kid, {})
-        return holders is not None and all(copies.get(h.node_id, -1) >= clock
-                                           for h in holders)
+        return holders is not None and (bool(holders) or not self._wants_holders(now)) \
+            and all(copies.get(h.node_id, -1) >= clock for h in holders)
+
+    def _wants_holders(self, now: float) -> bool:
+        """Whether a write must be on another peer to be safe: keys have copies on more
+        peers than one, and this one knows others (``KademliaNode.alone``)."""
+        return self.node.config.copies > 1 and not self.node.alone(now)
 
     def _settled(self, kid: KadId, clock: int) -> None:
         """Every holder of ``kid`` took our copy at ``clock``: own updates up to it are safe."""
         unsure = self._unsure.get(kid)
         if unsure:
             unsure[:] = [u for u in unsure if u[0] > clock]
+            self.settled()
+
+    def unsure(self) -> bool:
+        """Whether an own update of ours, acknowledged at once, is on no other holder yet."""
+        return any(self._unsure.values())
 
     def _unsettled(self, kid: KadId, now: float, eff: Effects) -> None:
         """Our copy of ``kid`` lost to another (a refused round, or a newer copy fetched): the
@@ -401,6 +414,11 @@ class KeyOwner:
                        for c, held, writer in done.refusals)
             answered = sum(1 for c in done.stored_on if c.node_id != self.node.node_id)
             durable = done.durable or (ours and answered == done.asked)
+            # a round no other peer took holds the write on us alone: durable only for a peer
+            # that knows no other (a table emptied by false evictions found none; they may
+            # hold a newer branch, which the next round's holders' fence tells us of)
+            alone = not done.asked and not skip and self._wants_holders(when)
+            durable = durable and not alone
             if done.refused and not ours:
                 log.info("peer %s: a holder of key %s refused our write: a closer peer took "
                          "it over", self.node.address, kid)
@@ -439,6 +457,8 @@ class KeyOwner:
                 # a skipped holder counts only at the clock it holds (answered or before)
                 if all(copies.get(h, -1) >= clock for h in skip):
                     self._settled(kid, clock)
+            elif alone:
+                self._replicate_later(kid, e, self.node.config.rpc_timeout_s)
             else:
                 self._dirty.add(kid)            # a holder did not answer: go again
             if waiting:

@@ -82,6 +82,7 @@ class PeerRunner(OwnerCalls):
         self._overlap = self._pipe.depth > 0
         self._read_own = self._pipe.depth > 1     # a step reads its own pending updates
         self._finishing = False
+        self._repushing = 0             # own updates pushed again, not answered yet
         self._answering = False         # inside a message another peer awaits an answer to
         self._sending = False           # this call's effects hold pushes not sent yet
         #: set by a shell while it handles a message on its node's I/O thread: a step is
@@ -90,6 +91,7 @@ class PeerRunner(OwnerCalls):
         self.owner = KeyOwner(spec, node, self._start_op)
         node.on_call = self.owner.on_call
         self.owner.repush = self._repush
+        self.owner.settled = self._finish
         self.barrier.pushing = self.owner.pushing
 
     # ------------------------------------------------------------------ shell-facing
@@ -340,10 +342,7 @@ class PeerRunner(OwnerCalls):
                     eff.timers.append(SetTimer(0.0, Timer.SENT, self._epoch))
                 else:
                     self._done_sending(now, eff)
-        if self._finishing and not self._pipe.busy:
-            # (a batch of steps that updated nothing sends nothing: none to wait for)
-            self._finishing = False
-            self.phase = Phase.DONE
+        self._finish()      # (a batch of steps that updated nothing sends nothing)
 
     def _push(self, name: str, pushes: Pushes, now: float, eff: Effects) -> None:
         """Push ``name``'s updates of one step or more ((step, update) pairs, in order)."""
@@ -370,9 +369,16 @@ class PeerRunner(OwnerCalls):
         """Push an update again that this peer, as ``name``'s owner, applied and answered at
         once but whose write did not reach the holders (``KeyOwner.repush``): with no step,
         so no owner takes it for one it applied already."""
+        self._repushing += 1
+        self._repush_to(name, update, now, eff)
+
+    def _repush_to(self, name: str, update: Any, now: float, eff: Effects) -> None:
         def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
             if status != Status.OK:
-                self._retry(lambda t, ef: self._repush(name, update, t, ef), status, when, e)
+                self._retry(lambda t, ef: self._repush_to(name, update, t, ef), status, when, e)
+                return
+            self._repushing -= 1
+            self._finish()
         self._ask(name, Method.PUSH, update, now, eff, acked, step=-1)
 
     def _keep_copy(self, name: str, value: Any, clock: int, now: float) -> None:
@@ -448,11 +454,19 @@ class PeerRunner(OwnerCalls):
             # their stops may say otherwise, and a barrier waiting on a peer that stopped
             # would wait for good
             self.node.step = FINISHED
-            if self._pipe.busy:     # still WORKING: it pushes until all land
-                self.phase, self._finishing = Phase.WORKING, True
-            else:
-                self.phase = Phase.DONE
+            self._finishing = True  # still WORKING until its pushes land (``_finish``)
+            self.phase = Phase.WORKING
+            self._finish()
         return stop
+
+    def _finish(self) -> None:
+        """A peer ``stop`` ended is DONE once every update of its is answered, and those it
+        applied as a key's owner are on another holder (or pushed again and answered): its
+        job may end then, with nothing of its own still to land."""
+        if self._finishing and not self._pipe.busy and not self._repushing \
+                and not self.owner.unsure():
+            self._finishing = False
+            self.phase = Phase.DONE
 
     def _fail(self, exc: BaseException) -> None:
         self.error = (type(exc).__qualname__, str(exc), traceback.format_exc())

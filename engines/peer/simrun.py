@@ -77,6 +77,9 @@ class SimRun:
             (e.g. ``lambda run: run.kill(2)``, ``lambda run: run.add_peer()``).
         max_s: give up (``ActorpyTimeout``) after this much virtual time.
         trace_s: how often the steps' spread is sampled.
+        link: ``link(net, address, peer)`` -> what the network drives for each peer, the
+            seeding of ``init`` included (e.g. a wrapper that paces its sends); None: the
+            peer itself.
     """
 
     def __init__(self, job: Any, peers: int, init: dict[str, Any], *,
@@ -85,7 +88,8 @@ class SimRun:
                  latency_s: tuple[float, float] = (0.0005, 0.002), loss: float = 0.0,
                  wire: bool = False, seed: int | None = None,
                  events: Sequence[tuple[float, Callable[[SimRun], None]]] = (),
-                 max_s: float = 3600.0, trace_s: float = 0.01) -> None:
+                 max_s: float = 3600.0, trace_s: float = 0.01,
+                 link: Callable[[SimNetwork, str, Peer], Any] | None = None) -> None:
         check_run(peers, init)
         self.spec = job.spec(init)
         self.init = dict(init)
@@ -94,6 +98,7 @@ class SimRun:
         self.events = list(events)
         self.max_s = max_s
         self.trace_s = trace_s
+        self.link = link
         seed = job.seed if seed is None else seed
         self.net = SimNetwork(job.config, seed=seed, latency_s=latency_s, loss=loss, wire=wire)
         self.rng = random.Random(seed + 1)
@@ -119,7 +124,8 @@ class SimRun:
                             self.data(index) if self.data is not None else None, self.compute_s)
         runner.barrier.observer = lambda record, a=address: self._observe(a, record)
         self.peers[address] = Peer(node, runner)
-        self.net.attach(address, self.peers[address])
+        peer = self.peers[address]
+        self.net.attach(address, peer if self.link is None else self.link(self.net, address, peer))
         self.order.append(address)
         return address
 

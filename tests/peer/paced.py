@@ -12,28 +12,44 @@ class PacedLink:
     leaves once its bytes went out at ``rate`` bytes a second, the rest at once. ``serial``:
     such messages leave one after another (an uplink: a resent value queues behind the
     first), else each is paced on its own. ``queue_all`` (serial): small messages wait
-    behind the values ahead of them too, as on one TCP connection.
+    behind the values ahead of them too, as on one TCP connection for every peer.
+    ``queue_pair`` (serial): a small message waits behind the values ahead of it to the
+    same peer only (one TCP connection per peer, as the core's wire has, small packets
+    slipping between the others' at the shaped link). ``only_to``: only the sends to these
+    peers go over the link (the others at once): a fast peer's side of a slow peer's link.
 
     Attach it with ``net.attach(address, PacedLink(net, address, inner, rate))``."""
 
     def __init__(self, net: SimNetwork, address: str, inner: Any, rate: float,
-                 serial: bool = False, queue_all: bool = False) -> None:
+                 serial: bool = False, queue_all: bool = False,
+                 queue_pair: bool = False, only_to: frozenset[str] | None = None) -> None:
         self.net, self.address, self.inner = net, address, inner
-        self.rate, self.serial, self.queue_all = rate, serial or queue_all, queue_all
+        self.only_to = only_to
+        self.rate, self.queue_all, self.queue_pair = rate, queue_all, queue_pair
+        self.serial = serial or queue_all or queue_pair
         self.busy_until = 0.0
+        self.pair_until: dict[str, float] = {}   # destination -> when its last value is out
 
     def _paced(self, effects: Effects) -> Effects:
         now_sends = []
         for send in effects.sends:
+            if self.only_to is not None and send.address not in self.only_to:
+                now_sends.append(send)      # not over the slow link
+                continue
             value = getattr(send.message, "value", None)
-            if value is None and not (self.queue_all and self.busy_until > self.net.clock.now()):
+            now = self.net.clock.now()
+            behind = self.busy_until if self.queue_all else \
+                self.pair_until.get(send.address, 0.0) if self.queue_pair else 0.0
+            if value is None and behind <= now:
                 now_sends.append(send)
                 continue
-            now = self.net.clock.now()
             nbytes = value.nbytes if value is not None else 0
-            done = (max(self.busy_until, now) if self.serial else now) + nbytes / self.rate
-            if self.serial:
+            start = max(self.busy_until, now) if self.serial else now
+            done = start + nbytes / self.rate if value is not None else behind
+            if self.serial and value is not None:
                 self.busy_until = done
+            if self.queue_pair and value is not None:
+                self.pair_until[send.address] = done
             self.net.clock.call_later(done - now, lambda s=send: self.net.apply(
                 self.address, Effects(sends=[s])))
         effects.sends = now_sends
@@ -44,3 +60,15 @@ class PacedLink:
 
     def on_timer(self, kind: Any, token: int, now: float) -> Effects:
         return self._paced(self.inner.on_timer(kind, token, now))
+
+    def run_op(self, start: Any, max_s: float = 600.0) -> Any:
+        """``SimNetwork.run_op`` with the operation's first sends paced too."""
+        op_id, effects = start(self.inner, self.net.clock.now())
+        self.net.apply(self.address, self._paced(effects))
+        return self.net.wait_for(self.address, op_id, max_s)
+
+    def start(self, begin: Any) -> int:
+        """Begin an operation whose sends go over this link; its op id (not waited for)."""
+        op_id, effects = begin(self.inner, self.net.clock.now())
+        self.net.apply(self.address, self._paced(effects))
+        return op_id

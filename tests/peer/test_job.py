@@ -248,6 +248,30 @@ class TestMembership:
         new_owner = sim.net.true_closest(key_id("w0"), 1)[0].address
         assert owner in result.owners["w0"] and new_owner in result.owners["w0"]
 
+    @pytest.mark.parametrize("victim", [0, 1])
+    def test_the_survivor_of_two_ends_soon_with_every_acknowledged_push(self, victim):
+        """Of 2 peers one is killed: the survivor's own writes are then on no other holder,
+        and it ends once it may take itself to be alone (``KademliaNode.alone``: its
+        partner evicted and silent for 10 RPC timeouts), with every push acknowledged to it
+        in the model. (A first cut of the rule that a write no other peer took is not
+        durable while a peer knows others waited ``dead_for_s``, 60 s, here.)"""
+        job = Job("two", barrier=ASP(), seed=1)
+        job.register_schedule(lambda ctx: ["w"])
+        job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
+        job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - up["w"]))
+        job.register_stop(lambda ctx: ctx.step >= 40)
+        sim = SimRun(job, 2, {"w": np.zeros(4)}, compute_s=lambda i, s: 0.001,
+                     events=[(0.02, lambda s: s.kill(victim))])
+        result = sim.run()
+        survivor, dead = (sim.peers[sim.order[i]].runner for i in (1 - victim, victim))
+        assert survivor is not None and dead is not None
+        assert survivor.step == 40 and dead.step < 40
+        # the survivor's 40 are in, and at most what the dead one pushed: an owner's own
+        # pushes are acknowledged at once and die with it if no holder has them yet
+        assert 40 <= result.clocks["w"] <= 40 + dead.pushed + 1
+        np.testing.assert_array_equal(result.model["w"], np.full(4, -result.clocks["w"]))
+        assert result.seconds < 0.05 + 10 * job.config.rpc_timeout_s + 0.5
+
     def test_a_peer_joining_mid_run_takes_part(self) -> None:
         job = linreg(SSP(2), steps=40)
         joined: list[str] = []

@@ -45,18 +45,46 @@ def test_a_job_on_a_slow_link_folds_every_push_exactly_once(mb: int) -> None:
     assert result.steps == dict.fromkeys(run.peers, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (docs/peer.md, 'Slow links'): small "
-                   "requests queue behind values, live peers are evicted, the key's owner "
-                   "splits and acknowledged updates are lost")
 def test_a_job_whose_pings_wait_behind_values_keeps_every_acknowledged_push() -> None:
     """The same job over links where every message waits behind the values ahead of it
-    (one TCP connection each way): PINGs and FIND_NODEs time out behind a 16 MB value, live
-    peers are evicted, two peers each take the key over, and the model ends at clock 4
-    (w = -2) with all 6 pushes acknowledged, as on a real 100 Mb/s link. This reproduces
-    that defect deterministically; it fails (xfail) until it is fixed, and then this test
-    says so (strict)."""
+    (one TCP connection each way), the peers having measured their links fast while the
+    model was seeded: PINGs and FIND_NODEs waited behind 16 MB values past their 0.1 s,
+    live peers were evicted, two peers each took the key over, and the model ended at clock
+    4 (w = -2) with all 6 pushes acknowledged, as on a real 100 Mb/s link. Now a small
+    request to a peer that values move with also waits for the largest of them to move
+    (``LinkPace.behind_s``), a write no other peer took is not durable while this peer
+    knows others, and a peer is done only once its own writes are on another holder."""
     mb = 16
     run, result = _run_job("fifolink", mb, queue_all=True)
+    assert {a: p.runner.pushed for a, p in run.peers.items()} == dict.fromkeys(run.peers, 2)
+    assert result.clocks == {"w": 6}
+    np.testing.assert_array_equal(result.model["w"], np.full(mb * MB // 4, -3.0, np.float32))
+
+
+@pytest.mark.parametrize("slow", ["n0", "n2"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_peer_behind_a_slow_link_loses_no_acknowledged_push(slow: str, seed: int) -> None:
+    """One peer behind a 10 MB/s link both ways (as a worker across a 100 Mb/s link), the
+    other two beside each other (no pacing between them); one TCP connection per pair of
+    peers: a small message waits behind the values ahead of it to the same peer. With the
+    peer behind the link the seeding one's neighbour (n2), the code before ended at clock 4
+    (w = -2) under each of these network seeds: the far peer, its PINGs to the others and
+    theirs to it answered late behind 16 MB, evicted them, took the key over and folded its
+    own pushes on a branch that was lost. n0 behind it (the seeding peer) lost a peer's
+    pushes once with the waits fixed but before a peer's end waited for its own writes."""
+    mb, rate = 16, LINK_BYTES_PER_S
+    job = peer.Job("onefar", barrier=ASP(), seed=1)
+    job.register_schedule(lambda ctx: ["w"])
+    job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
+    job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - 0.5 * up["w"]))
+    job.register_stop(lambda ctx: ctx.step >= 2)
+
+    def link(net: Any, address: str, inner: Any) -> PacedLink:
+        only = None if address == slow else frozenset({slow})
+        return PacedLink(net, address, inner, rate, queue_pair=True, only_to=only)
+    run = SimRun(job, 3, {"w": np.zeros(mb * MB // 4, np.float32)}, latency_s=(0.001, 0.002),
+                 max_s=300.0, seed=seed, link=link)
+    result = run.run()
     assert {a: p.runner.pushed for a, p in run.peers.items()} == dict.fromkeys(run.peers, 2)
     assert result.clocks == {"w": 6}
     np.testing.assert_array_equal(result.model["w"], np.full(mb * MB // 4, -3.0, np.float32))

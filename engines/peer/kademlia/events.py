@@ -60,7 +60,9 @@ class KademliaConfig:
         sample_cache_s: how long a subtree's membership found for peer sampling is reused
             (0: never); dead peers leave it at once, live newcomers join it when heard from.
         holders_cache_s: how long ``set`` reuses the holders its last lookup found for a key
-            (an owner writing the same key at every step skips the lookup; 0: always look up).
+            (an owner writing the same key at every step skips the lookup; 0: always look up);
+            a lookup that found no other peer is not kept (the next may find those a table
+            lost to false evictions).
         replica_check_s: how often a holder PINGs the other holders of its keys, so a dead
             one is noticed and its keys re-replicated without waiting for the next republish
             (0: only when some request to it fails).

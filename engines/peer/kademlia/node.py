@@ -104,6 +104,7 @@ class KademliaNode(NodeOps):
         self._sizes = ValueSizes()           # of the values seen per key (request timeouts)
         self._ops: dict[int, _Op] = {}
         self._dead: dict[int, float] = {}
+        self._left: set[int] = set()         # of those, the ones that said LEAVE (``alone``)
         self._failures: dict[int, int] = {}
         self._probing: set[int] = set()      # table contacts with a PING in flight
         self._recheck_at: dict[int, float] = {}   # dead contact -> when others may make us
@@ -283,7 +284,10 @@ class KademliaNode(NodeOps):
     def _reply(self, sender: Contact, call: Call, answer: Answer) -> Reply:
         status, args, value = answer
         gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
-        return Reply(call.rpc_id, self.node_id, status, tuple(args), value, self.step, gossip)
+        reply = Reply(call.rpc_id, self.node_id, status, tuple(args), value, self.step, gossip)
+        if reply.value is not None:
+            self._sizes.pace.moved(sender.node_id, reply.value.nbytes)
+        return reply
 
     def rpc_timeout(self, node_id: int) -> float:
         """How long a PING or FIND_NODE sent to ``node_id`` now would wait for its answer
@@ -293,6 +297,22 @@ class KademliaNode(NodeOps):
     def is_gone(self, node_id: int, now: float) -> bool:
         """Whether ``node_id`` left or was found dead lately (evicted, not yet heard from)."""
         return self._is_dead(node_id, now)
+
+    def alone(self, now: float) -> bool:
+        """Whether this node knows no other peer: none in its table, and none evicted lately
+        but those that said LEAVE. Lately: within 10 x ``rpc_timeout_s`` and twice the
+        largest value's move (``sizes.LinkPace.behind_s``) of its eviction. A table
+        emptied by false evictions (answers late behind values on a slow link) is not
+        alone: those peers live, they come back within a second or so, and may hold newer
+        copies; a peer killed for good stays away."""
+        if len(self.routing):
+            return False
+        for node_id, until in self._dead.items():
+            lately = 10 * self.config.rpc_timeout_s + 2 * self._sizes.behind_s(
+                self.config, node_id)
+            if node_id not in self._left and now < until - self.config.dead_for_s + lately:
+                return False
+        return True
 
     def size_estimate(self) -> float:
         """Network size estimated from id density in our routing table (this node counted)."""
@@ -335,6 +355,7 @@ class KademliaNode(NodeOps):
             if known is not None:               # only a peer we hold can take itself out
                 log.debug("%s: %s left", short(self.node_id), sender_address)
                 self._evict(sender.node_id, now, eff)
+                self._left.add(sender.node_id)
                 self._fail_pending_to(sender.node_id, now, eff)
             return eff
         if isinstance(message, Step):           # one-way: its step is all it says
@@ -344,6 +365,7 @@ class KademliaNode(NodeOps):
             self._note_alive(sender, message.step, now, eff)
             if isinstance(message, (Store, Call)) and message.value is not None:
                 self._sizes.note(message.key, message.value.nbytes)
+                self._sizes.pace.moved(sender.node_id, message.value.nbytes)
             # the answer goes out before what answering started (an owner's replication
             # STOREs): the asker waits for it, the STOREs' holders do not
             started = Effects()
@@ -455,6 +477,7 @@ class KademliaNode(NodeOps):
         if isinstance(message, FindValue):
             record = self.storage.get(message.key, now)
             if record is not None:
+                self._sizes.pace.moved(sender.node_id, record.value.nbytes)
                 return Value(message.rpc_id, me, message.key, record.value, record.clock,
                              record.writer, step)
             target = message.key

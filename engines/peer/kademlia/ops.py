@@ -66,8 +66,7 @@ class _Op:
     reply: Reply | None = None
     in_flight: int = 0
     rpcs: int = 0
-    # internal operations end by calling this instead of producing a Done
-    then: Callable[[_Op, float, Effects], None] | None = None
+    then: Callable[[_Op, float, Effects], None] | None = None  # internal ops: instead of Done
 
 
 @dataclass
@@ -81,7 +80,6 @@ class NodeStats:
     timeouts: int = 0
     late_replies: int = 0          # answers that came after their (adaptive) timeout
     replicated: int = 0            # keys re-replicated after a holder died or left
-
 
 
 class NodeOps:
@@ -104,6 +102,7 @@ class NodeOps:
     _sizes: ValueSizes
     _ops: dict[int, _Op]
     _dead: dict[int, float]
+    _left: set[int]
     _failures: dict[int, int]
     _probing: set[int]
     _recheck_at: dict[int, float]
@@ -129,6 +128,7 @@ class NodeOps:
         if step != NO_STEP:
             self.steps.observe(node_id, contact.address, step, now)
         self._dead.pop(node_id, None)
+        self._left.discard(node_id)
         self._recheck_at.pop(node_id, None)
         self._failures.pop(node_id, None)
         self._suspects.discard(node_id)
@@ -194,8 +194,10 @@ class NodeOps:
         while rpc_id in self._pending or rpc_id in self._late:
             rpc_id = self._rng.getrandbits(63)
         message = make(rpc_id)
-        if message.KIND in ADAPTIVE_KINDS:
-            timeout, limit = self._rtt.timeout(contact.node_id), self.config.rpc_timeout_s
+        if message.KIND in ADAPTIVE_KINDS:     # plus the wait behind a value (``sizes``)
+            late = self._sizes.behind_s(self.config, contact.node_id)
+            timeout = self._rtt.timeout(contact.node_id) + late
+            limit = self.config.rpc_timeout_s + late
         else:       # a value's allowance on top (``sizes.py``)
             timeout = limit = self._sizes.wait_s(self.config, message, self.storage, retry,
                                                  contact.node_id)
@@ -429,7 +431,7 @@ class NodeOps:
         assert op.lookup is not None
         if op.kind in STORE_OPS:
             found = op.lookup.result()
-            if op.kind == OpKind.STORE and self.config.holders_cache_s > 0:
+            if op.kind == OpKind.STORE and self.config.holders_cache_s > 0 and found:
                 self._holders[op.target] = (found, now + self.config.holders_cache_s)
             self._store_phase(op, found, now, eff)
             return

@@ -198,6 +198,43 @@ class TestWaits:
         assert sizes.expected(1, None) is None and sizes.expected(3, None) == 10
 
 
+class TestBehindValues:
+    """A small request waits behind the values on its connection (``LinkPace.behind_s``)."""
+
+    def test_the_wait_follows_the_largest_value_moved_with_the_peer_and_its_pace(self):
+        pace = LinkPace()
+        assert pace.behind_s(5, 0.02) == 0.0                 # nothing moved with it
+        pace.moved(5, MB // 2)
+        assert pace.behind_s(5, 0.02) == 0.0                 # under 1 MB: latency, mostly
+        pace.moved(5, 16 * MB)
+        pace.moved(5, 4 * MB)                                # the largest counts
+        # never measured: 8 x the floor, twice: 0.32 s per MB
+        assert pace.behind_s(5, 0.02) == pytest.approx(16 * 0.02 * 8 * 2)
+        pace.sent(1, 20 * MB, 20 * MB)
+        pace.answered(5, 1, 0, 2.0)                          # 0.1 s per MB measured
+        assert pace.behind_s(5, 0.02) == pytest.approx(16 * 0.1 * 2)
+        assert pace.behind_s(6, 0.02) == 0.0                 # another peer: nothing moved
+
+    def test_a_ping_queued_behind_a_large_value_keeps_its_live_peer(self) -> None:
+        """n0 STOREs 20 MB on the two other peers over 10 MB/s, then PINGs one of them on
+        the same connection: the PONG comes 2-4 s later, behind the value. The PING waited
+        0.1 s (0.2 s for two tries) before, and the live peer was evicted."""
+        net = SimNetwork(CONFIG, seed=3, latency_s=(0.001, 0.002))
+        net.grow(3)
+        links = {a: PacedLink(net, a, net.nodes[a], SLOW_BYTES_PER_S, queue_pair=True)
+                 for a in net.nodes}
+        for address, link in links.items():
+            net.attach(address, link)
+        node, other = net.nodes["n0"], net.contact("n1")
+        links["n0"].start(lambda n, now: n.set(KadId(other.node_id ^ 1), VALUE, now))
+        net.run_for(0.05)                         # its lookup is done, the STOREs go out
+        assert links["n0"].pair_until["n1"] > net.clock.now() + 1.9
+        done = links["n0"].run_op(lambda n, now: n.ping(other, now))
+        assert done.contacts == (other,) and net.clock.now() > 1.9        # answered, late
+        assert other.node_id in node.routing and not node.is_gone(other.node_id,
+                                                                   net.clock.now())
+
+
 @pytest.mark.parametrize("rate", [-0.01, math.nan, math.inf])
 def test_a_negative_or_unbounded_allowance_is_refused(rate: float) -> None:
     with pytest.raises(ValueError, match="rpc_timeout_s_per_mb"):

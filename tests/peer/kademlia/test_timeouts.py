@@ -225,6 +225,38 @@ class TestAdaptiveTimeouts:
         assert node.rpc_timeout(2) == 2.0
 
 
+class TestAlone:
+    """``KademliaNode.alone``: whether a node knows no other peer, those evicted lately
+    included (the P2P engine holds a write nobody else took until then)."""
+
+    def test_a_node_evicted_for_good_leaves_its_peer_alone_a_while_later(self) -> None:
+        net = steady_net(2, seed=5)
+        node, other = net.nodes["n0"], net.contact("n1")
+        assert not node.alone(net.clock.now())
+        net.kill("n1")
+        net.run_op("n0", lambda n, now: n.ping(other, now))
+        for _ in range(1000):                   # virtual time, 10 ms at a time
+            if node.is_gone(other.node_id, net.clock.now()):
+                break
+            net.run_for(0.01)
+        evicted = net.clock.now()
+        assert other.node_id not in node.routing and node.is_gone(other.node_id, evicted)
+        assert not node.alone(evicted)          # it may come back (late answers, evicted)
+        lately = 10 * CONFIG.rpc_timeout_s      # after its eviction (no value moved with it)
+        net.run_for(lately - 0.05)
+        assert not node.alone(net.clock.now())
+        net.run_for(0.06)
+        assert node.alone(net.clock.now())
+
+    def test_a_node_that_left_leaves_its_peer_alone_at_once(self) -> None:
+        net = steady_net(2, seed=5)
+        net.leave("n1")
+        assert net.nodes["n0"].alone(net.clock.now())
+
+    def test_a_node_that_never_knew_another_is_alone(self) -> None:
+        assert KademliaNode(KadId(1), "a", CONFIG).alone(0.0)
+
+
 @pytest.mark.parametrize("low", [0.0, -0.1, float("nan")])
 def test_a_timeout_floor_of_zero_or_less_is_refused(low: float) -> None:
     # 0 or less made every PING and FIND_NODE time out at once
