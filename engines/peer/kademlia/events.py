@@ -214,3 +214,16 @@ class Effects:
         self.timers.extend(other.timers)
         self.done.extend(other.done)
         return self
+
+
+@dataclass
+class NodeStats:
+    """Counters a test or benchmark can read (not used by the protocol)."""
+
+    lookups: int = 0
+    empty_starts: int = 0          # lookups seeded with nothing although the table was not empty
+    max_in_flight: int = 0         # most requests one lookup ever had outstanding
+    rpcs_sent: int = 0
+    timeouts: int = 0
+    late_replies: int = 0          # answers that came after their (adaptive) timeout
+    replicated: int = 0            # keys re-replicated after a holder died or left

@@ -12,7 +12,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .events import PUBLIC_OPS, Done, Effects, KademliaConfig, OpKind, Send, SetTimer, TimerKind
+from .events import PUBLIC_OPS, Done, Effects, KademliaConfig, NodeStats, OpKind, Send, SetTimer, \
+    TimerKind
 from .ids import KadId, random_id_in_range, shared_prefix_len, short
 from .lookup import Lookup
 from .messages import NO_STEP, FindNode, FindValue, Kind, Message, Nodes, Ping, Pong, Reply, \
@@ -67,19 +68,6 @@ class _Op:
     in_flight: int = 0
     rpcs: int = 0
     then: Callable[[_Op, float, Effects], None] | None = None  # internal ops: instead of Done
-
-
-@dataclass
-class NodeStats:
-    """Counters a test or benchmark can read (not used by the protocol)."""
-
-    lookups: int = 0
-    empty_starts: int = 0          # lookups seeded with nothing although the table was not empty
-    max_in_flight: int = 0         # most requests one lookup ever had outstanding
-    rpcs_sent: int = 0
-    timeouts: int = 0
-    late_replies: int = 0          # answers that came after their (adaptive) timeout
-    replicated: int = 0            # keys re-replicated after a holder died or left
 
 
 class NodeOps:
