@@ -1,21 +1,19 @@
 """The owner side of a P2P job: a peer serves GET and PUSH for the keys it is closest to.
 
 An owner runs ``pull`` on each update pushed to it, writes the result locally with the next
-clock and stores it on the key's ``replication`` closest peers, with at most one replication
-round in flight per key (writes made meanwhile go out with the next one). Another peer's
-push is acknowledged once a round holding its write was taken by every holder it chose
-(*durable*), so an update acknowledged to a peer survives the owner's death while one of
-those holders lives; the owner's own pushes go on at once (*own updates*, below; a job with
-``durable=False`` treats every push so: acknowledged once applied, its write on the holders
-within ``replicate_s``). When the pusher is the only other holder (and holds a copy), the
-answer itself is its copy: the pusher keeps the value it is answered with. The owner remembers
-the clock each holder has (from durable rounds and those answers)
-and sends no round that would tell the holders nothing new; a write nobody waits on (its
-own push's) goes out with a round within ``replicate_s``, or with such an answer sooner. A
-round sends no STORE to a holder whose push it answers (it keeps the answer as its copy,
-counted at the clock answered) or that holds the round's clock already, but always to one
-holder at least, so a holder's fence judges every round; a pusher judges the answer as its
-fence would the STORE (``fenced``).
+clock and stores it on the key's ``replication`` closest peers, one replication round in
+flight per key (writes made meanwhile go with the next). Another peer's push is acknowledged
+once a round holding its write was taken by every holder it chose (*durable*), so it
+survives the owner's death while one of those holders lives; the owner's own pushes go on
+at once (*own updates*, below; with ``durable=False`` every push does: its write on the
+holders within ``replicate_s``). When the pusher is the only other holder (and holds a
+copy), the answer itself is its copy: it keeps the value it is answered with. The owner
+remembers the clock each holder has (from durable rounds and those answers) and sends no
+round that would tell them nothing new; a write nobody waits on (its own push's) goes with
+a round within ``replicate_s``, or with such an answer sooner. A round sends no STORE to a
+holder whose push it answers (it keeps the answer, counted at the clock answered) or that
+holds the round's clock already, but always to one holder at least, so a holder's fence
+judges every round; a pusher judges the answer as its fence would the STORE (``fenced``).
 
 Owner changes are serialised:
 
@@ -26,21 +24,24 @@ Owner changes are serialised:
   of it too and stops taking writes: every write the old owner applied before that is in the
   copy fetched, and every one it acknowledged is on the holders.
 - **Fence.** A holder refuses an owner's write (a STORE whose writer is its sender, clock
-  > 0) when it knows a peer closer to the key than that writer, itself included; it answers
-  with the version it holds, so the write's round is not durable.
+  > 0) when it knows a peer closer to the key than that writer, itself included, or when
+  its copy is another writer's and newer than the write's branch root (``Store.base``, the
+  clock taken over: two owners at once, each having evicted the other); it answers with
+  the version it holds, so the write's round is not durable. A round no other peer took is
+  durable only for a peer that knows no other (``KademliaNode.alone``).
 - **Stale owner.** A round refused by a holder means a closer peer has taken over: the pushes
   waiting on it are answered NOT_OWNER (their pushers look the owner up again; an update
   applied here but not acknowledged may so be applied twice, never lost), the local writes
   since the take-over are dropped (a branch the holders did not take; with ``durable``: the
-  copy taken over stays, the last replica of acknowledged writes maybe), and the key is taken over
-  again (fetched) before this peer serves it again, with no memory of the pushes applied or
-  the copies given in the lost branch. A holder answering with a newer copy this owner gave
+  copy taken over stays, the last replica of acknowledged writes maybe), and the key is
+  taken over again before this peer serves it again, with no memory of the pushes applied
+  or copies given in the lost branch. A holder answering with a newer copy this owner gave
   it (the answer to its own push, overtaking the round's STORE) is no refusal.
 - **Own updates.** The owner's own pushes, acknowledged at once, are kept until a durable
-  round (or an answer that is the one other holder's copy) covers them; if the copy they are
-  in loses instead (a refused round, or a take-over that fetched a newer copy), they are
-  pushed again to the key's owner now: applied twice at worst, lost only if the owner dies
-  before they are on a holder.
+  round (or an answer that is the one other holder's copy) covers them; if their copy loses
+  instead (a refused round, a newer copy fetched), they are pushed again to the key's owner:
+  applied twice at worst, lost only if the owner dies before they are on a holder. Its
+  runner is done only once none are left (``PeerRunner._finish``).
 """
 from __future__ import annotations
 
@@ -126,6 +127,7 @@ class KeyOwner:
         # take-over (a holder keeps it: a round's STORE arriving after it is no refusal)
         self._answered: dict[int, dict[int, int]] = {}
         self._later: dict[int, int] = {}            # replication timer token -> key
+        self._base: dict[int, int] = {}             # key -> the clock taken over
         # key -> our own pushes acknowledged at once whose write no holder confirmed yet:
         # (clock, name, update), pushed again through ``repush`` if that write is lost
         self._unsure: dict[int, list[tuple[int, str, Any]]] = {}
@@ -199,10 +201,19 @@ class KeyOwner:
 
     def accept_store(self, sender: Contact, store: Any, now: float) -> bool:
         """The fence (module docstring): refuse an owner's write when we know a peer closer
-        to the key than that owner, ourselves included."""
+        to the key than that owner, ourselves included, or when our copy is another
+        writer's and newer than the root of that owner's branch (``Store.base``)."""
         if store.clock == 0 or store.writer != sender.node_id:
             return True             # a seed, a hand-off or a copy passed on: not a new write
-        return not self._closer_known(store.key, sender.node_id)
+        if self._closer_known(store.key, sender.node_id):
+            return False
+        held = self.node.storage.get(store.key, now)
+        if held is None or store.base < 0 or held.writer in (store.writer, 0):
+            return True
+        # two owners at once (each evicted the other): taking it loses our copy's writes.
+        # (At its root's clock, another writer's copy is that root most often: each owner
+        # that takes a key over stores the copy it took under its own name.)
+        return held.clock <= store.base
 
     def fenced(self, owner: Contact, kid: KadId) -> bool:
         """The fence on the pusher's side: whether an answer to our push from ``owner`` is
@@ -308,10 +319,8 @@ class KeyOwner:
         return None, name in store.written
 
     def on_timer(self, token: int, now: float) -> Effects:
-        """A ``_replicate_later`` timer is due: replicate its key unless the holders already
-        have the newest copy."""
-        eff = Effects()
-        kid = self._later.pop(token, None)
+        """A ``_replicate_later`` timer is due: replicate its key, unless nothing is new."""
+        eff, kid = Effects(), self._later.pop(token, None)
         if kid is not None:
             self._replicate(KadId(kid), now, eff)
         return eff
@@ -370,6 +379,8 @@ class KeyOwner:
                                       is_origin=True, clock=done.clock, writer=KadId(0))
                 held = self.node.storage.get(kid, when)
                 self._unsettled(kid, when, e)       # another copy replaced ours
+            if held is not None:                    # the root of our branch from now on
+                self._base[kid] = held.clock
             if held is not None and self._is_owner(kid):
                 # what we applied before (a refused round's writes) may not be in the copy
                 # fetched: a push seen then is applied again if it comes again, and every
@@ -467,8 +478,8 @@ class KeyOwner:
                 self._dirty.discard(kid)
                 self._replicate(kid, when, e)
         self._replicating[kid] = clock
-        self._start_op(self.node.set(kid, record.value, now, clock=clock, skip=skip),
-                       replicated, eff)
+        self._start_op(self.node.set(kid, record.value, now, clock=clock, skip=skip,
+                                     base=self._base.get(kid, -1)), replicated, eff)
 
     def _skip(self, kid: KadId, clock: int, now: float) -> frozenset[int]:
         """The holders a round at ``clock`` need not STORE to: each holds a copy and either

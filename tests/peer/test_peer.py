@@ -6,6 +6,7 @@ import dataclasses
 import random
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from actorpy.errors import ProtocolError
 from engines.peer import Job, Peer
 from engines.peer.kademlia.ids import KadId, key_id
 from engines.peer.kademlia.events import Effects, TimerKind
-from engines.peer.kademlia.messages import Call, FindNode, Nodes, Reply
+from engines.peer.kademlia.messages import Call, FindNode, Nodes, Reply, Store
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.rpc import PROTOCOL_VERSION, decode, encode, value_frames
 from engines.peer.kademlia.values import Blob
@@ -58,6 +59,33 @@ def reply_to(peer: Peer, call: Call) -> Reply:
             eff.extend(peer.receive("evil", Nodes(ask.rpc_id, EVIL, ()), now=1.0))
     assert len(replies) == 1
     return replies[0]
+
+
+class TestLineageFence:
+    """A holder refuses an owner's write whose branch lacks the copy it holds (two owners
+    at once, each having evicted the other): ``KeyOwner.accept_store``, ``Store.base``."""
+
+    @pytest.mark.parametrize("held, base, taken", [
+        ((2, 7), 0, False),         # our copy is another writer's, newer than its root
+        ((2, 7), 1, False),
+        ((2, 7), 2, True),          # its branch grew from our copy (or one at its clock:
+                                    # each taker stores the copy it took under its name)
+        ((1, 7), 2, True),          # ours is older than its root
+        ((2, 7), -1, True),         # no lineage (a seed, a copy passed on)
+        ((2, None), 0, True),       # our copy is that writer's own
+        ((2, 0), 0, True),          # ... or of no writer (a copy taken over)
+    ])
+    def test_a_write_is_refused_when_its_branch_lacks_our_copy(self, held, base, taken):
+        peer = lone_owner()
+        assert peer.runner is not None
+        kid = key_id("n")
+        writer = KadId(kid ^ 1)                 # closer to the key than us: no other fence
+        clock, held_writer = held
+        peer.node.storage.put(kid, Blob.of(np.zeros(1)), 0.0, 3600.0, clock=clock,
+                              writer=writer if held_writer is None else KadId(held_writer))
+        store = Store(1, writer, kid, Blob.of(np.ones(1)), 60.0, clock=3, writer=writer,
+                      base=base)
+        assert peer.runner.owner.accept_store(Contact(writer, "w"), store, 1.0) is taken
 
 
 class TestEngineCalls:

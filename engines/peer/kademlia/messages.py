@@ -64,7 +64,9 @@ class Pong:
 @dataclass(frozen=True)
 class Store:
     """Keep ``value`` (version ``(clock, writer)``) under ``key`` for ``ttl_s`` more seconds,
-    unless a higher version is held already."""
+    unless a higher version is held already. ``base`` (-1: none): the clock of the copy the
+    writer's branch grew from (its writes since are its own); an engine's holder may refuse
+    a write whose branch lacks the copy it holds (``accept_store``)."""
 
     KIND: ClassVar[Kind] = Kind.STORE
     rpc_id: int
@@ -75,6 +77,7 @@ class Store:
     clock: int = 0
     writer: KadId = KadId(0)
     step: int = NO_STEP
+    base: int = -1
 
     def __post_init__(self) -> None:
         _blob(self)

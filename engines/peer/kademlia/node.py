@@ -153,13 +153,17 @@ class KademliaNode(NodeOps):
         return self._begin(OpKind.FIND_VALUE, key, now, newest=newest)
 
     def set(self, key: KadId, value: Any, now: float, ttl_s: float | None = None,
-            clock: int | None = None, skip: Collection[int] = ()) -> tuple[int, Effects]:
+            clock: int | None = None, skip: Collection[int] = (),
+            base: int = -1) -> tuple[int, Effects]:
         """Store ``value`` (bytes, numpy array or tensor) on the ``replication`` nodes closest
         to ``key``, with version ``(clock, this node)``; this node keeps a copy and renews it
         at every republish. ``clock`` defaults to one past the version held here (0 if none).
         ``skip``: ids of holders sent no STORE (an engine that gives them the value another
         way); they are still counted as holders, so no farther peer takes their place, and
-        ``Done.asked`` leaves them out.
+        ``Done.asked`` leaves them out. ``base``: the clock of the copy this writer's branch
+        grew from (``Store.base``; -1: none), so a holder may refuse a write of a branch
+        that lacks its copy, and one that answers past that clock at the write's clock with
+        another writer's copy is counted as a refusal.
 
         Raises:
             ValueError: the value is over ``max_value_bytes``.
@@ -174,7 +178,7 @@ class KademliaNode(NodeOps):
             clock = 0 if held is None else held.clock + 1
         self.storage.put(key, blob, now, ttl, is_origin=True, clock=clock, writer=self.node_id)
         fields = dict(value=blob, ttl_s=ttl, clock=clock, writer=self.node_id,
-                      skip=frozenset(skip))
+                      skip=frozenset(skip), base=base)
         cached = self._holders.get(key)
         if cached is not None and now < cached[1]:
             op = _Op(self._new_op_id(), OpKind.STORE, key, now, **fields)  # type: ignore[arg-type]

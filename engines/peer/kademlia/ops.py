@@ -57,6 +57,7 @@ class _Op:
     writer: KadId = KadId(0)
     exclude_self: bool = False          # HANDOFF: keep no copy here
     skip: frozenset[int] = frozenset()  # STORE phase: holders sent nothing (``set(skip=)``)
+    base: int = -1                      # ... the clock its branch grew from (``Store.base``)
     newest: bool = False                # FIND_VALUE: the highest version of the k closest
     awaiting: int = 0
     stored_on: list[Contact] = field(default_factory=list)
@@ -235,8 +236,10 @@ class NodeOps:
         if isinstance(message, Stored):                  # STORE phase
             op.awaiting -= 1
             op.stored_on.append(sender)
-            taken = message.clock == op.clock   # (another writer at the same clock: the
-            # same round's copy, e.g. a seed taken over; a fence answers with an older one)
+            # (another writer at the same clock: the same copy, e.g. a seed taken over, but
+            # past the clock of a write's base (``Store.base``): another branch)
+            taken = message.clock == op.clock and (
+                op.clock <= op.base or message.writer in (op.writer, 0))
             op.confirmed += taken
             if not taken:
                 op.refusals.append((sender, message.clock, message.writer))
@@ -448,7 +451,7 @@ class NodeOps:
                 op.awaiting += 1
                 self._request(contact, lambda rpc: Store(rpc, self.node_id, op.target, value,
                                                          op.ttl_s, op.clock, op.writer,
-                                                         self.step), op, now, eff)
+                                                         self.step, op.base), op, now, eff)
         op.holders = op.awaiting
         if op.awaiting == 0:
             self._finish(op, now, eff)

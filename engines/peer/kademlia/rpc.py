@@ -11,7 +11,7 @@ arity, types, id lengths, sizes and the descriptor against its frame, and raises
 >>> decode(encode(msg)) == msg
 True
 >>> encode(msg)[:3], encode(msg)[4]
-((3, 5, 7), 3)
+((4, 5, 7), 3)
 >>> store = Store(1, KadId(1), KadId(2), b"abc", ttl_s=60.0, clock=4)
 >>> wire, frames = encode(store), value_frames(store)
 >>> wire[6:9], [bytes(f) for f in frames]
@@ -40,7 +40,7 @@ __all__ = [
     "brief", "decode", "encode", "value_frames",
 ]
 
-PROTOCOL_VERSION = 3          # 3: STEP
+PROTOCOL_VERSION = 4          # 3: STEP; 4: STORE's base
 MAX_CONTACTS = 64            # a NODES reply holds at most this many (nodes also cap at ksize)
 MAX_VALUE_BYTES = 1 << 30    # values travel as their own frames; nodes set their own limit
 MAX_ADDRESS_CHARS = 256
@@ -69,7 +69,7 @@ def _descriptor(value: Blob | None) -> list[Any] | None:
 #: encode runs for every message a peer sends; a kind with none has no entry)
 _FIELDS: dict[type, Callable[[Any], tuple]] = {
     Store: lambda m: (id_to_bytes(m.key), m.value.descriptor(), float(m.ttl_s), m.clock,
-                      id_to_bytes(m.writer)),
+                      id_to_bytes(m.writer), m.base),
     Stored: lambda m: (m.clock, id_to_bytes(m.writer)),
     FindNode: lambda m: (id_to_bytes(m.target),),
     FindValue: lambda m: (id_to_bytes(m.key),),
@@ -232,7 +232,7 @@ _BUILD: dict[Kind, _Build] = {
                                                _clock(f[2]), id_from_bytes(f[3]), t),
     Kind.STORE: lambda r, s, t, f, v, m: Store(r, s, id_from_bytes(f[0]), _blob(v, f[1]),
                                                _ttl(f[2]), _clock(f[3]), id_from_bytes(f[4]),
-                                               t),
+                                               t, _int(f[5], "base", -1, MAX_STEP)),
     Kind.CALL: lambda r, s, t, f, v, m: Call(r, s, _int(f[0], "method", 0, 1 << 16),
                                              id_from_bytes(f[1]), _args(f[2]),
                                              v.value(f[3], optional=True), t),
@@ -244,7 +244,7 @@ _KINDS = {int(kind): kind for kind in Kind}
 
 
 _ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STEP: 0, Kind.STORED: 2,
-          Kind.FIND_NODE: 1, Kind.FIND_VALUE: 1, Kind.NODES: 1, Kind.VALUE: 4, Kind.STORE: 5,
+          Kind.FIND_NODE: 1, Kind.FIND_VALUE: 1, Kind.NODES: 1, Kind.VALUE: 4, Kind.STORE: 6,
           Kind.CALL: 4, Kind.REPLY: 4}
 
 
@@ -262,7 +262,7 @@ def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = M
         ProtocolError: wrong version, unknown kind, wrong arity, types, id length, sizes, or
             value frames that do not match the descriptors.
 
-    >>> decode((3, 99, 0, bytes(20), -1))
+    >>> decode((4, 99, 0, bytes(20), -1))
     Traceback (most recent call last):
     ...
     actorpy.errors.ProtocolError: unknown message kind 99
