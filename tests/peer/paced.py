@@ -61,11 +61,9 @@ class PacedLink:
     def on_timer(self, kind: Any, token: int, now: float) -> Effects:
         return self._paced(self.inner.on_timer(kind, token, now))
 
-    def run_op(self, start: Any, max_s: float = 600.0) -> Any:
+    def run_op(self, begin: Any, max_s: float = 600.0) -> Any:
         """``SimNetwork.run_op`` with the operation's first sends paced too."""
-        op_id, effects = start(self.inner, self.net.clock.now())
-        self.net.apply(self.address, self._paced(effects))
-        return self.net.wait_for(self.address, op_id, max_s)
+        return self.net.wait_for(self.address, self.start(begin), max_s)
 
     def start(self, begin: Any) -> int:
         """Begin an operation whose sends go over this link; its op id (not waited for)."""
