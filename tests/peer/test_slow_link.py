@@ -19,16 +19,21 @@ from tests.peer.paced import PacedLink
 LINK_BYTES_PER_S = 10 * MB
 
 
-def _run_job(name: str, mb: int, **link: bool) -> tuple[SimRun, Any]:
-    """The 3-peer job (one key of ``mb`` MB, 2 steps each, 6 pushes of ones at lr 0.5: w
-    ends at -3, clock 6) over ``PacedLink(..., **link)`` links; (the run, its result)."""
+def _job(name: str) -> peer.Job:
+    """3 peers x 2 steps, 6 pushes of ones at lr 0.5: w ends at -3, clock 6."""
     job = peer.Job(name, barrier=ASP(), seed=1)
     job.register_schedule(lambda ctx: ["w"])
     job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
     job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - 0.5 * up["w"]))
     job.register_stop(lambda ctx: ctx.step >= 2)
-    run = SimRun(job, 3, {"w": np.zeros(mb * MB // 4, np.float32)}, latency_s=(0.001, 0.002),
-                 max_s=300.0)
+    return job
+
+
+def _run_job(name: str, mb: int, **link: bool) -> tuple[SimRun, Any]:
+    """The job on 3 peers (one key of ``mb`` MB) over ``PacedLink(..., **link)`` links,
+    attached once the model is seeded; (the run, its result)."""
+    run = SimRun(_job(name), 3, {"w": np.zeros(mb * MB // 4, np.float32)},
+                 latency_s=(0.001, 0.002), max_s=300.0)
     for address in run.peers:
         run.net.attach(address, PacedLink(run.net, address, run.peers[address],
                                           LINK_BYTES_PER_S, **link))
@@ -78,17 +83,12 @@ def test_one_peer_behind_a_slow_link_loses_no_acknowledged_push(mb: int, slow: s
     pushes on n2 too, and n0's round at the same clock then replaced both copies: a holder
     now refuses a write of another branch than its copy's (``Store.base``)."""
     rate = LINK_BYTES_PER_S
-    job = peer.Job("onefar", barrier=ASP(), seed=1)
-    job.register_schedule(lambda ctx: ["w"])
-    job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
-    job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - 0.5 * up["w"]))
-    job.register_stop(lambda ctx: ctx.step >= 2)
 
     def link(net: Any, address: str, inner: Any) -> PacedLink:
         only = None if address == slow else frozenset({slow})
         return PacedLink(net, address, inner, rate, queue_pair=True, only_to=only)
-    run = SimRun(job, 3, {"w": np.zeros(mb * MB // 4, np.float32)}, latency_s=(0.001, 0.002),
-                 max_s=300.0, seed=seed, link=link)
+    run = SimRun(_job("onefar"), 3, {"w": np.zeros(mb * MB // 4, np.float32)},
+                 latency_s=(0.001, 0.002), max_s=300.0, seed=seed, link=link)
     result = run.run()
     assert {a: p.runner.pushed for a, p in run.peers.items()} == dict.fromkeys(run.peers, 2)
     assert result.clocks == {"w": 6}
