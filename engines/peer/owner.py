@@ -468,7 +468,8 @@ class KeyOwner:
                 # a skipped holder counts only at the clock it holds (answered or before)
                 if all(copies.get(h, -1) >= clock for h in skip):
                     self._settled(kid, clock)
-            elif alone:
+            elif alone:             # ask the peers lost lately, and go again
+                e.extend(self.node.probe_lately(when))
                 self._replicate_later(kid, e, self.node.config.rpc_timeout_s)
             else:
                 self._dirty.add(kid)            # a holder did not answer: go again

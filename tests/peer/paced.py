@@ -70,3 +70,22 @@ class PacedLink:
         op_id, effects = begin(self.inner, self.net.clock.now())
         self.net.apply(self.address, self._paced(effects))
         return op_id
+
+
+class CutLink:
+    """Wraps a live simulated peer: every message it sends from ``start`` until ``end``
+    (virtual seconds) is lost, as through a cut cable; attach one to each side of a cut."""
+
+    def __init__(self, net: SimNetwork, inner: Any, start: float, end: float) -> None:
+        self.net, self.inner, self.start, self.end = net, inner, start, end
+
+    def _cut(self, effects: Effects) -> Effects:
+        if self.start <= self.net.clock.now() < self.end:
+            effects.sends = []
+        return effects
+
+    def receive(self, sender: str, message: Any, now: float, frames: Any = ()) -> Effects:
+        return self._cut(self.inner.receive(sender, message, now, frames))
+
+    def on_timer(self, kind: Any, token: int, now: float) -> Effects:
+        return self._cut(self.inner.on_timer(kind, token, now))

@@ -105,6 +105,7 @@ class KademliaNode(NodeOps):
         self._ops: dict[int, _Op] = {}
         self._dead: dict[int, float] = {}
         self._left: set[int] = set()         # of those, the ones that said LEAVE (``alone``)
+        self._evicted: dict[int, Contact] = {}   # the last evicted contacts (``probe_lately``)
         self._failures: dict[int, int] = {}
         self._probing: set[int] = set()      # table contacts with a PING in flight
         self._recheck_at: dict[int, float] = {}   # dead contact -> when others may make us
@@ -160,10 +161,8 @@ class KademliaNode(NodeOps):
         at every republish. ``clock`` defaults to one past the version held here (0 if none).
         ``skip``: ids of holders sent no STORE (an engine that gives them the value another
         way); they are still counted as holders, so no farther peer takes their place, and
-        ``Done.asked`` leaves them out. ``base``: the clock of the copy this writer's branch
-        grew from (``Store.base``; -1: none), so a holder may refuse a write of a branch
-        that lacks its copy, and one that answers past that clock at the write's clock with
-        another writer's copy is counted as a refusal.
+        ``Done.asked`` leaves them out. ``base``: the clock this writer's branch grew from
+        (``Store.base``; -1: none; ``ops._on_reply`` counts the answers it makes refusals).
 
         Raises:
             ValueError: the value is over ``max_value_bytes``.
@@ -303,20 +302,29 @@ class KademliaNode(NodeOps):
         return self._is_dead(node_id, now)
 
     def alone(self, now: float) -> bool:
-        """Whether this node knows no other peer: none in its table, and none evicted lately
-        but those that said LEAVE. Lately: within 10 x ``rpc_timeout_s`` and twice the
-        largest value's move (``sizes.LinkPace.behind_s``) of its eviction. A table
-        emptied by false evictions (answers late behind values on a slow link) is not
-        alone: those peers live, they come back within a second or so, and may hold newer
-        copies; a peer killed for good stays away."""
-        if len(self.routing):
-            return False
-        for node_id, until in self._dead.items():
-            lately = 10 * self.config.rpc_timeout_s + 2 * self._sizes.behind_s(
-                self.config, node_id)
-            if node_id not in self._left and now < until - self.config.dead_for_s + lately:
-                return False
-        return True
+        """Whether this node knows no other peer: none in its table, none gone lately (a
+        table emptied by false evictions is not alone: those peers live, may hold newer
+        copies, and come back within a second or so; one killed for good stays away)."""
+        return not len(self.routing) and not any(self.lately_gone(n, now) for n in self._dead)
+
+    def lately_gone(self, node_id: int, now: float) -> bool:
+        """Whether ``node_id`` was evicted (not left) within 10 x ``rpc_timeout_s`` and twice
+        its largest value's move (``sizes.LinkPace.behind_s``)."""
+        until = self._dead.get(node_id)
+        lately = 10 * self.config.rpc_timeout_s + 2 * self._sizes.behind_s(self.config, node_id)
+        return until is not None and node_id not in self._left \
+            and now < until - self.config.dead_for_s + lately
+
+    def probe_lately(self, now: float) -> Effects:
+        """PING the peers gone lately, each once per 10 x ``rpc_timeout_s`` at most: a table
+        that lost every peer to a cut link finds them once it is mended (no lookup has a
+        contact to start from), so an engine waiting for another holder gets one."""
+        eff = Effects()
+        for node_id, contact in list(self._evicted.items()):
+            if self.lately_gone(node_id, now) and now >= self._recheck_at.get(node_id, 0.0):
+                self._recheck_at[node_id] = now + 10 * self.config.rpc_timeout_s
+                self._probe(contact, now, eff)
+        return eff
 
     def size_estimate(self) -> float:
         """Network size estimated from id density in our routing table (this node counted)."""

@@ -92,6 +92,7 @@ class NodeOps:
     _ops: dict[int, _Op]
     _dead: dict[int, float]
     _left: set[int]
+    _evicted: dict[int, Contact]
     _failures: dict[int, int]
     _probing: set[int]
     _recheck_at: dict[int, float]
@@ -154,6 +155,12 @@ class NodeOps:
         """``node_id`` is dead or left: forget it everywhere, then (``keys``; False when
         ``_keys_at_risk`` did it already) re-replicate its keys."""
         self._dead[node_id] = now + self.config.dead_for_s
+        gone = self.routing.get(node_id)
+        if gone is not None:                # for ``probe_lately``, the last 64
+            self._evicted.pop(node_id, None)
+            self._evicted[node_id] = gone
+            if len(self._evicted) > 64:
+                del self._evicted[next(iter(self._evicted))]
         self._failures.pop(node_id, None)
         self._suspects.discard(node_id)
         self._rtt.forget(node_id)
