@@ -39,9 +39,8 @@ Owner changes are serialised:
   it (the answer to its own push, overtaking the round's STORE) is no refusal.
 - **Own updates.** The owner's own pushes, acknowledged at once, are kept until a durable
   round (or an answer that is the one other holder's copy) covers them; if their copy loses
-  instead (a refused round, a newer copy fetched), they are pushed again to the key's owner:
-  applied twice at worst, lost only if the owner dies before they are on a holder. Its
-  runner is done only once none are left (``PeerRunner._finish``).
+  (a refused round, a newer copy fetched or stored) they go to the key's owner again (twice
+  at worst; lost only with the owner). Its runner ends once none are left (``_finish``).
 """
 from __future__ import annotations
 
@@ -175,17 +174,15 @@ class KeyOwner:
                           later)
 
     def pushing(self, node_id: int, now: float) -> bool:
-        """Whether ``node_id`` pushes to us (twice at least) and its next push, which will
-        carry its step, is not overdue: at most twice its last interval (or ``poll_s``)
-        since its last push."""
+        """Whether ``node_id`` pushes to us (twice at least) and its next push (its step) is
+        not overdue: at most twice its last interval (or ``poll_s``) since its last one."""
         last = self._pushes.get(node_id)
         return last is not None and now - last[0] <= max(2 * last[1], self.spec.poll_s) \
             and last[1] != float("inf")
 
     def closest_known(self, kid: int) -> Contact | None:
-        """The contact closest to ``kid`` in our table, suspects included: one that missed a
-        reply (a loaded peer, most often) still owns its keys until it is evicted, or each
-        missed reply would move them and back."""
+        """The contact closest to ``kid`` in our table, suspects included (one that missed a
+        reply still owns its keys until evicted, or each miss would move them and back)."""
         return self.node.routing.nearest(kid)     # asked per push served and answered
 
     def _is_owner(self, kid: KadId) -> bool:
@@ -199,7 +196,7 @@ class KeyOwner:
         closest = self.closest_known(kid)
         return closest is not None and closest.node_id ^ kid < distance
 
-    def accept_store(self, sender: Contact, store: Any, now: float) -> bool:
+    def accept_store(self, sender: Contact, store: Any, now: float, eff: Effects) -> bool:
         """The fence (module docstring): refuse an owner's write when we know a peer closer
         to the key than that owner, ourselves included, or when our copy is another
         writer's and newer than the root of that owner's branch (``Store.base``)."""
@@ -208,6 +205,12 @@ class KeyOwner:
         if self._closer_known(store.key, sender.node_id):
             return False
         held = self.node.storage.get(store.key, now)
+        if held is not None and held.writer == self.node.node_id and store.clock > held.clock:
+            # our own branch, owned while cut off from this closer owner, loses: our own
+            # updates on it go to that owner now (twice at worst)
+            self.owned.discard(store.key)
+            self._unsettled(store.key, now, eff)
+            return True
         if held is None or store.base < 0 or held.writer in (store.writer, 0):
             return True
         # two owners at once (each evicted the other): taking it loses our copy's writes.
@@ -216,11 +219,9 @@ class KeyOwner:
         return held.clock <= store.base
 
     def fenced(self, owner: Contact, kid: KadId) -> bool:
-        """The fence on the pusher's side: whether an answer to our push from ``owner`` is
-        a stale owner's (we know a peer closer to ``kid``, ourselves included). A holder
-        keeps that answer as its copy instead of the STORE a round then skips (``_skip``),
-        so it judges the answer as it would the STORE (``accept_store``); the runner takes
-        it as NOT_OWNER."""
+        """The fence on the pusher's side: whether an answer to our push from ``owner`` is a
+        stale owner's (we know a peer closer to ``kid``, ourselves included): a holder keeps
+        it as the copy a skipped STORE would have brought; the runner takes it as NOT_OWNER."""
         return self._closer_known(kid, owner.node_id)
 
     def serve(self, sender: Contact, name: str, kid: KadId, method: Method,
@@ -483,11 +484,10 @@ class KeyOwner:
                                      base=self._base.get(kid, -1)), replicated, eff)
 
     def _skip(self, kid: KadId, clock: int, now: float) -> frozenset[int]:
-        """The holders a round at ``clock`` need not STORE to: each holds a copy and either
-        holds ``clock`` already (``_copies``) or has a push waiting on the round, whose
-        answer (at ``clock`` or newer) it keeps as its copy (``PeerRunner._keep_copy``,
-        behind the same fence, ``fenced``). Never every holder: the holders' fence judges
-        every round that acknowledges a write, so a stale owner learns it from a refusal."""
+        """The holders a round at ``clock`` need not STORE to: each holds ``clock`` already
+        (``_copies``) or has a push waiting on the round, whose answer it keeps as its copy
+        (``PeerRunner._keep_copy``, behind ``fenced``). Never every holder: some holder's
+        fence judges every round, so a stale owner learns it from a refusal."""
         holders = self.node.holders_of(kid, now)
         copies = self._copies.get(kid)
         if not holders or not copies:

@@ -85,7 +85,8 @@ class TestLineageFence:
                               writer=writer if held_writer is None else KadId(held_writer))
         store = Store(1, writer, kid, Blob.of(np.ones(1)), 60.0, clock=3, writer=writer,
                       base=base)
-        assert peer.runner.owner.accept_store(Contact(writer, "w"), store, 1.0) is taken
+        assert peer.runner.owner.accept_store(Contact(writer, "w"), store, 1.0,
+                                              Effects()) is taken
 
 
 class TestEngineCalls:

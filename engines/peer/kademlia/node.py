@@ -49,9 +49,10 @@ Answer = tuple[int, tuple[Any, ...], Any]
 #: effects (e.g. start a ``set``) to the effects it is handed. None: no answer yet, the
 #: engine sends it later (``answer_call``).
 CallHandler = Callable[[Contact, Call, float, Effects], "Answer | None"]
-#: ``accept_store(sender, store, now) -> bool``: whether to take a STORE (an engine's fence;
-#: a refused one is answered with the version held, so the writer sees it was not taken).
-StoreFilter = Callable[[Contact, Store, float], bool]
+#: ``accept_store(sender, store, now, effects) -> bool``: whether to take a STORE (an
+#: engine's fence; a refused one is answered with the version held, so the writer sees it was
+#: not taken); ``effects``: what taking it starts.
+StoreFilter = Callable[[Contact, Store, float, Effects], bool]
 NO_HANDLER = 0   # the status of a CALL that no engine handles
 
 
@@ -92,7 +93,7 @@ class KademliaNode(NodeOps):
         self.step = NO_STEP
         self.steps = StepTable()
         self.on_call: CallHandler = _no_handler
-        self.accept_store: StoreFilter = lambda sender, store, now: True
+        self.accept_store: StoreFilter = lambda sender, store, now, eff: True
         self.watchers: dict[int, Contact] = {}
         self.subtrees = SubtreeCache()
         self.upkeep = Upkeep(self)
@@ -476,7 +477,7 @@ class KademliaNode(NodeOps):
                 self.watchers[sender.node_id] = sender
             return Pong(message.rpc_id, me, step)
         if isinstance(message, Store):
-            if self.accept_store(sender, message, now):
+            if self.accept_store(sender, message, now, eff):
                 self.storage.put(message.key, message.value, now,
                                  min(message.ttl_s, self.config.ttl_s), clock=message.clock,
                                  writer=message.writer)
