@@ -429,8 +429,8 @@ class KeyOwner:
             # a round no other peer took holds the write on us alone: durable only for a peer
             # that knows no other (a table emptied by false evictions found none; they may
             # hold a newer branch, which the next round's holders' fence tells us of)
-            alone = not done.asked and not skip and self._wants_holders(when)
-            durable = durable and not alone
+            only_here = not done.asked and not skip and self._wants_holders(when)
+            durable = durable and not only_here
             if done.refused and not ours:
                 log.info("peer %s: a holder of key %s refused our write: a closer peer took "
                          "it over", self.node.address, kid)
@@ -469,7 +469,7 @@ class KeyOwner:
                 # a skipped holder counts only at the clock it holds (answered or before)
                 if all(copies.get(h, -1) >= clock for h in skip):
                     self._settled(kid, clock)
-            elif alone:             # ask the peers lost lately, and go again
+            elif only_here:         # ask the peers lost lately, and go again
                 e.extend(self.node.probe_lately(when))
                 self._replicate_later(kid, e, self.node.config.rpc_timeout_s)
             else:

@@ -321,7 +321,7 @@ class KademliaNode(NodeOps):
         that lost every peer to a cut link finds them once it is mended (no lookup has a
         contact to start from), so an engine waiting for another holder gets one."""
         eff = Effects()
-        for node_id, contact in list(self._evicted.items()):
+        for node_id, contact in self._evicted.items():
             if self.lately_gone(node_id, now) and now >= self._recheck_at.get(node_id, 0.0):
                 self._recheck_at[node_id] = now + 10 * self.config.rpc_timeout_s
                 self._probe(contact, now, eff)
