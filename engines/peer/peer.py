@@ -13,7 +13,7 @@ operations (the runner's are routed to it here, never returned).
 >>> import random
 >>> from .kademlia.ids import KadId
 >>> peer = Peer(KademliaNode(KadId(5), "p", rng=random.Random(0)))
->>> peer.receive("q", (4, 1, 9, (7).to_bytes(20, "big"), -1), now=0.0).sends[0].message.KIND.name
+>>> peer.receive("q", (5, 1, 9, (7).to_bytes(20, "big"), -1), now=0.0).sends[0].message.KIND.name
 'PONG'
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ arity, types, id lengths, sizes and the descriptor against its frame, and raises
 >>> decode(encode(msg)) == msg
 True
 >>> encode(msg)[:3], encode(msg)[4]
-((4, 5, 7), 3)
+((5, 5, 7), 3)
 >>> store = Store(1, KadId(1), KadId(2), b"abc", ttl_s=60.0, clock=4)
 >>> wire, frames = encode(store), value_frames(store)
 >>> wire[6:9], [bytes(f) for f in frames]
@@ -40,7 +40,7 @@ __all__ = [
     "brief", "decode", "encode", "value_frames",
 ]
 
-PROTOCOL_VERSION = 4          # 3: STEP; 4: STORE's base
+PROTOCOL_VERSION = 5          # 3: STEP; 4: STORE's base; 5: value stamps
 MAX_CONTACTS = 64            # a NODES reply holds at most this many (nodes also cap at ksize)
 MAX_VALUE_BYTES = 1 << 30    # values travel as their own frames; nodes set their own limit
 MAX_ADDRESS_CHARS = 256
@@ -262,7 +262,7 @@ def decode(wire: object, frames: Sequence[object] = (), *, max_contacts: int = M
         ProtocolError: wrong version, unknown kind, wrong arity, types, id length, sizes, or
             value frames that do not match the descriptors.
 
-    >>> decode((4, 99, 0, bytes(20), -1))
+    >>> decode((5, 99, 0, bytes(20), -1))
     Traceback (most recent call last):
     ...
     actorpy.errors.ProtocolError: unknown message kind 99

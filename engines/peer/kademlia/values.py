@@ -24,7 +24,12 @@ import numpy as np
 
 from actorpy.errors import ProtocolError
 
+from .ids import id_from_bytes, id_to_bytes
+
 MAX_DIMS = 32
+#: the most ``(id, step)`` stamps a value carries (``Blob.stamps``)
+MAX_STAMPS = 4096
+_MAX_STEP = (1 << 63) - 1
 
 
 class ValueKind(IntEnum):
@@ -56,16 +61,33 @@ class Blob:
         dtype: numpy ``dtype.str`` for NUMPY, torch dtype name for TORCH, ``"|u1"`` for BYTES.
         shape: the array shape (BYTES: ``(len,)``).
         data: the raw bytes, C order (a zero-copy view where possible).
+        stamps: ``(id, step)`` pairs an engine keeps with this version of the value, at most
+            ``MAX_STAMPS``, travelling in the descriptor wherever the value goes (stored,
+            replicated, handed on, answered). The P2P engine's owners stamp each pusher's
+            last step folded into the value, so an owner that takes the key over knows
+            which pushes its copy holds already (``owner.py``).
     """
 
-    __slots__ = ("kind", "dtype", "shape", "data")
+    __slots__ = ("kind", "dtype", "shape", "data", "stamps")
 
-    def __init__(self, kind: ValueKind, dtype: str, shape: tuple[int, ...], data: Any) -> None:
+    def __init__(self, kind: ValueKind, dtype: str, shape: tuple[int, ...], data: Any,
+                 stamps: tuple[tuple[int, int], ...] = ()) -> None:
         self.kind = kind
         self.dtype = dtype
         self.shape = shape
         view = memoryview(data)
         self.data = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        self.stamps = stamps
+
+    def stamped(self, stamps: tuple[tuple[int, int], ...]) -> Blob:
+        """The same value (its buffer shared) with ``stamps`` instead of its own.
+
+        Raises:
+            ValueError: more than ``MAX_STAMPS`` stamps.
+        """
+        if len(stamps) > MAX_STAMPS:
+            raise ValueError(f"{len(stamps)} stamps, over the limit of {MAX_STAMPS}")
+        return Blob(self.kind, self.dtype, self.shape, self.data, stamps)
 
     @classmethod
     def of(cls, value: Any) -> Blob:
@@ -100,8 +122,12 @@ class Blob:
         return self.data.nbytes
 
     def descriptor(self) -> list[Any]:
-        """The plain-values descriptor that stands for this value inside a message."""
-        return [int(self.kind), self.dtype, list(self.shape)]
+        """The plain-values descriptor that stands for this value inside a message:
+        ``[kind, dtype, shape]``, and its stamps as ``[[id bytes, step], ...]`` if any."""
+        head = [int(self.kind), self.dtype, list(self.shape)]
+        if self.stamps:
+            head.append([[id_to_bytes(i), n] for i, n in self.stamps])
+        return head
 
     def to_value(self) -> Any:
         """Rebuild the value: bytes, a read-only numpy view of the buffer, or a tensor."""
@@ -121,8 +147,8 @@ class Blob:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Blob):
             return NotImplemented
-        return (self.kind, self.dtype, self.shape) == (other.kind, other.dtype, other.shape) \
-            and self.data == other.data
+        return (self.kind, self.dtype, self.shape, self.stamps) == \
+            (other.kind, other.dtype, other.shape, other.stamps) and self.data == other.data
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -177,23 +203,27 @@ def parse(descriptor: object, buffer: object, max_bytes: int) -> Blob:
     """Check a received descriptor against its buffer and wrap them (no copy).
 
     Args:
-        descriptor: ``[kind, dtype, shape]`` as found in the message.
+        descriptor: ``[kind, dtype, shape]`` or ``[kind, dtype, shape, stamps]`` as found in
+            the message.
         buffer: the frame that came with it (bytes, memoryview or anything with the buffer
             protocol).
         max_bytes: the largest value accepted.
 
     Raises:
-        ProtocolError: unknown kind or dtype, bad shape, size mismatch or over ``max_bytes``.
+        ProtocolError: unknown kind or dtype, bad shape or stamps, size mismatch or over
+            ``max_bytes``.
 
     >>> parse([1, "|O", [1]], b"12345678", 100)
     Traceback (most recent call last):
     ...
     actorpy.errors.ProtocolError: value dtype '|O' is not allowed for NUMPY
     """
-    if type(descriptor) not in (list, tuple) or len(descriptor) != 3:  # type: ignore[arg-type]
-        raise ProtocolError("value descriptor must be [kind, dtype, shape]")
+    if type(descriptor) not in (list, tuple) \
+            or len(descriptor) not in (3, 4):  # type: ignore[arg-type]
+        raise ProtocolError("value descriptor must be [kind, dtype, shape(, stamps)]")
     assert isinstance(descriptor, (list, tuple))
-    raw_kind, dtype, raw_shape = descriptor
+    raw_kind, dtype, raw_shape = descriptor[:3]
+    stamps = _stamps(descriptor[3]) if len(descriptor) == 4 else ()
     if type(raw_kind) is not int or raw_kind not in (0, 1, 2):
         raise ProtocolError("unknown value kind")
     kind = _VALUE_KINDS[raw_kind]
@@ -216,4 +246,21 @@ def parse(descriptor: object, buffer: object, max_bytes: int) -> Blob:
     if view.nbytes != expected:
         raise ProtocolError(f"value buffer holds {view.nbytes} bytes, its descriptor says "
                             f"{expected}")
-    return Blob(kind, str(dtype), shape, view)
+    return Blob(kind, str(dtype), shape, view, stamps)
+
+
+def _stamps(raw: object) -> tuple[tuple[int, int], ...]:
+    """A received value's stamps: at most ``MAX_STAMPS`` ``[id bytes, step]`` pairs, each id
+    once, each step an int in 0 .. 2**63-1."""
+    if type(raw) not in (list, tuple) or len(raw) > MAX_STAMPS:  # type: ignore[arg-type]
+        raise ProtocolError(f"value stamps must be a list of at most {MAX_STAMPS} pairs")
+    stamps: dict[int, int] = {}
+    for pair in raw:  # type: ignore[union-attr]
+        if type(pair) not in (list, tuple) or len(pair) != 2:
+            raise ProtocolError("a value stamp must be [id, step]")
+        node_id, step = id_from_bytes(pair[0]), pair[1]
+        if type(step) is not int or not 0 <= step <= _MAX_STEP or node_id in stamps:
+            raise ProtocolError("a value stamp's step is not an int in range, or its id "
+                                "comes twice")
+        stamps[node_id] = step
+    return tuple(stamps.items())

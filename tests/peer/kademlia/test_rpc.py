@@ -17,6 +17,7 @@ from engines.peer.kademlia.routing import Contact
 from engines.peer.kademlia.rpc import (PROTOCOL_VERSION, Call, FindNode, FindValue, Kind, Leave,
                                        Nodes, Ping, Pong, Reply, Step, Store, Stored, Value,
                                        brief, decode, encode, value_frames)
+from engines.peer.kademlia.values import Blob
 
 V = PROTOCOL_VERSION
 A, B = KadId(0xA << 150), KadId(0xB << 150)
@@ -25,6 +26,9 @@ MESSAGES = [
     Store(6, A, B, b"\x00" * 100, 60.0, clock=3, writer=A, step=2),
     Store(6, A, B, b"\x00" * 100, 60.0, clock=3, writer=A, step=2, base=1),
     Value(7, A, B, np.arange(6, dtype=np.float64).reshape(2, 3), clock=9, writer=B),
+    Value(7, A, B, Blob.of(np.ones(2)).stamped(((A, 4), (KadId(1), 0))), clock=9, writer=B),
+    Store(6, A, B, Blob.of(b"w").stamped(((B, 2**63 - 1),)), 60.0, clock=3, writer=A, base=2),
+    Reply(14, A, 1, (5,), Blob.of(np.zeros(3)).stamped(((B, 7),))),
     Nodes(8, A, (Contact(B, "tcp://10.0.0.2:9"), Contact(KadId(1), "n1"))),
     Leave(0, A, step=5), Step(0, A, step=6),
     Call(9, A, 3, B, (1, 2.5, "w", b"x", None), np.ones(4, np.float32), 1),
@@ -265,6 +269,18 @@ HOSTILE = [
     (V, 6, 0, bytes(20), -1, [(bytes(20), _nested(100_000))]),
     (V, 10, 0, bytes(20), -1, 1, bytes(20), _nested(100_000), None),
     (V, 10, 0, bytes(20), -1, 1, bytes(20), [10 ** 5000], None),
+    # value stamps: not a list, a pair that is not one, a bad id, a step out of range, an
+    # id twice, too many, nested too deep
+    (V, 8, 0, bytes(20), -1, bytes(20), [0, "|u1", [1], 5], 0, bytes(20)),
+    (V, 8, 0, bytes(20), -1, bytes(20), [0, "|u1", [1], [[bytes(20)]]], 0, bytes(20)),
+    (V, 8, 0, bytes(20), -1, bytes(20), [0, "|u1", [1], [[b"id", 1]]], 0, bytes(20)),
+    (V, 8, 0, bytes(20), -1, bytes(20), [0, "|u1", [1], [[bytes(20), -1]]], 0, bytes(20)),
+    (V, 8, 0, bytes(20), -1, bytes(20), [0, "|u1", [1], [[bytes(20), 10 ** 5000]]], 0,
+     bytes(20)),
+    (V, 8, 0, bytes(20), -1, bytes(20), [0, "|u1", [1], [[bytes(20), 1]] * 2], 0, bytes(20)),
+    (V, 8, 0, bytes(20), -1, bytes(20),
+     [0, "|u1", [1], [[i.to_bytes(20, "big"), 1] for i in range(4097)]], 0, bytes(20)),
+    (V, 8, 0, bytes(20), -1, bytes(20), [0, "|u1", [1], _nested(100_000)], 0, bytes(20)),
 ]
 
 

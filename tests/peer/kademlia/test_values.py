@@ -11,7 +11,7 @@ from engines.peer.kademlia.events import KademliaConfig
 from engines.peer.kademlia.ids import KadId, key_id
 from engines.peer.kademlia.sim import SimNetwork
 from engines.peer.kademlia.storage import MemoryStorage
-from engines.peer.kademlia.values import Blob
+from engines.peer.kademlia.values import MAX_STAMPS, Blob, parse
 
 THREE = KademliaConfig(replication=3, refresh_on_join=False, refresh_interval_s=1e9)
 
@@ -126,3 +126,33 @@ class TestBlobShapes:
         got = Blob.of(value).to_value()
         assert got.shape == value.shape and got.dtype == value.dtype
         np.testing.assert_array_equal(got, value)
+
+
+class TestStamps:
+    """An engine's (id, step) stamps go wherever the value goes (``Blob.stamps``)."""
+
+    def test_stamped_shares_the_buffer_and_the_descriptor_carries_the_stamps(self) -> None:
+        blob = Blob.of(np.arange(4, dtype=np.float32))
+        stamped = blob.stamped(((KadId(9), 3), (KadId(2), 0)))
+        assert stamped.data.obj is blob.data.obj and blob.stamps == ()
+        assert stamped != blob and stamped.stamped(()) == blob
+        got = parse(stamped.descriptor(), bytes(stamped.data), max_bytes=100)
+        assert got == stamped and got.stamps == ((KadId(9), 3), (KadId(2), 0))
+        assert len(blob.descriptor()) == 3          # none: the descriptor as before
+
+    def test_more_stamps_than_the_limit_are_refused_on_both_sides(self) -> None:
+        many = tuple((KadId(i), 1) for i in range(MAX_STAMPS + 1))
+        with pytest.raises(ValueError, match="over the limit"):
+            Blob.of(b"x").stamped(many)
+        assert len(Blob.of(b"x").stamped(many[:-1]).stamps) == MAX_STAMPS
+
+    def test_replicas_keep_the_stamps_of_the_version_they_hold(self) -> None:
+        net = SimNetwork(THREE, seed=4, wire=True)
+        live = net.grow(12)
+        key = key_id("k")
+        net.set(live[0], key, Blob.of(np.ones(2)).stamped(((KadId(5), 8),)))
+        for address in live:
+            held = net.nodes[address].storage.get(key, net.clock.now())
+            assert held is None or held.value.stamps == ((KadId(5), 8),)
+        assert sum(net.nodes[a].storage.get(key, net.clock.now()) is not None
+                   for a in live) >= 3              # the 3 closest (and the setter)
