@@ -8,12 +8,13 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any, Callable
 
-from .context import JobSpec, Timer
+from .context import JobSpec, Timer, stacked
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
-from .owner import KeyOwner, Method, Status
-from .pipeline import pushed_items
+from .methods import Method, Status
+from .owner import KeyOwner
+from .pipeline import MAX_BATCH, Pushes, pushed_items
 
 
 class Phase(IntEnum):
@@ -31,8 +32,16 @@ class OwnerCalls:
     """GET and PUSH to key owners for a runner (``_ask``), with their retries (``_retry``).
 
     The runner provides ``step`` (the step a call is of by default), ``phase`` and
-    ``error`` (an owner's ERROR answer fails it) and ``owner``, its own ``KeyOwner``.
+    ``error`` (an owner's ERROR answer fails it), ``owner``, its own ``KeyOwner``, and
+    ``_push`` and ``_finish`` (own updates pushed again, ``_repush``, go before its later
+    pushes of their keys, and its end waits for them).
     """
+
+    def _push(self, name: str, pushes: Pushes, now: float, eff: Effects) -> None:
+        raise NotImplementedError
+
+    def _finish(self) -> None:
+        raise NotImplementedError
 
     step: int
     phase: Phase
@@ -46,6 +55,13 @@ class OwnerCalls:
         self._ops: dict[int, Then] = {}
         self._retries: dict[int, Callable[[float, Effects], None]] = {}
         self._next_token = 0
+        self._repushing = 0             # keys with own updates pushed again, not answered
+        # own updates pushed again (``_repush``): key -> step -> update, waiting for the
+        # batch out (the keys in ``_repushed``) to be answered; our later pushes of those
+        # keys wait in ``_held``
+        self._backlog: dict[str, dict[int, Any]] = {}
+        self._repushed: set[str] = set()
+        self._held: dict[str, list[Pushes]] = {}
         self._serving_here = False      # inside a push or get this peer serves itself
 
     def _start_op(self, started: tuple[int, Effects], then: Then, eff: Effects) -> None:
@@ -68,7 +84,8 @@ class OwnerCalls:
              step: int | tuple[int, ...] | None = None) -> None:
         """Send ``method`` for ``name`` to its owner (looked up if unknown), or run it here;
         ``step``: the step it is of (default: this peer's; -1: none), or the steps of a
-        batch whose updates ``update`` stacks."""
+        batch whose updates ``update`` stacks. ``answer(status, clock, value, now,
+        effects)`` gets the value as a ``Blob`` (OK: never None)."""
         step = self.step if step is None else step
         kid = self.owner.kid(name)
         cached = self.owners.get(name)
@@ -101,8 +118,7 @@ class OwnerCalls:
                     return
                 serving, self._serving_here = self._serving_here, True
                 try:
-                    answer(Status(status), args[0] if args else 0,
-                           value.to_value() if value else None, when, e)
+                    answer(Status(status), args[0] if args else 0, value, when, e)
                 finally:
                     self._serving_here = serving
 
@@ -128,13 +144,60 @@ class OwnerCalls:
                 self.phase, self.error = Phase.FAILED, (str(args[0]), str(args[1]), "")
                 return
             status = Status(reply.status) if reply is not None and reply.status in (
-                1, 2, 3) else Status.NOT_OWNER
-            value = reply.value.to_value() if reply is not None and reply.value else None
+                1, 2, 3) and (reply.value is not None or reply.status != Status.OK) \
+                else Status.NOT_OWNER       # (an OK without a value: garbage, ask again)
             clock = reply.args[0] if reply is not None and reply.args else 0
-            answer(status, clock, value, when, e)
+            answer(status, clock, reply.value if reply is not None else None, when, e)
 
         args = (name, step, self.spec.run) if type(step) is int else \
             (name, step[0], self.spec.run, *step[1:])
         self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
                        replied, eff)
 
+    def _repush(self, name: str, pushes: Pushes, now: float, eff: Effects) -> None:
+        """Push own updates again that this peer, as ``name``'s owner, applied and answered
+        at once but whose write did not reach the holders (``KeyOwner.repush``), with their
+        steps: the owner applies those its copy lacks (its stamps). Each pusher's steps
+        must reach an owner in order, or one would be taken for a repeat and dropped: so
+        these go as batches, one at a time, and our later pushes of ``name`` wait for them
+        (``_held``)."""
+        backlog = self._backlog.setdefault(name, {})
+        if not backlog and name not in self._repushed:
+            self._repushing += 1
+            backlog.update(pushes)
+            self._repush_next(name, now, eff)
+        else:
+            backlog.update(pushes)              # sent once the batch out is answered
+
+    def _repush_next(self, name: str, now: float, eff: Effects) -> None:
+        backlog = self._backlog[name]
+        batch = tuple(sorted(backlog.items())[:MAX_BATCH])
+        for step, _ in batch:
+            del backlog[step]
+        self._repushed.add(name)
+
+        def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
+            if status != Status.OK:
+                self._retry(lambda t, ef: self._ask_push(name, batch, acked, t, ef),
+                            status, when, e)
+                return
+            self._repushed.discard(name)
+            if self._backlog[name]:
+                self._repush_next(name, when, e)
+                return
+            del self._backlog[name]
+            self._repushing -= 1
+            for pushes in self._held.pop(name, []):     # our later pushes, in order
+                self._push(name, pushes, when, e)
+            self._finish()
+        self._ask_push(name, batch, acked, now, eff)
+
+    def _ask_push(self, name: str, pushes: Pushes,
+                  acked: Callable[[Status, int, Any, float, Effects], None], now: float,
+                  eff: Effects) -> None:
+        """PUSH ``name``'s updates of one step or more ((step, update) pairs, in order)."""
+        if len(pushes) == 1:
+            self._ask(name, Method.PUSH, pushes[0][1], now, eff, acked, pushes[0][0])
+        else:
+            self._ask(name, Method.PUSH, stacked([u for _, u in pushes]), now, eff, acked,
+                      tuple(s for s, _ in pushes))

@@ -30,23 +30,24 @@ Owner changes are serialised:
   the version it holds, so the write's round is not durable. A round no other peer took is
   durable only for a peer that knows no other (``KademliaNode.alone``).
 - **Stale owner.** A round refused by a holder means a closer peer has taken over: the pushes
-  waiting on it are answered NOT_OWNER (their pushers look the owner up again; an update
-  applied here but not acknowledged may so be applied twice, never lost), the local writes
-  since the take-over are dropped (a branch the holders did not take; with ``durable``: the
-  copy taken over stays, the last replica of acknowledged writes maybe), and the key is
-  taken over again before this peer serves it again, with no memory of the pushes applied
-  or copies given in the lost branch. A holder answering with a newer copy this owner gave
+  waiting on it are answered NOT_OWNER (their pushers look the owner up again), the local
+  writes since the take-over are dropped (a branch the holders did not take; with
+  ``durable``: the copy taken over stays, the last replica of acknowledged writes maybe),
+  and the key is taken over again before this peer serves it again, with no memory of the
+  copies given in the lost branch. A holder answering with a newer copy this owner gave
   it (the answer to its own push, overtaking the round's STORE) is no refusal.
+- **Exactly once.** A copy's stamps name every pusher's last step folded into it (steps
+  come in order from each pusher); an owner takes them over with the copy, so a push that
+  comes again (its answer lost, its round refused) is applied only if the copy lacks it.
 - **Own updates.** The owner's own pushes, acknowledged at once, are kept until a durable
   round (or an answer that is the one other holder's copy) covers them; if their copy loses
-  (a refused round, a newer copy fetched or stored) they go to the key's owner again (twice
-  at worst; lost only with the owner). Its runner ends once none are left (``_finish``).
+  (a refused round, a newer copy fetched or stored) they go to the key's owner again, with
+  their steps and before our later pushes of it. Its runner ends once none are left.
 """
 from __future__ import annotations
 
 import logging
 import traceback
-from enum import IntEnum
 from typing import Any, Callable
 
 from .context import JobSpec, OwnerStore, Timer
@@ -55,28 +56,11 @@ from .kademlia.ids import KadId, key_id
 from .kademlia.messages import Call
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
-from .kademlia.values import Blob
-from .pipeline import pushed_items
+from .kademlia.values import MAX_STAMPS, Blob
+from .methods import Method, Status
+from .pipeline import Pushes, pushed_items
 
 log = logging.getLogger(__name__)
-
-
-class Method(IntEnum):
-    """The P2P engine's CALL methods (this engine's own enum)."""
-
-    GET = 1      # args (key,) -> OK (clock,) + value
-    PUSH = 2     # args (key, step, run) + update -> OK (clock,) + the new value; a batch
-                 # of a pipelined pusher's steps: args (key, step, run, step, ...) + the
-                 # updates stacked
-
-
-class Status(IntEnum):
-    """How an owner answers."""
-
-    OK = 1
-    NOT_OWNER = 2     # someone is closer to the key: look the owner up again
-    MISSING = 3       # the owner does not hold the key (yet): retry after ``retry_s``
-    ERROR = 4         # pull raised: args (type, message)
 
 
 Then = Callable[[Done, float, Effects], None]
@@ -116,7 +100,8 @@ class KeyOwner:
         self._queued: dict[int, list[tuple[Callable[[float, Effects], None], Later]]] = {}
         # key -> the acks waiting on a round: (clock of the write, pusher, answer)
         self._waiting: dict[int, list[tuple[int, int, Later]]] = {}
-        # key -> pusher -> the last step of its applied here, in this take-over's copy
+        # key -> pusher -> its last step folded into our copy (the copy's stamps, from the
+        # copy taken over on)
         self._pushed: dict[int, dict[int, int]] = {}
         self._pushes: dict[int, tuple[float, float]] = {}   # pusher -> (last push, interval)
         # key -> holder -> the newest clock it holds: taken in a durable round, or answered
@@ -128,11 +113,12 @@ class KeyOwner:
         self._later: dict[int, int] = {}            # replication timer token -> key
         self._base: dict[int, int] = {}             # key -> the clock taken over
         # key -> our own pushes acknowledged at once whose write no holder confirmed yet:
-        # (clock, name, update), pushed again through ``repush`` if that write is lost
-        self._unsure: dict[int, list[tuple[int, str, Any]]] = {}
-        #: ``repush(name, update, now, effects)``: push an own update again, to whoever owns
-        #: its key now (the runner wires it; None: own updates are not kept)
-        self.repush: Callable[[str, Any, float, Effects], None] | None = None
+        # (clock, name, step, update), pushed again through ``repush`` if that write is lost
+        self._unsure: dict[int, list[tuple[int, str, int, Any]]] = {}
+        #: ``repush(name, pushes, now, effects)``: push own updates again ((step, update)
+        #: pairs in step order) to whoever owns their key now, before our later pushes of
+        #: it (the runner wires it; None: own updates are not kept)
+        self.repush: Callable[[str, Pushes, float, Effects], None] | None = None
         #: called when own updates became safe (the runner's end waits for it)
         self.settled: Callable[[], None] = lambda: None
         self._tokens = 0
@@ -236,6 +222,7 @@ class KeyOwner:
             return Status.MISSING, (), None
         if not self._is_owner(kid):
             self.owned.discard(kid)
+            self._unsettled(kid, now, eff)      # to the new owner before our next push
             return Status.NOT_OWNER, (), None
         record = self.node.storage.get(kid, now)
         if kid not in self.owned or record is None:
@@ -246,10 +233,10 @@ class KeyOwner:
             self._queued.setdefault(kid, []).append((again, later))
             self._adopt(kid, now, eff)
             return None                 # served once the key is taken over
-        if method == Method.GET:
-            return Status.OK, (record.clock,), record.value
+        if method == Method.GET:                # (the stamps are for holders alone)
+            return Status.OK, (record.clock,), record.value.stamped(())
         mine = sender.node_id == self.node.node_id
-        done = self._pushed.get(kid, {}).get(sender.node_id, -1) if not mine else -1
+        done = self._pushed.get(kid, {}).get(sender.node_id, -1)
         fresh = [(step, update) for step, update in items if step < 0 or step > done]
         if not fresh:
             # the same push again (its first answer came after the pusher's timeout and the
@@ -298,25 +285,32 @@ class KeyOwner:
             self.error = (type(exc).__qualname__, str(exc), traceback.format_exc())
             log.error("peer %s: pull of %s failed: %s", self.node.address, name, exc)
             return (Status.ERROR, (type(exc).__qualname__, str(exc)[:200]), None), False
+        if step >= 0:
+            pushed = self._pushed.setdefault(kid, {})
+            pushed.pop(sender.node_id, None)        # the latest pusher last (stamps)
+            pushed[sender.node_id] = step
         for key, value in store.written.items():
             written = self.kid(key)
             held = self.node.storage.get(written, now)
             clock = 0 if held is None else held.clock + 1
-            self.node.storage.put(written, Blob.of(value), now, self.node.config.ttl_s,
-                                  is_origin=True, clock=clock, writer=self.node.node_id)
+            # each pusher's last step folded in (of the latest MAX_STAMPS pushers: a push of
+            # one left out may be applied again after a take-over)
+            stamps = tuple(self._pushed[kid].items())[-MAX_STAMPS:] if written == kid \
+                and kid in self._pushed else held.value.stamps if held is not None else ()
+            self.node.storage.put(written, Blob.of(value).stamped(stamps), now,
+                                  self.node.config.ttl_s, is_origin=True, clock=clock,
+                                  writer=self.node.node_id)
             if written != kid or mine or not self.spec.durable:
                 # nobody waits on this write: it goes to the holders with a round at most
                 # ``replicate_s`` from now, or with an answer to a holder's push before that
                 self._replicate_later(written, eff)
         self.applied[name] = self.applied.get(name, 0) + 1
-        if not mine and step >= 0:
-            self._pushed.setdefault(kid, {})[sender.node_id] = step
         if mine and name in store.written and self.spec.durable:
             # until our own write is on the holders, we keep the update: should the write
             # not make it (a closer peer took the key over meanwhile), it is pushed again
             record = self.node.storage.get(kid, now)
             assert record is not None
-            self._unsure.setdefault(kid, []).append((record.clock, name, update))
+            self._unsure.setdefault(kid, []).append((record.clock, name, step, update))
         return None, name in store.written
 
     def on_timer(self, token: int, now: float) -> Effects:
@@ -359,11 +353,13 @@ class KeyOwner:
 
     def _unsettled(self, kid: KadId, now: float, eff: Effects) -> None:
         """Our copy of ``kid`` lost to another (a refused round, or a newer copy fetched): the
-        own updates no holder confirmed may be lost with it, so they are pushed again (to
-        the key's owner now; applied twice at worst, never lost)."""
-        for _, name, update in self._unsure.pop(kid, []):
-            if self.repush is not None:
-                self.repush(name, update, now, eff)
+        own updates no holder confirmed may be lost with it, so they are pushed again, with
+        their steps, to the key's owner now: applied there unless the copy it holds has them
+        (its stamps), never lost."""
+        unsure = sorted(self._unsure.pop(kid, []), key=lambda u: u[2])
+        if unsure and self.repush is not None:
+            self.repush(unsure[0][1], tuple((step, update) for _, _, step, update in unsure),
+                        now, eff)
 
     def _adopt(self, kid: KadId, now: float, eff: Effects) -> None:
         """Take a key over: fetch the newest copy among its holders (ours included), which
@@ -374,6 +370,7 @@ class KeyOwner:
 
         def fetched(done: Done, when: float, e: Effects) -> None:
             self._adopting.discard(kid)
+            earlier = self._queued.pop(kid, [])     # served after own updates pushed again
             held = self.node.storage.get(kid, when)
             if done.blob is not None and (held is None or done.clock > held.clock):
                 self.node.storage.put(kid, done.blob, when, self.node.config.ttl_s,
@@ -383,16 +380,17 @@ class KeyOwner:
             if held is not None:                    # the root of our branch from now on
                 self._base[kid] = held.clock
             if held is not None and self._is_owner(kid):
-                # what we applied before (a refused round's writes) may not be in the copy
-                # fetched: a push seen then is applied again if it comes again, and every
+                # the pushes folded into the copy fetched are the ones its stamps name
+                # (what we applied before, a refused round's writes, may not be in it: a
+                # push seen then and not named is applied again if it comes again); every
                 # holder's copy is unknown until a round or an answer tells
-                self._pushed.pop(kid, None)
+                self._pushed[kid] = dict(held.value.stamps)
                 self._copies.pop(kid, None)
                 self._answered.pop(kid, None)
                 self._adopted[kid] = held
                 self.owned.add(kid)
                 self._replicate(kid, when, e)
-            for again, later in self._queued.pop(kid, []):
+            for again, later in self._queued.pop(kid, []) + earlier:
                 if kid in self.owned:
                     again(when, e)              # served now (or NOT_OWNER if that changed)
                 else:                           # not found (yet), or no longer ours

@@ -26,13 +26,14 @@ from actorpy.values import family, yes_or_no
 from .barrier import OverlayBarrier, balanced_batch, pipeline_depth
 from .calls import OwnerCalls, Phase
 from .context import (JobSpec, PeerContext, Timer, balance_bound, checked_updates, read_own,
-                      scheduled_keys, stacked)
+                      scheduled_keys)
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
 from .kademlia.steps import FINISHED
 from .kademlia.values import Blob
-from .owner import KeyOwner, Method, Status
+from .methods import Method, Status
+from .owner import KeyOwner
 from .pipeline import Pipeline, Pushes
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,6 @@ class PeerRunner(OwnerCalls):
         self._overlap = self._pipe.depth > 0
         self._read_own = self._pipe.depth > 1     # a step reads its own pending updates
         self._finishing = False
-        self._repushing = 0             # own updates pushed again, not answered yet
         self._answering = False         # inside a message another peer awaits an answer to
         self._sending = False           # this call's effects hold pushes not sent yet
         #: set by a shell while it handles a message on its node's I/O thread: a step is
@@ -252,7 +252,7 @@ class PeerRunner(OwnerCalls):
     def _fetch(self, name: str, now: float, eff: Effects) -> None:
         def got(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
             if status == Status.OK:
-                self.values[name] = (value, clock)
+                self.values[name] = (value.to_value(), clock)
                 self._outstanding.discard(name)
                 if not self._outstanding:
                     self._compute(when, e)
@@ -345,11 +345,16 @@ class PeerRunner(OwnerCalls):
         self._finish()      # (a batch of steps that updated nothing sends nothing)
 
     def _push(self, name: str, pushes: Pushes, now: float, eff: Effects) -> None:
-        """Push ``name``'s updates of one step or more ((step, update) pairs, in order)."""
+        """Push ``name``'s updates of one step or more ((step, update) pairs, in order);
+        after own updates of ``name`` pushed again, once those are answered (``_repush``)."""
+        if name in self._backlog:
+            self._held.setdefault(name, []).append(pushes)
+            return
+
         def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
             if status == Status.OK:
                 self.pushed += 1
-                self.values[name] = (value, clock)
+                self.values[name] = (value.to_value(), clock)
                 self._keep_copy(name, value, clock, when)
                 if self._overlap:
                     self._landed(name, when, e)
@@ -359,37 +364,18 @@ class PeerRunner(OwnerCalls):
                     self._step_done(when, e)
             elif not self.stopped:
                 self._retry(lambda t, ef: self._push(name, pushes, t, ef), status, when, e)
-        if len(pushes) == 1:
-            self._ask(name, Method.PUSH, pushes[0][1], now, eff, acked, pushes[0][0])
-        else:
-            self._ask(name, Method.PUSH, stacked([u for _, u in pushes]), now, eff, acked,
-                      tuple(s for s, _ in pushes))
+        self._ask_push(name, pushes, acked, now, eff)
 
-    def _repush(self, name: str, update: Any, now: float, eff: Effects) -> None:
-        """Push an update again that this peer, as ``name``'s owner, applied and answered at
-        once but whose write did not reach the holders (``KeyOwner.repush``): with no step,
-        so no owner takes it for one it applied already."""
-        self._repushing += 1
-        self._repush_to(name, update, now, eff)
-
-    def _repush_to(self, name: str, update: Any, now: float, eff: Effects) -> None:
-        def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
-            if status != Status.OK:
-                self._retry(lambda t, ef: self._repush_to(name, update, t, ef), status, when, e)
-                return
-            self._repushing -= 1
-            self._finish()
-        self._ask(name, Method.PUSH, update, now, eff, acked, step=-1)
-
-    def _keep_copy(self, name: str, value: Any, clock: int, now: float) -> None:
-        """A holder of a key keeps the value an owner answered its push with: when it is the
-        owner's only other holder, that answer is the write's replica (``owner.py``)."""
+    def _keep_copy(self, name: str, value: Blob, clock: int, now: float) -> None:
+        """A holder of a key keeps the value an owner answered its push with (its stamps
+        too): when it is the owner's only other holder, that answer is the write's replica
+        (``owner.py``)."""
         kid = self.owner.kid(name)
         held = self.node.storage.get(kid, now)
         owner = self.owners.get(name)
         if held is not None and owner is not None and clock > held.clock:
-            self.node.storage.put(kid, Blob.of(value), now, self.node.config.ttl_s,
-                                  clock=clock, writer=owner.node_id)
+            self.node.storage.put(kid, value, now, self.node.config.ttl_s, clock=clock,
+                                  writer=owner.node_id)
 
     def _step_done(self, now: float, eff: Effects) -> None:
         if self.stopped:

@@ -1,5 +1,5 @@
 """Owner hand-over is serialised: while pushes flow, key owners are killed and peers join
-closer to keys than their owners, and no acknowledged update is lost.
+closer to keys than their owners, and no acknowledged update is lost, none applied twice.
 
 Each push is a one-hot vector naming its (peer, step), added into every key, so the final
 model says exactly which updates it holds: every step a peer completed (its pushes were all
@@ -51,8 +51,11 @@ def owners(sim: SimRun) -> dict[str, str]:
     return {n: owner_of(sim, n) for n in KEYS}
 
 
-def check(sim: SimRun, result: object) -> tuple[int, int]:
-    """(acknowledged updates, updates held twice); asserts that no acknowledged update is
+def check(sim: SimRun, result: object) -> int:
+    """Acknowledged updates; asserts that no update is held twice (a copy's stamps name the
+    pushes it holds, ``owner.py``: before, a push that came again after an owner change was
+    applied again, 83 times over 12 seeds of the first test's events, 648 in 12 cut-link
+    runs), and that no acknowledged update is
     missing, an owner's own included, and the killed peers' too: a push is answered once it
     is durable (``runner.answered``: the steps whose pushes all were), and its own key's
     write, sent in a round with
@@ -71,7 +74,16 @@ def check(sim: SimRun, result: object) -> tuple[int, int]:
             missing = [k for k in done if held[k] < 1]
             assert not missing, f"{name}: acknowledged updates of peer {index} lost: {missing}"
             twice += int(np.sum(held > 1))
-    return acked, twice
+    assert twice == 0, f"{twice} updates applied twice"
+    return acked
+
+
+def churn() -> list:
+    """Three owners killed and three peers joining (the first next to k2), between steps 8
+    and 22 of 40."""
+    return [(0.08, kill_owner_of("k0")), (0.10, lambda s: s.add_peer(key_id("k2") ^ 1)),
+            (0.13, kill_owner_of("k3")), (0.16, lambda s: s.add_peer()),
+            (0.19, kill_owner_of("k5")), (0.22, lambda s: s.add_peer())]
 
 
 def run(barrier: object, events: list, seed: int | None = None,
@@ -88,12 +100,9 @@ class TestHandOver:
     def test_owners_killed_and_peers_joining_mid_push_lose_no_acknowledged_update(
             self, overlap: int) -> None:
         before: dict[str, dict[str, str]] = {}
-        # about 10 ms a step: the events fall between steps 8 and 22 of 40
-        # the first joiner is placed next to k2, so it owns that key from then on
-        events = [(0.01, lambda s: before.setdefault("start", owners(s))),
-                  (0.08, kill_owner_of("k0")), (0.10, lambda s: s.add_peer(key_id("k2") ^ 1)),
-                  (0.13, kill_owner_of("k3")), (0.16, lambda s: s.add_peer()),
-                  (0.19, kill_owner_of("k5")), (0.22, lambda s: s.add_peer())]
+        # about 10 ms a step: the events fall between steps 8 and 22 of 40; the first
+        # joiner is placed next to k2, so it owns that key from then on
+        events = [(0.01, lambda s: before.setdefault("start", owners(s))), *churn()]
         sim, result = run(ASP(), events, overlap=overlap)
         after = owners(sim)
         joined = set(sim.order[8:])
@@ -103,9 +112,7 @@ class TestHandOver:
         assert all(0 < sim.peers[a].runner.step < STEPS for a in dead)   # ... mid-run
         assert any(after[n] in joined for n in KEYS)             # a joiner took a key over
         assert len(taken) >= 4
-        acked, twice = check(sim, result)
-        assert acked >= 5 * STEPS                 # the 5 survivors of the first 8, at least
-        assert twice <= len(KEYS) * MAX_PEERS       # re-pushes after a failover, bounded
+        assert check(sim, result) >= 5 * STEPS    # the 5 survivors of the first 8, at least
 
     def test_a_refused_round_after_a_take_over_keeps_the_copy_taken_over(self):
         """Network seed 36: k4's owner answered peer 4's step-6 push after a round that
@@ -113,10 +120,15 @@ class TestHandOver:
         its copy); both owner and that holder die. The skipped holder takes k4 over, and its
         first round is refused by a holder that still knows a dead peer closer to k4: it
         dropped its whole copy, the last one holding that update, and fetched an older one."""
-        events = [(0.08, kill_owner_of("k0")), (0.10, lambda s: s.add_peer(key_id("k2") ^ 1)),
-                  (0.13, kill_owner_of("k3")), (0.16, lambda s: s.add_peer()),
-                  (0.19, kill_owner_of("k5")), (0.22, lambda s: s.add_peer())]
-        sim, result = run(ASP(), events, seed=36)
+        sim, result = run(ASP(), churn(), seed=36)
+        check(sim, result)
+
+    @pytest.mark.parametrize("seed", [5, 6, 7, 9])
+    def test_pushes_that_come_again_after_an_owner_change_are_applied_once(self, seed: int):
+        """The first test's events on the network seeds that held 12-15 updates applied
+        twice before stamps (``check``): re-pushes of other peers' and owners' own updates
+        after a take-over or a refused round."""
+        sim, result = run(ASP(), churn(), seed=seed, overlap=3 if seed % 2 else 1)
         check(sim, result)
 
     def test_under_psp_too(self):

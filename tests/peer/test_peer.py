@@ -15,7 +15,7 @@ from actorpy.errors import ProtocolError
 from engines.peer import Job, Peer
 from engines.peer.kademlia.ids import KadId, key_id
 from engines.peer.kademlia.events import Effects, TimerKind
-from engines.peer.kademlia.messages import Call, FindNode, Nodes, Reply, Store
+from engines.peer.kademlia.messages import Call, FindNode, FindValue, Nodes, Reply, Store
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.rpc import PROTOCOL_VERSION, decode, encode, value_frames
 from engines.peer.kademlia.values import Blob
@@ -51,7 +51,7 @@ def reply_to(peer: Peer, call: Call) -> Reply:
     eff = peer.receive("evil", wire, now=1.0, frames=frames)
     for _ in range(10):
         replies = [s.message for s in eff.sends if isinstance(s.message, Reply)]
-        asked = [s.message for s in eff.sends if isinstance(s.message, FindNode)]
+        asked = [s.message for s in eff.sends if isinstance(s.message, (FindNode, FindValue))]
         if replies or not asked:
             break
         eff = Effects()
@@ -87,6 +87,41 @@ class TestLineageFence:
                       base=base)
         assert peer.runner.owner.accept_store(Contact(writer, "w"), store, 1.0,
                                               Effects()) is taken
+
+
+class TestExactlyOnce:
+    """A copy carries each pusher's last step folded into it (its value's stamps): an owner
+    that takes the key over takes them with it, so a push that comes again after an owner
+    change (its answer lost, or its round refused) is applied only if the copy lacks it."""
+
+    def taking_over(self, stamps: tuple) -> Peer:
+        """A peer alone on its overlay whose copy of "n" (5.0, clock 5) has ``stamps``; it
+        takes "n" over (fetches the newest copy: its own) when the first call comes."""
+        node = KademliaNode(KadId(1), "me", counting_job().config, rng=random.Random(0))
+        node.storage.put(key_id("n"), Blob.of(np.full(1, 5.0)).stamped(stamps), 0.0, 3600.0,
+                         clock=5, writer=KadId(9))
+        return Peer(node, PeerRunner(counting_job().spec(), node, 0))
+
+    def test_a_push_the_copy_taken_over_holds_is_acknowledged_not_applied(self) -> None:
+        peer = self.taking_over(((EVIL, 5),))
+        assert peer.runner is not None
+        reply = reply_to(peer, Call(1, EVIL, 2, key_id("n"), ("n", 5), np.ones(1)))
+        assert reply.status == Status.OK and reply.value is not None
+        assert reply.value.to_value().tolist() == [5.0] and peer.runner.owner.applied == {}
+        reply = reply_to(peer, Call(2, EVIL, 2, key_id("n"), ("n", 6), np.ones(1)))
+        assert reply.status == Status.OK and reply.value is not None
+        assert reply.value.to_value().tolist() == [6.0] and reply.value.stamps == ((EVIL, 6),)
+        assert peer.runner.owner.applied == {"n": 1}
+
+    def test_a_push_the_copy_lacks_is_applied_and_stamped_beside_the_others(self) -> None:
+        peer = self.taking_over(((KadId(7), 9), (EVIL, 4)))
+        reply = reply_to(peer, Call(1, EVIL, 2, key_id("n"), ("n", 5), np.ones(1)))
+        assert reply.status == Status.OK and reply.value is not None
+        assert reply.value.to_value().tolist() == [6.0]
+        assert reply.value.stamps == ((KadId(7), 9), (EVIL, 5))
+        # a GET's answer leaves the stamps out (they are for the key's holders)
+        got = reply_to(peer, Call(2, EVIL, 1, key_id("n"), ("n",)))
+        assert got.value is not None and got.value.stamps == ()
 
 
 class TestEngineCalls:
