@@ -174,6 +174,9 @@ class JobSpec:
             wait for a round to the key's holders; answers to their pushes carry it sooner.
         keys: the model's keys (a run's ``init``): ``schedule`` may name only these (empty:
             not checked).
+        sizes: the bytes of each key's value (a run's ``init``): a peer's requests wait for
+            them from its first (``sizes.py``); a read of a size never seen waits first for
+            a small answer, then for the largest a value may be.
         run: this run's token, carried by its GET and PUSH calls: an owner refuses a call
             of another run (standalone peers serve one job after another, and a call of
             the last one, retried by its node, must not reach the next one's model).
@@ -202,6 +205,7 @@ class JobSpec:
     retry_s: float = 0.05
     replicate_s: float = 0.01
     keys: frozenset[str] = frozenset()
+    sizes: Mapping[str, int] = field(default_factory=dict)
     run: int = 0
     quick: bool = False
     durable: bool = True

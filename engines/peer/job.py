@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from actorpy.barrier import ASP, Policy
 from actorpy.errors import ConfigError
@@ -39,6 +39,7 @@ from actorpy.values import describe, is_int
 
 from .context import JobSpec, Pull, Push, Schedule, Stop
 from .kademlia.events import KademliaConfig
+from .kademlia.values import Blob, unstorable
 from .pipeline import MAX_BATCH
 
 #: the deepest pipeline a job may ask for (``Job(overlap=...)``): a batch of pushes is the
@@ -196,8 +197,8 @@ class Job:
         return fn
 
     def spec(self, keys: Iterable[str] = ()) -> JobSpec:
-        """The job as its peers run it; ``keys``: the model's (a run's ``init``), the only
-        ones ``schedule`` may name.
+        """The job as its peers run it; ``keys``: the model's (a run's ``init``: its values'
+        sizes go too), the only ones ``schedule`` may name.
 
         Raises:
             ConfigError: schedule, push or stop is missing.
@@ -216,7 +217,7 @@ class Job:
                        policy=self.policy, seed=self.seed, poll_s=self.poll_s,
                        replicate_s=self.replicate_s, durable=self.durable,
                        batch=self.batch, balance=self.balance, overlap=self.overlap,
-                       keys=frozenset(keys), **kwargs)
+                       keys=frozenset(keys), sizes=_sizes(keys), **kwargs)
 
     def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
         """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and
@@ -267,3 +268,12 @@ class Job:
         return run_overlay(self, address, init, secret=secret, secret_file=secret_file,
                            data=data, timeout_s=timeout_s, on_poll=on_poll)
 
+
+def _sizes(init: Any) -> dict[str, int]:
+    """The bytes of each value in ``init`` (a mapping; values that cannot be stored left
+    out: the run refuses them)."""
+    sizes = {}
+    for name, value in (init.items() if isinstance(init, Mapping) else ()):
+        if unstorable(value) is None:
+            sizes[name] = Blob.of(value).nbytes
+    return sizes

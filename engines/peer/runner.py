@@ -91,6 +91,8 @@ class PeerRunner(OwnerCalls):
         self.owner = KeyOwner(spec, node, self._start_op)
         node.on_call = self.owner.on_call
         self.owner.repush = self._repush
+        for name, nbytes in spec.sizes.items():     # our requests wait for them at once
+            node.sizes.note(self.owner.kid(name), nbytes)
         self.owner.settled = self._finish
         self.barrier.pushing = self.owner.pushing
 

@@ -124,6 +124,20 @@ class TestExactlyOnce:
         assert got.value is not None and got.value.stamps == ()
 
 
+def test_a_peer_knows_the_models_sizes_before_it_reads_a_key() -> None:
+    """A read of a size never seen waits for a small answer, and its retry for the largest
+    value a key may hold (1 GiB: minutes at the default allowance): a peer whose first GET
+    was lost (a cut link) waited 172 s. The job's spec carries each key's bytes, and a
+    runner notes them on its node."""
+    spec = counting_job().spec({"n": np.zeros(1000, np.float32), "b": b"abc"})
+    assert spec.sizes == {"n": 4000, "b": 3} and spec.keys == {"n", "b"}
+    node = KademliaNode(KadId(1), "me", counting_job().config, rng=random.Random(0))
+    assert node.sizes.expected(key_id("n"), None) is None
+    PeerRunner(spec, node, 0)
+    assert node.sizes.expected(key_id("n"), None) == 4000
+    assert node.sizes.expected(key_id("b"), None) == 3
+
+
 class TestEngineCalls:
     def test_push_to_the_owner_runs_pull(self) -> None:
         peer = lone_owner()

@@ -102,7 +102,7 @@ class KademliaNode(NodeOps):
         self._late: dict[int, _Pending] = {}    # timed out early, answer still taken
         self._rtt = RttEstimator(min(self.config.min_rpc_timeout_s, self.config.rpc_timeout_s),
                                  self.config.rpc_timeout_s)
-        self._sizes = ValueSizes()           # of the values seen per key (request timeouts)
+        self.sizes = ValueSizes()   # per key, for request timeouts (an engine notes some ahead)
         self._ops: dict[int, _Op] = {}
         self._dead: dict[int, float] = {}
         self._left: set[int] = set()         # of those, the ones that said LEAVE (``alone``)
@@ -290,7 +290,7 @@ class KademliaNode(NodeOps):
         gossip = self.steps.digest(self.config.gossip_steps, exclude=sender.node_id)
         reply = Reply(call.rpc_id, self.node_id, status, tuple(args), value, self.step, gossip)
         if reply.value is not None:
-            self._sizes.pace.moved(sender.node_id, reply.value.nbytes)
+            self.sizes.pace.moved(sender.node_id, reply.value.nbytes)
         return reply
 
     def rpc_timeout(self, node_id: int) -> float:
@@ -312,7 +312,7 @@ class KademliaNode(NodeOps):
         """Whether ``node_id`` was evicted (not left) within 10 x ``rpc_timeout_s`` and twice
         its largest value's move (``sizes.LinkPace.behind_s``)."""
         until = self._dead.get(node_id)
-        lately = 10 * self.config.rpc_timeout_s + 2 * self._sizes.behind_s(self.config, node_id)
+        lately = 10 * self.config.rpc_timeout_s + 2 * self.sizes.behind_s(self.config, node_id)
         return until is not None and node_id not in self._left \
             and now < until - self.config.dead_for_s + lately
 
@@ -377,8 +377,8 @@ class KademliaNode(NodeOps):
         if message.KIND in REQUEST_KINDS:
             self._note_alive(sender, message.step, now, eff)
             if isinstance(message, (Store, Call)) and message.value is not None:
-                self._sizes.note(message.key, message.value.nbytes)
-                self._sizes.pace.moved(sender.node_id, message.value.nbytes)
+                self.sizes.note(message.key, message.value.nbytes)
+                self.sizes.pace.moved(sender.node_id, message.value.nbytes)
             # the answer goes out before what answering started (an owner's replication
             # STOREs): the asker waits for it, the STOREs' holders do not
             started = Effects()
@@ -400,7 +400,7 @@ class KademliaNode(NodeOps):
         if isinstance(message, Value) and message.key != pending.key:
             raise ProtocolError("VALUE for a key that was not asked for")
         # the size of a value it brings (the CALL's key for a REPLY), the link's pace
-        self._sizes.answered(pending.key, sender.node_id, message, now - pending.sent_s)
+        self.sizes.answered(pending.key, sender.node_id, message, now - pending.sent_s)
         if isinstance(message, Reply):
             for node_id, peer_step in message.peer_steps:
                 if node_id != self.node_id and node_id != sender.node_id:
@@ -490,7 +490,7 @@ class KademliaNode(NodeOps):
         if isinstance(message, FindValue):
             record = self.storage.get(message.key, now)
             if record is not None:
-                self._sizes.pace.moved(sender.node_id, record.value.nbytes)
+                self.sizes.pace.moved(sender.node_id, record.value.nbytes)
                 return Value(message.rpc_id, me, message.key, record.value, record.clock,
                              record.writer, step)
             target = message.key

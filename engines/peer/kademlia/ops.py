@@ -88,7 +88,7 @@ class NodeOps:
     _pending: dict[int, _Pending]
     _late: dict[int, _Pending]
     _rtt: RttEstimator
-    _sizes: ValueSizes
+    sizes: ValueSizes
     _ops: dict[int, _Op]
     _dead: dict[int, float]
     _left: set[int]
@@ -191,11 +191,11 @@ class NodeOps:
             rpc_id = self._rng.getrandbits(63)
         message = make(rpc_id)
         if message.KIND in ADAPTIVE_KINDS:     # plus the wait behind a value (``sizes``)
-            late = self._sizes.behind_s(self.config, contact.node_id)
+            late = self.sizes.behind_s(self.config, contact.node_id)
             timeout = self._rtt.timeout(contact.node_id) + late
             limit = self.config.rpc_timeout_s + late
         else:       # a value's allowance on top (``sizes.py``)
-            timeout = limit = self._sizes.wait_s(self.config, message, self.storage, retry,
+            timeout = limit = self.sizes.wait_s(self.config, message, self.storage, retry,
                                                  contact.node_id)
         self._pending[rpc_id] = _Pending(contact, message.KIND, op.op_id if op else None, make,
                                          key, now, limit, now)
@@ -290,7 +290,7 @@ class NodeOps:
         if pending.kind in ADAPTIVE_KINDS:
             self._rtt.backoff(node_id)      # the retry waits twice as long
         else:                               # ... as much longer per MB, if it moves a value
-            self._sizes.pace.timed_out(node_id, rpc_id)
+            self.sizes.pace.timed_out(node_id, rpc_id)
         retry = None
         if failures < self.config.max_failures:
             # One miss may be one lost message: ask again before giving up on the contact
