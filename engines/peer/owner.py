@@ -51,6 +51,7 @@ import traceback
 from typing import Any, Callable
 
 from .context import JobSpec, OwnerStore, Timer
+from .fence import Fence
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import KadId, key_id
 from .kademlia.messages import Call
@@ -70,7 +71,7 @@ Answer = tuple[int, tuple[Any, ...], Any]
 Later = Callable[[Answer, float, Effects], None]
 
 
-class KeyOwner:
+class KeyOwner(Fence):
     """Serves the keys one peer owns.
 
     Args:
@@ -165,50 +166,6 @@ class KeyOwner:
         last = self._pushes.get(node_id)
         return last is not None and now - last[0] <= max(2 * last[1], self.spec.poll_s) \
             and last[1] != float("inf")
-
-    def closest_known(self, kid: int) -> Contact | None:
-        """The contact closest to ``kid`` in our table, suspects included (one that missed a
-        reply still owns its keys until evicted, or each miss would move them and back)."""
-        return self.node.routing.nearest(kid)     # asked per push served and answered
-
-    def _is_owner(self, kid: KadId) -> bool:
-        return not self._closer_known(kid, self.node.node_id)
-
-    def _closer_known(self, kid: int, node_id: int) -> bool:
-        """Whether we know a peer closer to ``kid`` than ``node_id``, ourselves included."""
-        distance = node_id ^ kid
-        if self.node.node_id ^ kid < distance:
-            return True
-        closest = self.closest_known(kid)
-        return closest is not None and closest.node_id ^ kid < distance
-
-    def accept_store(self, sender: Contact, store: Any, now: float, eff: Effects) -> bool:
-        """The fence (module docstring): refuse an owner's write when we know a peer closer
-        to the key than that owner, ourselves included, or when our copy is another
-        writer's and newer than the root of that owner's branch (``Store.base``)."""
-        if store.clock == 0 or store.writer != sender.node_id:
-            return True             # a seed, a hand-off or a copy passed on: not a new write
-        if self._closer_known(store.key, sender.node_id):
-            return False
-        held = self.node.storage.get(store.key, now)
-        if held is not None and held.writer == self.node.node_id and store.clock > held.clock:
-            # our own branch, owned while cut off from this closer owner, loses: our own
-            # updates on it go to that owner now (twice at worst)
-            self.owned.discard(store.key)
-            self._unsettled(store.key, now, eff)
-            return True
-        if held is None or store.base < 0 or held.writer in (store.writer, 0):
-            return True
-        # two owners at once (each evicted the other): taking it loses our copy's writes.
-        # (At its root's clock, another writer's copy is that root most often: each owner
-        # that takes a key over stores the copy it took under its own name.)
-        return held.clock <= store.base
-
-    def fenced(self, owner: Contact, kid: KadId) -> bool:
-        """The fence on the pusher's side: whether an answer to our push from ``owner`` is a
-        stale owner's (we know a peer closer to ``kid``, ourselves included): a holder keeps
-        it as the copy a skipped STORE would have brought; the runner takes it as NOT_OWNER."""
-        return self._closer_known(kid, owner.node_id)
 
     def serve(self, sender: Contact, name: str, kid: KadId, method: Method,
               items: tuple[tuple[int, Any], ...], now: float, eff: Effects,
