@@ -62,6 +62,7 @@ class OwnerCalls:
         self._backlog: dict[str, dict[int, Any]] = {}
         self._repushed: set[str] = set()
         self._held: dict[str, list[Pushes]] = {}
+        self._echo: dict[str, int] = {}     # key -> token of the last answer kept as our copy
         self._serving_here = False      # inside a push or get this peer serves itself
 
     def _start_op(self, started: tuple[int, Effects], then: Then, eff: Effects) -> None:
@@ -148,9 +149,16 @@ class OwnerCalls:
                 else Status.NOT_OWNER       # (an OK without a value: garbage, ask again)
             clock = reply.args[0] if reply is not None and reply.args else 0
             answer(status, clock, reply.value if reply is not None else None, when, e)
+            if reply is not None and len(reply.args) > 1 and type(reply.args[1]) is int:
+                # the answer is our copy (the owner's only other holder): once we hold it,
+                # our next pushes echo its token, which settles the owner's own updates
+                held = self.node.storage.get(kid, when)
+                if held is not None and held.writer == owner.node_id and held.clock == clock:
+                    self._echo[name] = reply.args[1]
 
-        args = (name, step, self.spec.run) if type(step) is int else \
-            (name, step[0], self.spec.run, *step[1:])
+        echo = (self._echo.get(name, -1),) if method == Method.PUSH else ()
+        args = (name, step, self.spec.run, *echo) if type(step) is int else \
+            (name, step[0], self.spec.run, *echo, *step[1:])
         self._start_op(self.node.call(owner, method, kid, now, args=args, value=update),
                        replied, eff)
 

@@ -9,8 +9,10 @@ class Method(IntEnum):
     """The P2P engine's CALL methods (this engine's own enum)."""
 
     GET = 1      # args (key,) -> OK (clock,) + value
-    PUSH = 2     # args (key, step, run) + update -> OK (clock,) + the new value; a batch
-                 # of a pipelined pusher's steps: args (key, step, run, step, ...) + the
+    PUSH = 2     # args (key, step, run, token) + update -> OK (clock,) + the new value, or
+                 # OK (clock, token) when the answer is the pusher's copy (it echoes the
+                 # token in its next pushes: it holds that copy; -1: none); a batch of a
+                 # pipelined pusher's steps: args (key, step, run, token, step, ...) + the
                  # updates stacked
 
 

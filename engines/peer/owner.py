@@ -112,6 +112,9 @@ class KeyOwner(Fence):
         # take-over (a holder keeps it: a round's STORE arriving after it is no refusal)
         self._answered: dict[int, dict[int, int]] = {}
         self._later: dict[int, int] = {}            # replication timer token -> key
+        # key -> (pusher, token, clock): the last answer that is its only other holder's copy
+        # (``serve``), not known to have arrived yet
+        self._proof: dict[int, tuple[int, int, int]] = {}
         self._base: dict[int, int] = {}             # key -> the clock taken over
         # key -> our own pushes acknowledged at once whose write no holder confirmed yet:
         # (clock, name, step, update), pushed again through ``repush`` if that write is lost
@@ -149,7 +152,8 @@ class KeyOwner(Fence):
             if update is None:
                 return Status.ERROR, ("ProtocolError", "PUSH without an update"), None
             step = call.args[1] if len(call.args) > 1 else -1
-            items = pushed_items((step, *call.args[3:]) if len(call.args) > 3 else step,
+            token = call.args[3] if len(call.args) > 3 and type(call.args[3]) is int else -1
+            items = pushed_items((step, *call.args[4:]) if len(call.args) > 4 else step,
                                  update)
             if not items:
                 return Status.ERROR, ("ProtocolError", "malformed PUSH batch"), None
@@ -158,7 +162,7 @@ class KeyOwner(Fence):
         def later(answer: Answer, when: float, e: Effects) -> None:
             e.sends.append(self.node.answer_call(sender, call, answer))
         return self.serve(sender, call.args[0], call.key, Method(call.method), items, now, eff,
-                          later)
+                          later, token if items else -1)
 
     def pushing(self, node_id: int, now: float) -> bool:
         """Whether ``node_id`` pushes to us (twice at least) and its next push (its step) is
@@ -169,10 +173,11 @@ class KeyOwner(Fence):
 
     def serve(self, sender: Contact, name: str, kid: KadId, method: Method,
               items: tuple[tuple[int, Any], ...], now: float, eff: Effects,
-              later: Later) -> Answer | None:
+              later: Later, token: int = -1) -> Answer | None:
         """Serve a GET (``items`` empty) or a PUSH of ``items``, (step, update) pairs in step
         order (a pipelined pusher's batch; one, mostly; step -1: none); a PUSH is answered
-        through ``later`` once durable (None returned), anything else at once."""
+        through ``later`` once durable (None returned), anything else at once. ``token``:
+        the one the pusher echoes from the last answer it kept as its copy (-1: none)."""
         if self.node.leaving:
             # our keys are being handed on: a write taken now would miss the copy handed
             # over; the pusher retries and, once our LEAVE reached it, asks the next owner
@@ -184,7 +189,7 @@ class KeyOwner(Fence):
         record = self.node.storage.get(kid, now)
         if kid not in self.owned or record is None:
             def again(when: float, e: Effects) -> None:
-                got = self.serve(sender, name, kid, method, items, when, e, later)
+                got = self.serve(sender, name, kid, method, items, when, e, later, token)
                 if got is not None:
                     later(got, when, e)
             self._queued.setdefault(kid, []).append((again, later))
@@ -193,6 +198,9 @@ class KeyOwner(Fence):
         if method == Method.GET:                # (the stamps are for holders alone)
             return Status.OK, (record.clock,), record.value.stamped(())
         mine = sender.node_id == self.node.node_id
+        proof = self._proof.get(kid)
+        if proof is not None and proof[0] == sender.node_id and token == proof[1]:
+            self._settled(kid, proof[2])        # it holds the copy we answered it with
         done = self._pushed.get(kid, {}).get(sender.node_id, -1)
         fresh = [(step, update) for step, update in items if step < 0 or step > done]
         if not fresh:
@@ -220,10 +228,13 @@ class KeyOwner(Fence):
         if holders is not None and sender.node_id in self._copies.get(kid, {}) \
                 and all(h.node_id == sender.node_id for h in holders):
             # the pusher is the only other holder and holds a copy: the answer is its new
-            # copy (it keeps it), so the write needs no round
+            # copy (it keeps it), so the write needs no round. Our own updates in it are
+            # safe once it holds that copy, which its next push proves by echoing the
+            # answer's token; else a round does (``_replicate``)
             self._copies[kid][sender.node_id] = record.clock
-            self._settled(kid, record.clock)
-            return Status.OK, (record.clock,), record.value
+            self._tokens += 1
+            self._proof[kid] = (sender.node_id, self._tokens, record.clock)
+            return Status.OK, (record.clock, self._tokens), record.value
         self._waiting.setdefault(kid, []).append((record.clock, sender.node_id, later))
         self._replicate(kid, now, eff)
         return None
@@ -299,6 +310,9 @@ class KeyOwner(Fence):
 
     def _settled(self, kid: KadId, clock: int) -> None:
         """Every holder of ``kid`` took our copy at ``clock``: own updates up to it are safe."""
+        proof = self._proof.get(kid)
+        if proof is not None and proof[2] <= clock:
+            del self._proof[kid]
         unsure = self._unsure.get(kid)
         if unsure:
             unsure[:] = [u for u in unsure if u[0] > clock]
@@ -313,6 +327,7 @@ class KeyOwner(Fence):
         own updates no holder confirmed may be lost with it, so they are pushed again, with
         their steps, to the key's owner now: applied there unless the copy it holds has them
         (its stamps), never lost."""
+        self._proof.pop(kid, None)
         unsure = sorted(self._unsure.pop(kid, []), key=lambda u: u[2])
         if unsure and self.repush is not None:
             self.repush(unsure[0][1], tuple((step, update) for _, _, step, update in unsure),
@@ -343,6 +358,7 @@ class KeyOwner(Fence):
                 # holder's copy is unknown until a round or an answer tells
                 self._pushed[kid] = dict(held.value.stamps)
                 self._copies.pop(kid, None)
+                self._proof.pop(kid, None)
                 self._answered.pop(kid, None)
                 self._adopted[kid] = held
                 self.owned.add(kid)
@@ -366,7 +382,13 @@ class KeyOwner(Fence):
             return
         clock = record.clock
         if not self._waiting.get(kid) and self._covered(kid, clock, now):
-            return                  # the holders' copies are as new: nothing to send
+            proof = self._proof.get(kid)
+            if proof is None or not self._unsure.get(kid):
+                return              # the holders' copies are as new: nothing to send
+            if self.pushing(proof[0], now):
+                self._replicate_later(kid, eff)     # its next push will prove its copy
+                return
+            # it stopped pushing: a round (a STORE to it, at least) confirms our updates
         skip = self._skip(kid, clock, now)
 
         def replicated(done: Done, when: float, e: Effects) -> None:

@@ -17,8 +17,8 @@ from .kademlia.rpc import MAX_ARGS
 Pushes = tuple[tuple[int, Any], ...]   # (step, update) pairs of one key, in step order
 
 #: the most steps one PUSH may carry (a pipelined pusher's batch, ``runner``: its args
-#: are the key, the first step, the run and the other steps, of ``rpc.MAX_ARGS``)
-MAX_BATCH = MAX_ARGS - 2
+#: are the key, the first step, the run, a token and the other steps, of ``rpc.MAX_ARGS``)
+MAX_BATCH = MAX_ARGS - 3
 
 
 def pushed_items(steps: Any, update: Any) -> tuple[tuple[int, Any], ...]:

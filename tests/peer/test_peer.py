@@ -160,7 +160,7 @@ class TestEngineCalls:
         assert reply.value.to_value().tolist() == [1.0] and peer.runner.owner.applied == {"n": 1}
 
     def test_a_batch_push_folds_each_new_step_once_in_order(self) -> None:
-        """A pipelined peer's batch (args: key, first step, run, later steps; the updates
+        """A pipelined peer's batch (args: key, first step, run, token, later steps; the updates
         stacked): each step is folded once, in order, and a batch sent again (its answer
         was late) is answered without folding anything twice."""
         peer = lone_owner()
@@ -173,26 +173,26 @@ class TestEngineCalls:
             pull(store, updates)
         peer.runner.owner.spec = dataclasses.replace(peer.runner.spec, pull=recording)
         batch = np.array([[1.0], [10.0], [100.0]])
-        reply = reply_to(peer, Call(1, EVIL, 2, key_id("n"), ("n", 3, 0, 4, 6), batch))
+        reply = reply_to(peer, Call(1, EVIL, 2, key_id("n"), ("n", 3, 0, -1, 4, 6), batch))
         assert reply.status == Status.OK and reply.args == (3,)
         assert folded == [1.0, 10.0, 100.0] and reply.value.to_value().tolist() == [111.0]
         # steps 4 and 6 again with a new one, 7: only 7 is folded
         again = np.array([[10.0], [100.0], [1000.0]])
-        reply = reply_to(peer, Call(2, EVIL, 2, key_id("n"), ("n", 4, 0, 6, 7), again))
+        reply = reply_to(peer, Call(2, EVIL, 2, key_id("n"), ("n", 4, 0, -1, 6, 7), again))
         assert reply.status == Status.OK and folded == [1.0, 10.0, 100.0, 1000.0]
         assert reply.value.to_value().tolist() == [1111.0]
 
     def test_a_malformed_batch_push_gets_an_error_reply_and_folds_nothing(self) -> None:
         peer = lone_owner()
         stacked = np.ones((2, 1))
-        for args, update in ((("n", 3, 0, 2), stacked),           # steps not increasing
-                             (("n", 3, 0, 3), stacked),           # a step twice
-                             (("n", -1, 0, 4), stacked),          # a negative step
-                             (("n", 3, 0, 4, 5), stacked),        # 3 steps, 2 updates
-                             (("n", 3, 0, 4), np.ones(1)),        # not stacked
-                             (("n", 3, 0, 4.5), stacked),         # a float step
-                             (("n", 3, 0, "4"), stacked),         # a str step
-                             (("n", 3, 0, 4), np.ones((2, 3)))):  # updates of another shape
+        for args, update in ((("n", 3, 0, -1, 2), stacked),           # steps not increasing
+                             (("n", 3, 0, -1, 3), stacked),           # a step twice
+                             (("n", -1, 0, -1, 4), stacked),          # a negative step
+                             (("n", 3, 0, -1, 4, 5), stacked),        # 3 steps, 2 updates
+                             (("n", 3, 0, -1, 4), np.ones(1)),        # not stacked
+                             (("n", 3, 0, -1, 4.5), stacked),         # a float step
+                             (("n", 3, 0, -1, "4"), stacked),         # a str step
+                             (("n", 3, 0, -1, 4), np.ones((2, 3)))):  # of another shape
             reply = reply_to(peer, Call(1, EVIL, 2, key_id("n"), args, update))
             assert reply.status == Status.ERROR, args
         assert peer.runner is not None and peer.runner.owner.applied == {}

@@ -47,7 +47,7 @@ MAX_ADDRESS_CHARS = 256
 MAX_RPC_ID = (1 << 64) - 1
 MAX_STEP = (1 << 63) - 1
 MAX_TTL_S = 1e9              # ~31 years; nodes cap it at their own ttl_s anyway
-MAX_ARGS = 16                # CALL / REPLY: a few plain scalars
+MAX_ARGS = 17                # CALL / REPLY: a few plain scalars
 MAX_ARG_CHARS = 256
 MAX_PEER_STEPS = 64          # REPLY: gossiped (id, step) pairs
 

@@ -14,9 +14,9 @@ from engines.peer.kademlia.events import KademliaConfig
 from engines.peer.kademlia.ids import KadId, id_to_bytes
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.routing import Contact
-from engines.peer.kademlia.rpc import (PROTOCOL_VERSION, Call, FindNode, FindValue, Kind, Leave,
-                                       Nodes, Ping, Pong, Reply, Step, Store, Stored, Value,
-                                       brief, decode, encode, value_frames)
+from engines.peer.kademlia.rpc import (MAX_ARGS, PROTOCOL_VERSION, Call, FindNode, FindValue,
+                                       Kind, Leave, Nodes, Ping, Pong, Reply, Step, Store,
+                                       Stored, Value, brief, decode, encode, value_frames)
 from engines.peer.kademlia.values import Blob
 
 V = PROTOCOL_VERSION
@@ -141,7 +141,7 @@ class TestCodec:
         ((V, 6, 0, bytes(20), -1, [bytes(20)]), "pair"),
         ((V, 6, 0, bytes(20), -1, {"a": 1}), "list"),
         ((V, 10, 0, bytes(20), -1, 1, bytes(20), [[1]], None), "args are"),
-        ((V, 10, 0, bytes(20), -1, 1, bytes(20), [1] * 17, None), "at most"),
+        ((V, 10, 0, bytes(20), -1, 1, bytes(20), [1] * (MAX_ARGS + 1), None), "at most"),
         ((V, 10, 0, bytes(20), -1, 1, bytes(20), [1 << 64], None), "64-bit"),
         ((V, 10, 0, bytes(20), -1, 1, bytes(20), [float("nan")], None), "finite"),
         ((V, 10, 0, bytes(20), -1, 1, bytes(20), ["x" * 300], None), "at most"),
