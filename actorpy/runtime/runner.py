@@ -214,3 +214,7 @@ class ServiceRunner:
                 close()
             except Exception:
                 log.exception("service %s failed to close", self.label)
+        # the service holds its context, which holds this runner: let go of it, so that it
+        # (and what it holds: a P2P peer's data, hundreds of MB) is freed now, not at some
+        # later cyclic collection, which large arrays do little to bring on
+        self.service = None
