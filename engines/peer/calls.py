@@ -37,12 +37,6 @@ class OwnerCalls:
     pushes of their keys, and its end waits for them).
     """
 
-    def _push(self, name: str, pushes: Pushes, now: float, eff: Effects) -> None:
-        raise NotImplementedError
-
-    def _finish(self) -> None:
-        raise NotImplementedError
-
     step: int
     phase: Phase
     error: tuple[str, str, str] | None
@@ -64,6 +58,12 @@ class OwnerCalls:
         self._held: dict[str, list[Pushes]] = {}
         self._echo: dict[str, int] = {}     # key -> token of the last answer kept as our copy
         self._serving_here = False      # inside a push or get this peer serves itself
+
+    def _push(self, name: str, pushes: Pushes, now: float, eff: Effects) -> None:
+        raise NotImplementedError
+
+    def _finish(self) -> None:
+        raise NotImplementedError
 
     def _start_op(self, started: tuple[int, Effects], then: Then, eff: Effects) -> None:
         op_id, more = started

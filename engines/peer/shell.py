@@ -212,6 +212,26 @@ class PeerService(Service):
                 except Exception as exc:  # noqa: BLE001 - the driver gets the error
                     reply.fail(exc)
 
+    def _drop_runner(self) -> None:
+        """The job is over here: drop its runner and its data now. A runner sits in
+        reference cycles (bound methods between it, its owner and the node), which Python
+        frees only at a cyclic collection, and large arrays do little to bring one on: a
+        worker kept every finished job's data (200 MB a peer of bench/peer.py's Job A) until
+        the kernel killed it for memory."""
+        runner, self.peer.runner = self.peer.runner, None
+        if runner is not None:
+            runner.data = None
+            runner.values.clear()
+        self._set_quick(None)
+
+    def close(self) -> None:
+        """The service stopped: its job's data and the model's values go now (see
+        ``_drop_runner``), with the timers that hold its runner."""
+        self._timers.clear()
+        self._drop_runner()
+        for key in self.peer.node.storage.keys():
+            self.peer.node.storage.drop(key)
+
     def _due(self, timers: list[tuple[Any, int, PeerRunner | None]]) -> None:
         for kind, token, runner in timers:
             self._fire(kind, token, runner)
@@ -416,8 +436,7 @@ class PeerService(Service):
         runner of another run stays: its driver ends it)."""
         if self.peer.runner is None or self.peer.runner.spec.run != run:
             return False
-        self.peer.runner = None
-        self._set_quick(None)
+        self._drop_runner()
         return True
 
     def _driver_gone(self, asker: NodeId | None = None) -> str | None:
@@ -457,8 +476,7 @@ class PeerService(Service):
             log.warning("peer %s ended job %r (run %x) on its own: its driver %s is gone "
                         "(%s; lease %g s)", self.address, runner.spec.name, runner.spec.run,
                         self._driver, why, self.lease_s)
-        self.peer.runner = None
-        self._set_quick(None)
+        self._drop_runner()
 
     def _dialer(self) -> Dialer:
         if self.dialer is None:

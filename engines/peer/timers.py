@@ -51,6 +51,13 @@ class TimerHeap:
         if self._armed is None or due < self._armed[0] - SLACK_S:
             self._arm(due)
 
+    def clear(self) -> None:
+        """Drop every timer and disarm (the service stopped)."""
+        self._heap.clear()
+        if self._armed is not None:
+            self._armed[1].cancel()
+            self._armed = None
+
     def _arm(self, at: float) -> None:
         if self._armed is not None:
             self._armed[1].cancel()
