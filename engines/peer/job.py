@@ -39,7 +39,7 @@ from actorpy.values import describe, is_int
 
 from .context import JobSpec, Pull, Push, Schedule, Stop
 from .kademlia.events import KademliaConfig
-from .kademlia.values import Blob, unstorable
+from .kademlia.values import unstorable
 from .pipeline import MAX_BATCH
 
 #: the deepest pipeline a job may ask for (``Job(overlap=...)``): a batch of pushes is the
@@ -271,9 +271,10 @@ class Job:
 
 def _sizes(init: Any) -> dict[str, int]:
     """The bytes of each value in ``init`` (a mapping; values that cannot be stored left
-    out: the run refuses them)."""
+    out: the run refuses them), read off each value (``Blob.of`` would copy a GPU tensor)."""
     sizes = {}
     for name, value in (init.items() if isinstance(init, Mapping) else ()):
         if unstorable(value) is None:
-            sizes[name] = Blob.of(value).nbytes
+            nbytes = getattr(value, "nbytes", None)
+            sizes[name] = int(nbytes) if nbytes is not None else memoryview(value).nbytes
     return sizes

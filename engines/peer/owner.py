@@ -40,7 +40,8 @@ Owner changes are serialised:
   come in order from each pusher); an owner takes them over with the copy, so a push that
   comes again (its answer lost, its round refused) is applied only if the copy lacks it.
 - **Own updates.** The owner's own pushes, acknowledged at once, are kept until a durable
-  round (or an answer that is the one other holder's copy) covers them; if their copy loses
+  round covers them, or an answer that is the one other holder's copy once that holder
+  echoes the answer's token in a push (it holds that copy); if their copy loses
   (a refused round, a newer copy fetched or stored) they go to the key's owner again, with
   their steps and before our later pushes of it. Its runner ends once none are left.
 """
