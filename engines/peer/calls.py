@@ -49,12 +49,10 @@ class OwnerCalls:
         self._ops: dict[int, Then] = {}
         self._retries: dict[int, Callable[[float, Effects], None]] = {}
         self._next_token = 0
-        self._repushing = 0             # keys with own updates pushed again, not answered
-        # own updates pushed again (``_repush``): key -> step -> update, waiting for the
-        # batch out (the keys in ``_repushed``) to be answered; our later pushes of those
-        # keys wait in ``_held``
+        # the keys with own updates pushed again and not all answered (``_repush``): key ->
+        # step -> update not sent yet, waiting for the batch out to be answered; our later
+        # pushes of those keys wait in ``_held``
         self._backlog: dict[str, dict[int, Any]] = {}
-        self._repushed: set[str] = set()
         self._held: dict[str, list[Pushes]] = {}
         self._echo: dict[str, int] = {}     # key -> token of the last answer kept as our copy
         self._serving_here = False      # inside a push or get this peer serves itself
@@ -169,32 +167,26 @@ class OwnerCalls:
         must reach an owner in order, or one would be taken for a repeat and dropped: so
         these go as batches, one at a time, and our later pushes of ``name`` wait for them
         (``_held``)."""
-        backlog = self._backlog.setdefault(name, {})
-        if not backlog and name not in self._repushed:
-            self._repushing += 1
-            backlog.update(pushes)
+        sending = name in self._backlog         # then these go once the batch out is answered
+        self._backlog.setdefault(name, {}).update(pushes)
+        if not sending:
             self._repush_next(name, now, eff)
-        else:
-            backlog.update(pushes)              # sent once the batch out is answered
 
     def _repush_next(self, name: str, now: float, eff: Effects) -> None:
         backlog = self._backlog[name]
         batch = tuple(sorted(backlog.items())[:MAX_BATCH])
         for step, _ in batch:
             del backlog[step]
-        self._repushed.add(name)
 
         def acked(status: Status, clock: int, value: Any, when: float, e: Effects) -> None:
             if status != Status.OK:
                 self._retry(lambda t, ef: self._ask_push(name, batch, acked, t, ef),
                             status, when, e)
                 return
-            self._repushed.discard(name)
             if self._backlog[name]:
                 self._repush_next(name, when, e)
                 return
             del self._backlog[name]
-            self._repushing -= 1
             for pushes in self._held.pop(name, []):     # our later pushes, in order
                 self._push(name, pushes, when, e)
             self._finish()

@@ -451,7 +451,7 @@ class PeerRunner(OwnerCalls):
         """A peer ``stop`` ended is DONE once every update of its is answered, and those it
         applied as a key's owner are on another holder (or pushed again and answered): its
         job may end then, with nothing of its own still to land."""
-        if self._finishing and not self._pipe.busy and not self._repushing \
+        if self._finishing and not self._pipe.busy and not self._backlog \
                 and not self.owner.unsure():
             self._finishing = False
             self.phase = Phase.DONE
