@@ -16,6 +16,8 @@ KadId = NewType("KadId", int)
 ID_BITS = 160
 ID_BYTES = ID_BITS // 8
 ID_SPACE = 1 << ID_BITS
+#: the largest step, clock or stamp a message may carry (a signed 64-bit int)
+MAX_STEP = (1 << 63) - 1
 
 
 def key_id(key: bytes | str) -> KadId:

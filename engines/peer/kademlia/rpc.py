@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 from actorpy.errors import ProtocolError
 
-from .ids import KadId, id_from_bytes, id_to_bytes
+from .ids import MAX_STEP, KadId, id_from_bytes, id_to_bytes
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
                        FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
                        Stored, Value)
@@ -45,7 +45,6 @@ MAX_CONTACTS = 64            # a NODES reply holds at most this many (nodes also
 MAX_VALUE_BYTES = 1 << 30    # values travel as their own frames; nodes set their own limit
 MAX_ADDRESS_CHARS = 256
 MAX_RPC_ID = (1 << 64) - 1
-MAX_STEP = (1 << 63) - 1
 MAX_TTL_S = 1e9              # ~31 years; nodes cap it at their own ttl_s anyway
 MAX_ARGS = 17                # CALL / REPLY: a few plain scalars
 MAX_ARG_CHARS = 256

@@ -24,12 +24,11 @@ import numpy as np
 
 from actorpy.errors import ProtocolError
 
-from .ids import id_from_bytes, id_to_bytes
+from .ids import MAX_STEP, id_from_bytes, id_to_bytes
 
 MAX_DIMS = 32
 #: the most ``(id, step)`` stamps a value carries (``Blob.stamps``)
 MAX_STAMPS = 4096
-_MAX_STEP = (1 << 63) - 1
 
 
 class ValueKind(IntEnum):
@@ -259,7 +258,7 @@ def _stamps(raw: object) -> tuple[tuple[int, int], ...]:
         if type(pair) not in (list, tuple) or len(pair) != 2:
             raise ProtocolError("a value stamp must be [id, step]")
         node_id, step = id_from_bytes(pair[0]), pair[1]
-        if type(step) is not int or not 0 <= step <= _MAX_STEP or node_id in stamps:
+        if type(step) is not int or not 0 <= step <= MAX_STEP or node_id in stamps:
             raise ProtocolError("a value stamp's step is not an int in range, or its id "
                                 "comes twice")
         stamps[node_id] = step
