@@ -29,6 +29,7 @@ from .ids import KadId, random_id_in_range, short
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
                        FindValue, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
                        Stored, Value)
+from .gone import GonePeers
 from .ops import NodeOps, _Op, _Pending
 from .routing import Contact, RoutingTable
 from .rtt import ADAPTIVE_KINDS, RttEstimator
@@ -60,7 +61,7 @@ def _no_handler(sender: Contact, call: Call, now: float, eff: Effects) -> Answer
     return NO_HANDLER, (), None
 
 
-class KademliaNode(NodeOps):
+class KademliaNode(NodeOps, GonePeers):
     """A Kademlia peer's protocol logic.
 
     Args:
@@ -297,35 +298,6 @@ class KademliaNode(NodeOps):
         """How long a PING or FIND_NODE sent to ``node_id`` now would wait for its answer
         (adaptive, see ``KademliaConfig.min_rpc_timeout_s``)."""
         return self._rtt.timeout(node_id)
-
-    def is_gone(self, node_id: int, now: float) -> bool:
-        """Whether ``node_id`` left or was found dead lately (evicted, not yet heard from)."""
-        return self._is_dead(node_id, now)
-
-    def alone(self, now: float) -> bool:
-        """Whether this node knows no other peer: none in its table, none gone lately (a
-        table emptied by false evictions is not alone: those peers live, may hold newer
-        copies, and come back within a second or so; one killed for good stays away)."""
-        return not len(self.routing) and not any(self.lately_gone(n, now) for n in self._dead)
-
-    def lately_gone(self, node_id: int, now: float) -> bool:
-        """Whether ``node_id`` was evicted (not left) within 10 x ``rpc_timeout_s`` and twice
-        its largest value's move (``sizes.LinkPace.behind_s``)."""
-        until = self._dead.get(node_id)
-        lately = 10 * self.config.rpc_timeout_s + 2 * self.sizes.behind_s(self.config, node_id)
-        return until is not None and node_id not in self._left \
-            and now < until - self.config.dead_for_s + lately
-
-    def probe_lately(self, now: float) -> Effects:
-        """PING the peers gone lately, each once per 10 x ``rpc_timeout_s`` at most: a table
-        that lost every peer to a cut link finds them once it is mended (no lookup has a
-        contact to start from), so an engine waiting for another holder gets one."""
-        eff = Effects()
-        for node_id, contact in self._evicted.items():
-            if self.lately_gone(node_id, now) and now >= self._recheck_at.get(node_id, 0.0):
-                self._recheck_at[node_id] = now + 10 * self.config.rpc_timeout_s
-                self._probe(contact, now, eff)
-        return eff
 
     def size_estimate(self) -> float:
         """Network size estimated from id density in our routing table (this node counted)."""
