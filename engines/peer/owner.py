@@ -96,6 +96,7 @@ class KeyOwner(Fence):
         self._replicating: dict[int, int] = {}      # key -> clock of the round in flight
         self._dirty: set[int] = set()
         self._adopting: set[int] = set()
+        self._looking: set[int] = set()             # keys refused, looked up before adopting
         # key -> the copy fetched when we took it over (a replica of the last owner's writes)
         self._adopted: dict[int, Any] = {}
         self.owned: set[int] = set()                # keys taken over (newest copy fetched)
@@ -117,6 +118,8 @@ class KeyOwner(Fence):
         # (``serve``), not known to have arrived yet
         self._proof: dict[int, tuple[int, int, int]] = {}
         self._base: dict[int, int] = {}             # key -> the clock taken over
+        # key -> its last round was refused: False, or True once a lookup of it ended since
+        self._refused: dict[int, bool] = {}
         # key -> our own pushes acknowledged at once whose write no holder confirmed yet:
         # (clock, name, step, update), pushed again through ``repush`` if that write is lost
         self._unsure: dict[int, list[tuple[int, str, int, Any]]] = {}
@@ -185,9 +188,12 @@ class KeyOwner(Fence):
             return Status.MISSING, (), None
         if not self._is_owner(kid):
             self.owned.discard(kid)
+            self._refused.pop(kid, None)        # a refusal explained: the closer peer known
             self._unsettled(kid, now, eff)      # to the new owner before our next push
             return Status.NOT_OWNER, (), None
         record = self.node.storage.get(kid, now)
+        if (kid not in self.owned or record is None) and self._holding(kid, now, eff):
+            return Status.MISSING, (), None
         if kid not in self.owned or record is None:
             def again(when: float, e: Effects) -> None:
                 got = self.serve(sender, name, kid, method, items, when, e, later, token)
@@ -334,6 +340,34 @@ class KeyOwner(Fence):
             self.repush(unsure[0][1], tuple((step, update) for _, _, step, update in unsure),
                         now, eff)
 
+    def _holding(self, kid: KadId, now: float, eff: Effects) -> bool:
+        """Whether to wait before taking ``kid`` over again after a holder refused our round
+        (it knows a peer closer to the key than us, or a newer copy's writer). While a peer
+        closer to it that we evicted lately may be alive (slow, not dead), it is PINGed;
+        else a lookup of the key first finds the closer peers the holders know. The key is
+        a closer peer's once it answers (``_is_owner``), ours again once it is gone for
+        good or no lookup finds one. (Taken over again at once, the key was refused again:
+        a peer that did not know the owner took it over 27 times in 0.4 s, each time
+        fetching the copy.)"""
+        looked = self._refused.get(kid)
+        if looked is None:
+            return False
+        if self.node.gone_closer(kid, now):
+            eff.extend(self.node.probe_lately(now, kid))
+            return True
+        if looked:
+            del self._refused[kid]
+            return False
+        if kid not in self._looking:
+            self._looking.add(kid)
+
+            def found(done: Done, when: float, e: Effects) -> None:
+                self._looking.discard(kid)
+                if kid in self._refused:
+                    self._refused[kid] = True
+            self._start_op(self.node.find_node(kid, now), found, eff)
+        return True
+
     def _adopt(self, kid: KadId, now: float, eff: Effects) -> None:
         """Take a key over: fetch the newest copy among its holders (ours included), which
         also tells them of us (the fence), before serving it."""
@@ -413,6 +447,7 @@ class KeyOwner(Fence):
                 log.info("peer %s: a holder of key %s refused our write: a closer peer took "
                          "it over", self.node.address, kid)
                 self.owned.discard(kid)
+                self._refused[kid] = False
                 self._dirty.discard(kid)
                 for _, _, later in waiting:
                     later((Status.NOT_OWNER, (), None), when, e)
