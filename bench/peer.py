@@ -64,6 +64,7 @@ from engines.peer.kademlia.ids import key_id  # noqa: E402
 from engines.peer.shell import PeerKind  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 import ps  # noqa: E402  (the PS benchmark's Job A: problem, callbacks, runner)
 
 cloudpickle.register_pickle_by_value(ps)   # its callbacks travel to the workers by value
@@ -363,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows is None:
         args.rows = 100_000 if args.full else 20_000
     print(f"P2P engine over the real wire; {os.cpu_count()} cores")
+    watch = machine.CpuWatch()      # the machine's steal and load, printed after each part
     if not args.skip_lookups:
         print(f"\n1. FIND_VALUE of stored keys among {args.peers} peers on "
               f"{args.lookup_workers} worker processes (timeout 250 ms, 2 misses evict), "
@@ -379,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in lookup_rows(args.peers, args.lookup_workers, args.lookups, args.seed,
                                 floor):
             print(line, flush=True)
+        print(watch.summary())
     for part, peers in enumerate([] if args.only_lookups else args.peers_a):
         print(f"\n2{'abcdefgh'[part]}. Job A: {args.rows} x {args.features} float32, lr "
               f"{args.lr}, batch {args.batch} per worker / peer, target |w-w*|/|w*| < "
@@ -399,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {peers} peers: straggler costs {name} {loss[name]:+.2f} s, P2P BSP "
                   f"{loss['P2P BSP']:+.2f} s{share} (target: pSSP's <= half of BSP's)",
                   flush=True)
+        print(f"  {watch.summary()}")
     return 0
 
 

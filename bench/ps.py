@@ -85,6 +85,7 @@ _blas_threads(sys.argv[1:])
 import cloudpickle  # noqa: E402
 import numpy as np  # noqa: E402
 
+import machine  # noqa: E402
 import ps_many  # noqa: E402
 import ps_problem  # noqa: E402  (bench/ is this script's directory)
 from ps_plain import plain_run, single_process  # noqa: E402
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                         "worker that does not train (server_nodes=), alternating with the "
                         "default layout (the shard on training worker 1)")
     args = parser.parse_args(argv)
+    watch = machine.CpuWatch()      # the machine's steal and load, printed after each part
 
     import actorpy
     from actorpy.barrier import ASP, BSP, DSSP, PSP
@@ -403,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                     _row(f"plain pyzmq {name}", plain, extra)
             if not straggle and args.only is None:
                 _row("single-process SGD", single_process(args))
+        print(watch.summary())
         if args.only is None or "many-keys" in args.only:
             ps_many.report(cluster, args.repeat, args.timeout)
         if args.only is not None:
@@ -424,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     starts = startup(args.startup_repeat)
     print(f"\nstart-up, connect() + run() to the first push at the server (2 workers): median "
           f"{statistics.median(starts):.2f} s over {len(starts)} (target < 1.5 s)")
+    print(watch.summary())
     return 0
 
 
