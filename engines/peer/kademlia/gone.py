@@ -56,9 +56,9 @@ class GonePeers:
         once it is mended (no lookup has a contact to start from), so an engine waiting for
         another holder gets one."""
         eff = Effects()
-        for contact in self._evicted.values() if key is None else self.gone_closer(key, now):
-            node_id = contact.node_id
-            if self.lately_gone(node_id, now) and now >= self._recheck_at.get(node_id, 0.0):
+        for node_id, contact in self._evicted.items():
+            if self.lately_gone(node_id, now) and now >= self._recheck_at.get(node_id, 0.0) \
+                    and (key is None or node_id ^ key < self.node_id ^ key):
                 self._recheck_at[node_id] = now + 10 * self.config.rpc_timeout_s
                 self._probe(contact, now, eff)
         return eff

@@ -25,11 +25,11 @@ from typing import Any, Callable, Collection, Iterable, Sequence
 from actorpy.errors import ProtocolError
 
 from .events import Done, Effects, KademliaConfig, NodeStats, OpKind, Send, SetTimer, TimerKind
+from .gone import GonePeers
 from .ids import KadId, random_id_in_range, short
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
                        FindValue, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
                        Stored, Value)
-from .gone import GonePeers
 from .ops import NodeOps, _Op, _Pending
 from .routing import Contact, RoutingTable
 from .rtt import ADAPTIVE_KINDS, RttEstimator
