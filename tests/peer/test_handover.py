@@ -196,3 +196,19 @@ def test_a_refused_owner_looks_the_key_up_before_taking_it_over_again() -> None:
     got = owner.serve(me, name, kid, Method.GET, (), sim.net.clock.now(), Effects(),
                       lambda *a: None)
     assert got is not None and got[0] == Status.NOT_OWNER
+
+
+@pytest.mark.xfail(strict=True, reason="known: a partition longer than the alone window loses "
+                   "one side's own updates (docs/peer.md, 'Known limit: a partition ...')")
+def test_two_peers_cut_apart_for_two_seconds_lose_no_acknowledged_update() -> None:
+    """The cut-link job of the test above with a 2 s cut (from 0.05 s, before either peer's
+    first step was answered): each peer, alone once its partner was silent for the ``alone``
+    window (about 1 s here), settles its own updates on its own copies, both finish their 40
+    steps, and the job ends at 1.5 s, in the cut, with each side's model; the one read back
+    holds n0's updates alone (network seeds 0-5: 0 of 6 right with 2 s or 4 s cuts, 6 of 6
+    with 1 s, where the job ends after the mend). Two peers cannot tell a dead partner from
+    a cut one; a quorum of holders needs 3 peers."""
+    sim = SimRun(tally(ASP()), 2, {n: np.zeros(MAX_PEERS * STEPS) for n in KEYS}, seed=0,
+                 max_s=60.0, compute_s=lambda index, step: 0.002,
+                 link=lambda net, address, inner: CutLink(net, inner, 0.05, 2.05))
+    check(sim, sim.run())
