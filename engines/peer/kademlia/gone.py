@@ -40,24 +40,35 @@ class GonePeers:
     def lately_gone(self, node_id: int, now: float) -> bool:
         """Whether ``node_id`` was evicted (not left) within 10 x ``rpc_timeout_s`` and twice
         its largest value's move (``sizes.LinkPace.behind_s``)."""
-        until = self._dead.get(node_id)
         lately = 10 * self.config.rpc_timeout_s + 2 * self.sizes.behind_s(self.config, node_id)
+        return self.gone_within(node_id, now, lately)
+
+    def gone_within(self, node_id: int, now: float, seconds: float) -> bool:
+        """Whether ``node_id`` was evicted (not left) within the last ``seconds``."""
+        until = self._dead.get(node_id)
         return until is not None and node_id not in self._left \
-            and now < until - self.config.dead_for_s + lately
+            and now < until - self.config.dead_for_s + seconds
+
+    def evicted_within(self, now: float, seconds: float) -> list[Contact]:
+        """The peers evicted (not left) within the last ``seconds``, of the last 64 evicted."""
+        return [c for n, c in self._evicted.items() if self.gone_within(n, now, seconds)]
 
     def gone_closer(self, key: int, now: float) -> list[Contact]:
         """The peers gone lately (``lately_gone``) that are closer to ``key`` than we are."""
         return [c for n, c in self._evicted.items()
                 if n ^ key < self.node_id ^ key and self.lately_gone(n, now)]
 
-    def probe_lately(self, now: float, key: int | None = None) -> Effects:
-        """PING the peers gone lately (those closer to ``key``, if given), each once per 10 x
-        ``rpc_timeout_s`` at most: a table that lost every peer to a cut link finds them
-        once it is mended (no lookup has a contact to start from), so an engine waiting for
-        another holder gets one."""
+    def probe_lately(self, now: float, key: int | None = None,
+                     within_s: float | None = None) -> Effects:
+        """PING the peers gone lately (those closer to ``key``, if given; those evicted
+        within ``within_s``, if given), each once per 10 x ``rpc_timeout_s`` at most: a
+        table that lost every peer to a cut link finds them once it is mended (no lookup
+        has a contact to start from), so an engine waiting for another holder gets one."""
         eff = Effects()
         for node_id, contact in self._evicted.items():
-            if self.lately_gone(node_id, now) and now >= self._recheck_at.get(node_id, 0.0) \
+            gone = self.lately_gone(node_id, now) if within_s is None \
+                else self.gone_within(node_id, now, within_s)
+            if gone and now >= self._recheck_at.get(node_id, 0.0) \
                     and (key is None or node_id ^ key < self.node_id ^ key):
                 self._recheck_at[node_id] = now + 10 * self.config.rpc_timeout_s
                 self._probe(contact, now, eff)
