@@ -192,6 +192,9 @@ class JobSpec:
         overlap: under a barrier with staleness the next steps compute while a step's
             pushes travel: True, or how many steps' updates may be unanswered
             (``barrier.pipeline_depth``; see ``Job``).
+        wait_alone_s: how long after evicting its last partner a peer alone keeps its own
+            updates unsettled (and its job not done) in case the partner was cut off, not
+            dead (see ``Job``); 0: settled at once.
     """
 
     name: str
@@ -212,6 +215,7 @@ class JobSpec:
     batch: int = 32
     balance: bool = False
     overlap: bool | int = True
+    wait_alone_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "retry_s", "replicate_s"):
@@ -219,6 +223,10 @@ class JobSpec:
             if (not isinstance(value, numbers.Real) or isinstance(value, bool)
                     or not math.isfinite(value) or value <= 0):
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        wait = self.wait_alone_s
+        if not isinstance(wait, numbers.Real) or isinstance(wait, bool) \
+                or not math.isfinite(wait) or wait < 0:
+            raise ConfigError(f"wait_alone_s must be a number of seconds >= 0, got {wait!r}")
         if not is_int(self.batch) or self.batch < 1:
             raise ConfigError(f"batch must be an int >= 1, got {self.batch!r}")
         object.__setattr__(self, "batch", int(self.batch))   # np.int64(64) too, kept plain

@@ -103,6 +103,12 @@ class Job:
             one answer are staler for the others: too stale for a large learning rate.
             False or 0: each step waits for its pushes' answers first (it reads its own
             last update).
+        wait_alone_s: a peer that evicted every other peer it knew (no answer from them)
+            cannot tell dead peers from a cut link: for this long after the last eviction
+            (default 5 s) it keeps its own updates unsettled and PINGs those peers, so
+            that, the link mended, the updates reach whichever branch wins, and its job is
+            not done meanwhile; then it takes them as settled (its partners dead). A cut
+            longer than this ends a job with a model per side; 0: settled at once.
         **overlay: any other ``KademliaConfig`` field (e.g. ``rpc_timeout_s``).
 
     Raises:
@@ -113,7 +119,7 @@ class Job:
                  seed: int = 0, *, ksize: int = 20, alpha: int = 3, poll_s: float = 0.01,
                  replicate_s: float = 0.01, durable: bool = True, batch: int = 32,
                  balance: bool = False, overlap: bool | int = True,
-                 **overlay: Any) -> None:
+                 wait_alone_s: float = 5.0, **overlay: Any) -> None:
         if not name or not isinstance(name, str):   # as the PS engine's Job
             raise ConfigError(f"a job needs a non-empty str name, got {name!r}")
         if len(name) > MAX_NAME_CHARS:   # its peers' service names hold it, as the PS's do
@@ -148,6 +154,7 @@ class Job:
             raise ConfigError(f"overlap must be True, False or an int in 0..{MAX_OVERLAP}, "
                               f"got {overlap!r}")
         self.overlap = overlap if isinstance(overlap, bool) else int(overlap)
+        self.wait_alone_s = wait_alone_s
         if not is_int(alpha) or alpha < 1:
             raise ConfigError(f"alpha must be an int >= 1, got {alpha!r}")   # 0: asks nobody
         try:    # its own checks (min_rpc_timeout_s, rpc_timeout_s_per_mb) raise ValueError
@@ -217,7 +224,8 @@ class Job:
                        policy=self.policy, seed=self.seed, poll_s=self.poll_s,
                        replicate_s=self.replicate_s, durable=self.durable,
                        batch=self.batch, balance=self.balance, overlap=self.overlap,
-                       keys=frozenset(keys), sizes=_sizes(keys), **kwargs)
+                       wait_alone_s=self.wait_alone_s, keys=frozenset(keys),
+                       sizes=_sizes(keys), **kwargs)
 
     def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
         """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and

@@ -39,6 +39,9 @@ Owner changes are serialised:
 - **Exactly once.** A copy's stamps name every pusher's last step folded into it (steps
   come in order from each pusher); an owner takes them over with the copy, so a push that
   comes again (its answer lost, its round refused) is applied only if the copy lacks it.
+- **Waits** (``waits.py``). After a refused round the key is taken over again only once the
+  closer peer the holders know is found or gone; a peer alone keeps its own updates
+  unsettled for ``wait_alone_s``, its partners maybe cut off rather than dead.
 - **Own updates.** The owner's own pushes, acknowledged at once, are kept until a durable
   round covers them, or an answer that is the one other holder's copy once that holder
   echoes the answer's token in a push (it holds that copy); if their copy loses
@@ -61,6 +64,7 @@ from .kademlia.routing import Contact
 from .kademlia.values import MAX_STAMPS, Blob
 from .methods import Method, Status
 from .pipeline import Pushes, pushed_items
+from .waits import OwnerWaits
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ Answer = tuple[int, tuple[Any, ...], Any]
 Later = Callable[[Answer, float, Effects], None]
 
 
-class KeyOwner(Fence):
+class KeyOwner(Fence, OwnerWaits):
     """Serves the keys one peer owns.
 
     Args:
@@ -97,6 +101,8 @@ class KeyOwner(Fence):
         self._dirty: set[int] = set()
         self._adopting: set[int] = set()
         self._looking: set[int] = set()             # keys refused, looked up before adopting
+        # key -> when its own updates began to wait for a partner (``_awaits_partner``)
+        self._awaiting: dict[int, float] = {}
         # key -> the copy fetched when we took it over (a replica of the last owner's writes)
         self._adopted: dict[int, Any] = {}
         self.owned: set[int] = set()                # keys taken over (newest copy fetched)
@@ -340,34 +346,6 @@ class KeyOwner(Fence):
             self.repush(unsure[0][1], tuple((step, update) for _, _, step, update in unsure),
                         now, eff)
 
-    def _holding(self, kid: KadId, now: float, eff: Effects) -> bool:
-        """Whether to wait before taking ``kid`` over again after a holder refused our round
-        (it knows a peer closer to the key than us, or a newer copy's writer). While a peer
-        closer to it that we evicted lately may be alive (slow, not dead), it is PINGed;
-        else a lookup of the key first finds the closer peers the holders know. The key is
-        a closer peer's once it answers (``_is_owner``), ours again once it is gone for
-        good or no lookup finds one. (Taken over again at once, the key was refused again:
-        a peer that did not know the owner took it over 27 times in 0.4 s, each time
-        fetching the copy.)"""
-        looked = self._refused.get(kid)
-        if looked is None:
-            return False
-        if self.node.gone_closer(kid, now):
-            eff.extend(self.node.probe_lately(now, kid))
-            return True
-        if looked:
-            del self._refused[kid]
-            return False
-        if kid not in self._looking:
-            self._looking.add(kid)
-
-            def found(done: Done, when: float, e: Effects) -> None:
-                self._looking.discard(kid)
-                if kid in self._refused:
-                    self._refused[kid] = True
-            self._start_op(self.node.find_node(kid, now), found, eff)
-        return True
-
     def _adopt(self, kid: KadId, now: float, eff: Effects) -> None:
         """Take a key over: fetch the newest copy among its holders (ours included), which
         also tells them of us (the fence), before serving it."""
@@ -416,7 +394,8 @@ class KeyOwner(Fence):
         if record is None:
             return
         clock = record.clock
-        if not self._waiting.get(kid) and self._covered(kid, clock, now):
+        if not self._waiting.get(kid) and self._covered(kid, clock, now) \
+                and not (kid in self._awaiting and self._awaits(kid, now)):
             proof = self._proof.get(kid)
             if proof is None or not self._unsure.get(kid):
                 return              # the holders' copies are as new: nothing to send
@@ -480,7 +459,8 @@ class KeyOwner(Fence):
                         copies[pusher] = max(held.clock, copies.get(pusher, -1))
                     later((Status.OK, (held.clock,), held.value), when, e)
                 # a skipped holder counts only at the clock it holds (answered or before)
-                if all(copies.get(h, -1) >= clock for h in skip):
+                if all(copies.get(h, -1) >= clock for h in skip) \
+                        and not self._awaits_partner(kid, done.asked or bool(skip), when, e):
                     self._settled(kid, clock)
             elif only_here:         # ask the peers lost lately, and go again
                 e.extend(self.node.probe_lately(when))

@@ -198,17 +198,24 @@ def test_a_refused_owner_looks_the_key_up_before_taking_it_over_again() -> None:
     assert got is not None and got[0] == Status.NOT_OWNER
 
 
-@pytest.mark.xfail(strict=True, reason="known: a partition longer than the alone window loses "
-                   "one side's own updates (docs/peer.md, 'Known limit: a partition ...')")
-def test_two_peers_cut_apart_for_two_seconds_lose_no_acknowledged_update() -> None:
-    """The cut-link job of the test above with a 2 s cut (from 0.05 s, before either peer's
-    first step was answered): each peer, alone once its partner was silent for the ``alone``
-    window (about 1 s here), settles its own updates on its own copies, both finish their 40
-    steps, and the job ends at 1.5 s, in the cut, with each side's model; the one read back
-    holds n0's updates alone (network seeds 0-5: 0 of 6 right with 2 s or 4 s cuts, 6 of 6
-    with 1 s, where the job ends after the mend). Two peers cannot tell a dead partner from
-    a cut one; a quorum of holders needs 3 peers."""
-    sim = SimRun(tally(ASP()), 2, {n: np.zeros(MAX_PEERS * STEPS) for n in KEYS}, seed=0,
+@pytest.mark.parametrize("seed, cut_s, wait_s", [(0, 2.0, 5.0), (1, 4.0, 5.0), (0, 2.0, 0.0)])
+def test_two_peers_cut_apart_for_seconds_lose_no_acknowledged_update(
+        seed: int, cut_s: float, wait_s: float) -> None:
+    """The cut-link job of the test above with cuts of seconds (from 0.05 s, before either
+    peer's first step was answered): each peer, alone once its partner was silent for the
+    ``alone`` window (about 1 s here), settled its own updates on its own copies, both
+    finished their 40 steps, and the job ended at 1.5 s, in the cut, with a model per side
+    (network seeds 0-5: 0 of 6 right with 2 s or 4 s cuts, 6 of 6 with 1 s). Now a peer
+    alone keeps its own updates unsettled for ``wait_alone_s`` (5 s by default), PINGing its
+    partner, so the job ends after the mend with every update (12 of 12 with 2 s and 4 s
+    cuts, seeds 0-5); with ``wait_alone_s=0`` the job still ends in the cut, split."""
+    job = tally(ASP())
+    job.wait_alone_s = wait_s
+    sim = SimRun(job, 2, {n: np.zeros(MAX_PEERS * STEPS) for n in KEYS}, seed=seed,
                  max_s=60.0, compute_s=lambda index, step: 0.002,
-                 link=lambda net, address, inner: CutLink(net, inner, 0.05, 2.05))
-    check(sim, sim.run())
+                 link=lambda net, address, inner: CutLink(net, inner, 0.05, 0.05 + cut_s))
+    if wait_s < cut_s - 1.0:
+        with pytest.raises(AssertionError, match="acknowledged updates of peer"):
+            check(sim, sim.run())
+    else:
+        check(sim, sim.run())

@@ -248,14 +248,15 @@ class TestMembership:
         new_owner = sim.net.true_closest(key_id("w0"), 1)[0].address
         assert owner in result.owners["w0"] and new_owner in result.owners["w0"]
 
-    @pytest.mark.parametrize("victim", [0, 1])
-    def test_the_survivor_of_two_ends_soon_with_every_acknowledged_push(self, victim):
+    @pytest.mark.parametrize("victim, wait_s", [(0, 5.0), (1, 5.0), (1, 0.0)])
+    def test_the_survivor_of_two_ends_soon_with_every_acknowledged_push(self, victim, wait_s):
         """Of 2 peers one is killed: the survivor's own writes are then on no other holder,
         and it ends once it may take itself to be alone (``KademliaNode.alone``: its
-        partner evicted and silent for 10 RPC timeouts), with every push acknowledged to it
+        partner evicted and silent for 10 RPC timeouts) and waited ``wait_alone_s`` for it
+        (a cut link, not a death, would bring it back), with every push acknowledged to it
         in the model. (A first cut of the rule that a write no other peer took is not
         durable while a peer knows others waited ``dead_for_s``, 60 s, here.)"""
-        job = Job("two", barrier=ASP(), seed=1)
+        job = Job("two", barrier=ASP(), seed=1, wait_alone_s=wait_s)
         job.register_schedule(lambda ctx: ["w"])
         job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
         job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - up["w"]))
@@ -270,7 +271,9 @@ class TestMembership:
         # pushes are acknowledged at once and die with it if no holder has them yet
         assert 40 <= result.clocks["w"] <= 40 + dead.pushed + 1
         np.testing.assert_array_equal(result.model["w"], np.full(4, -result.clocks["w"]))
-        assert result.seconds < 0.05 + 10 * job.config.rpc_timeout_s + 0.5
+        # alone about 1.5 s after the kill, then the wait from its first round alone
+        assert result.seconds < 0.05 + 10 * job.config.rpc_timeout_s + 0.5 + (
+            wait_s + 1.0 if wait_s else 0.0)
 
     def test_a_peer_joining_mid_run_takes_part(self) -> None:
         job = linreg(SSP(2), steps=40)
