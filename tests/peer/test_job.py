@@ -183,6 +183,13 @@ class TestTraining:
         with pytest.raises(ConfigError, match="batch must be an int >= 1"):
             job.spec()
 
+    @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "5", True])
+    def test_wait_alone_s_must_be_seconds(self, bad: object) -> None:
+        job = linreg(SSP(2), steps=1)
+        job.wait_alone_s = bad  # type: ignore[assignment]
+        with pytest.raises(ConfigError, match="wait_alone_s must be a number of seconds"):
+            job.spec()
+
     @pytest.mark.parametrize("barrier", [PSP(1, 4), ASP()], ids=["pssp1-4", "asp"])
     def test_two_peers_exchange_little_more_than_a_push_and_its_answer(
             self, barrier: Policy) -> None:
