@@ -22,6 +22,7 @@ class OwnerWaits:
     spec: JobSpec
     node: KademliaNode
     _start_op: StartOp
+    # the waits' state (``KeyOwner.__init__`` says what each holds)
     _refused: dict[int, bool]
     _looking: set[int]
     _awaiting: dict[int, float]
