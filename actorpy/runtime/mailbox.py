@@ -8,12 +8,16 @@ from __future__ import annotations
 import enum
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from actorpy.errors import ActorpyError
 
 #: The header's service field is a u16 and 0 is the core runtime: ids run 1..65535.
 MAX_SERVICE_ID = 2**16 - 1
+
+#: the size a queued control item counts as (a message's is its bytes, >= 0); a timer's
+#: firing is a control item whose order against messages does not matter
+_CONTROL, _TIMER = -1, -2
 
 #: Reasons kept for freed ids are cut to this length (65 535 of them stay small).
 _REASON_CHARS = 300
@@ -44,7 +48,10 @@ class Mailbox:
     A thread other than the service's may run one message itself (``claim`` ... ``release``:
     a quick handler on the I/O thread) while the box is empty and the service's thread is
     idle in ``get``; ``get`` then waits for the release. So messages are still handled one
-    at a time and in order, whichever thread runs them.
+    at a time and in order, whichever thread runs them. The service's thread may also step
+    aside from the item it handles (``step_aside`` ... ``step_back``: work that touches none
+    of the service's state, a P2P peer's user ``push``): the box may be claimed meanwhile,
+    and ``step_back`` waits for the release.
 
     Args:
         max_items: messages from the wire the inbox may hold.
@@ -62,6 +69,7 @@ class Mailbox:
         self._accepting = True
         self._serving = False   # the service's thread handles an item it took with get()
         self._claimed = False   # another thread handles a message (claim ... release)
+        self._aside = False     # the service's thread stepped aside from its item
         #: messages refused because the inbox was full (for stats and tests)
         self.refused = 0
         #: the most messages from the wire held at once
@@ -83,12 +91,13 @@ class Mailbox:
             self._cond.notify()
         return Offer.ACCEPTED
 
-    def post(self, item: Any) -> bool:
-        """Queue a control item; False once the box is closed."""
+    def post(self, item: Any, timer: bool = False) -> bool:
+        """Queue a control item; False once the box is closed. ``timer``: a timer's firing,
+        which a claimant of a box stepped aside may leave for later (``claim_queued``)."""
         with self._cond:
             if not self._open:
                 return False
-            self._queue.append((item, -1))
+            self._queue.append((item, _TIMER if timer else _CONTROL))
             self._cond.notify()
         return True
 
@@ -108,7 +117,8 @@ class Mailbox:
 
     def claim(self) -> bool:
         """Whether the caller may handle a message itself, now (never waits): the box is
-        open and empty and the service's thread idle in ``get``. Call ``release`` after."""
+        open and empty and the service's thread idle in ``get`` or stepped aside. Call
+        ``release`` after."""
         with self._cond:
             if (self._queue or self._serving or self._claimed
                     or not (self._open and self._accepting)):
@@ -116,14 +126,52 @@ class Mailbox:
             self._claimed = True
             return True
 
+    def claim_queued(self, takes: Callable[[Any], bool]) -> list[Any] | None:
+        """While the service's thread is stepped aside, ``claim`` the box with items queued:
+        when each is a message the caller ``takes`` or a timer's firing (no other control
+        item), the messages are the caller's to run first, in order (returned), and the
+        timers stay for the service's thread (a timer is due at its time or later); None
+        when the box cannot be claimed so. Call ``release`` after."""
+        with self._cond:
+            if not (self._aside and self._queue) or self._claimed \
+                    or not (self._open and self._accepting) \
+                    or not all(nbytes == _TIMER or (nbytes >= 0 and takes(item))
+                               for item, nbytes in self._queue):
+                return None
+            taken = [item for item, nbytes in self._queue if nbytes >= 0]
+            timers = [entry for entry in self._queue if entry[1] == _TIMER]
+            self._queue.clear()
+            self._queue.extend(timers)
+            self._messages = self._bytes = 0
+            self._claimed = True
+            return taken
+
     def release(self) -> None:
         """End a ``claim``: the service's thread may take items again. It is woken only if
         an item came in meanwhile: with the box empty it would wake to find nothing (one
         thread wake-up, and a turn at the interpreter lock, per quick message)."""
         with self._cond:
             self._claimed = False
-            if self._queue:
-                self._cond.notify()
+            if self._queue or self._aside:
+                self._cond.notify()   # the service's thread: in ``get`` or ``step_back``
+
+    def step_aside(self) -> bool:
+        """Called by the service's thread while it handles an item, before work that
+        touches none of the service's state: until ``step_back``, another thread may
+        ``claim`` the box as if the service were idle. False (and nothing changed) when the
+        caller is not the service's thread handling an item (a claimant, say)."""
+        with self._cond:
+            if not self._serving or self._aside:
+                return False
+            self._serving, self._aside = False, True
+            return True
+
+    def step_back(self) -> None:
+        """End a ``step_aside``: wait until no other thread handles a message, then the
+        service's thread holds its item again."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._claimed)
+            self._serving, self._aside = True, False
 
     def refuse_messages(self) -> None:
         """From now on ``offer`` answers CLOSED (a stopping service); control items and what

@@ -56,6 +56,9 @@ class ServiceRunner:
     def post(self, fn: Callable[..., Any], *args: Any) -> bool:
         return self.mailbox.post((fn, args))
 
+    def post_timer(self, fn: Callable[..., Any], *args: Any) -> bool:
+        return self.mailbox.post((fn, args), timer=True)
+
     def add_timer(self, timer: ServiceTimer) -> None:
         with self._lock:
             self._timers.add(timer)
@@ -82,10 +85,21 @@ class ServiceRunner:
 
     def run_here(self, msg: wm.Message) -> bool:
         """Handle ``msg`` on the calling thread (the node's I/O thread) if its kind is one of
-        the service's ``quick_kinds`` and the service is idle; False: queue it instead."""
-        if msg.kind not in getattr(self.service, "quick_kinds", ()) or not self.mailbox.claim():
+        the service's ``quick_kinds`` and the service is idle, or stepped aside with only
+        messages of those kinds queued (run first, in order); False: queue it instead."""
+        quick = getattr(self.service, "quick_kinds", ())
+        if msg.kind not in quick:
             return False
+        if self.mailbox.claim():
+            queued: list[Any] = []
+        else:   # the service stepped aside (``ServiceContext.unlocked``) with messages queued
+            queued = self.mailbox.claim_queued(
+                lambda item: isinstance(item, wm.Message) and item.kind in quick)
+            if queued is None:
+                return False
         try:
+            for item in queued:
+                self._handle(item)
             self._handle(msg)
         finally:
             self.mailbox.release()

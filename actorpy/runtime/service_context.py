@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from actorpy.errors import ActorpyError, ActorpyTimeout
 from actorpy.ids import NodeId
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from actorpy.runtime.runner import ServiceRunner
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -238,13 +240,34 @@ class ServiceContext(WorkerContext):
         timer = ServiceTimer(fn, args)
         self._runner.add_timer(timer)
         timer._handle = self.node.call_later(max(0.0, delay_s),
-                                             lambda: self._runner.post(self._fire, timer))
+                                             lambda: self._runner.post_timer(self._fire, timer))
         return timer
 
     def post(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on this service's thread after the messages already in its
         inbox: a ``schedule(0, ...)`` without the hop through the node's I/O thread."""
         self._runner.post(fn, *args)
+
+    def post_timer(self, fn: Callable[..., None], *args: Any) -> None:
+        """``post`` a timer that is due now: while the service is stepped aside
+        (``unlocked``), messages that come after it may be handled first."""
+        self._runner.post_timer(fn, *args)
+
+    def unlocked(self, work: Callable[[], T]) -> T:
+        """Run ``work()`` on this service's thread with the service stepped aside: meanwhile
+        its ``quick_kinds`` may be handled on the node's I/O thread as if it were idle, one
+        at a time and in order, those queued first (while its inbox holds nothing else but
+        timers due, which wait for the service's thread); the service's state is its own
+        again once ``work`` returns. ``work`` must touch none of the state those handlers
+        touch (a P2P peer's user ``push``: it answers the pushes of other peers meanwhile).
+        Run from anywhere but the service's thread handling an item, it just runs ``work``."""
+        box = self._runner.mailbox
+        if threading.current_thread() is not self._runner.thread or not box.step_aside():
+            return work()
+        try:
+            return work()
+        finally:
+            box.step_back()
 
     def _fire(self, timer: ServiceTimer) -> None:
         self._runner.drop_timer(timer)

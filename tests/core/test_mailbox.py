@@ -75,6 +75,54 @@ class TestMailbox:
         assert got == ["after"]
 
 
+    def test_a_service_stepped_aside_may_be_claimed_and_steps_back_after_the_release(self):
+        box = Mailbox(max_items=10, max_bytes=1000)
+        assert not box.step_aside()      # not handling an item: nothing to step aside from
+        box.post("compute")
+        assert box.get(0) == "compute"
+        assert not box.claim()           # handling it
+        assert box.step_aside()
+        assert not box.step_aside()      # once
+        assert box.claim()               # as if idle: another thread runs a message
+        back = threading.Thread(target=box.step_back)
+        back.start()
+        back.join(0.2)
+        assert back.is_alive()           # not before the claim ends: one at a time
+        box.release()
+        back.join(10)
+        assert not back.is_alive()
+        assert not box.claim()           # handling "compute" again
+
+    def test_a_service_stepped_aside_is_not_claimed_past_queued_items(self):
+        box = Mailbox(max_items=10, max_bytes=1000)
+        box.post("compute")
+        assert box.get(0) == "compute"
+        assert box.step_aside()
+        box.offer("m1", 1)
+        assert not box.claim()           # m1 came first: the next message queues behind it
+        assert box.claim_queued(lambda item: item == "other") is None   # not the caller's
+        assert box.claim_queued(lambda item: True) == ["m1"]  # the caller runs m1 first
+        assert len(box) == 0 and box.claim_queued(lambda item: True) is None
+        box.release()
+        box.offer("m2", 1)
+        box.post("timer", timer=True)    # a timer due: it waits for the service's thread
+        box.offer("m3", 1)
+        assert box.claim_queued(lambda item: True) == ["m2", "m3"]
+        box.release()
+        box.offer("m4", 1)
+        box.post("reply")                # a control item: only the service's thread runs it
+        box.offer("m5", 1)
+        assert box.claim_queued(lambda item: True) is None
+        box.step_back()
+        assert [box.get(0) for _ in range(4)] == ["timer", "m4", "reply", "m5"]
+
+    def test_an_idle_service_is_never_claimed_past_queued_items(self):
+        box = Mailbox(max_items=10, max_bytes=1000)
+        box.offer("m1", 1)
+        assert box.claim_queued(lambda item: True) is None   # its thread takes m1 next
+        assert box.get(0) == "m1"
+
+
 class TestServiceIds:
     def test_all_65535_then_a_clear_error_then_oldest_freed_first(self):
         ids = ServiceIds()
