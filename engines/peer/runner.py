@@ -88,6 +88,11 @@ class PeerRunner(OwnerCalls):
         #: set by a shell while it handles a message on its node's I/O thread: a step is
         #: then begun and computed from timers (on the service's thread), never there
         self.on_io_thread = False
+        #: set by a shell whose I/O thread may serve other peers while ``push`` runs:
+        #: ``unlocked(work)`` runs ``work`` so (``ServiceContext.unlocked``); the runner's
+        #: messages are handed to it on the I/O thread meanwhile (``computing``)
+        self.unlocked: Callable[[Callable[[], Any]], Any] | None = None
+        self._computing = False
         self.owner = KeyOwner(spec, node, self._start_op)
         node.on_call = self.owner.on_call
         self.owner.repush = self._repush
@@ -143,6 +148,13 @@ class PeerRunner(OwnerCalls):
         step's own pushes leave at once; the step is counted, and the next one computed, on
         the service's thread (``Timer.SENT``: ``stop`` and the barrier are user code)."""
         return self._pipe.full and self.phase == Phase.WORKING
+
+    @property
+    def computing(self) -> bool:
+        """The service's thread runs user ``push`` (``unlocked``): a shell may hand this
+        runner any message on its node's I/O thread meanwhile, answers included; a step
+        they let begin or count waits for a timer, on the service's thread."""
+        return self._computing
 
     @property
     def stopped(self) -> bool:
@@ -271,9 +283,17 @@ class PeerRunner(OwnerCalls):
         values = {k: self.values[k][0] for k in self._keys}
         if self._read_own and self._pipe.busy:
             values = self._own_view(values)
+        ctx, push = self._ctx(), self.spec.push
         try:
-            self._updates = checked_updates(self.spec.push(self._ctx(), values), values,
-                                            self.node.address)
+            self._computing = True
+            try:
+                out = push(ctx, values) if self.unlocked is None \
+                    else self.unlocked(lambda: push(ctx, values))
+            finally:
+                self._computing = False
+            if self.stopped:    # failed or left meanwhile (a message the I/O thread took)
+                return
+            self._updates = checked_updates(out, values, self.node.address)
         except Exception as exc:  # user code: report it, as a task failure would be
             self._fail(exc)
             return
