@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -70,6 +71,7 @@ class Mailbox:
         self._serving = False   # the service's thread handles an item it took with get()
         self._claimed = False   # another thread handles a message (claim ... release)
         self._aside = False     # the service's thread stepped aside from its item
+        self._lent_at = 0.0     # ... and may be claimed from then on (time.monotonic())
         #: messages refused because the inbox was full (for stats and tests)
         self.refused = 0
         #: the most messages from the wire held at once
@@ -121,7 +123,8 @@ class Mailbox:
         ``release`` after."""
         with self._cond:
             if (self._queue or self._serving or self._claimed
-                    or not (self._open and self._accepting)):
+                    or not (self._open and self._accepting)
+                    or (self._aside and time.monotonic() < self._lent_at)):
                 return False
             self._claimed = True
             return True
@@ -135,6 +138,7 @@ class Mailbox:
         with self._cond:
             if not (self._aside and self._queue) or self._claimed \
                     or not (self._open and self._accepting) \
+                    or time.monotonic() < self._lent_at \
                     or not all(nbytes == _TIMER or (nbytes >= 0 and takes(item))
                                for item, nbytes in self._queue):
                 return None
@@ -155,16 +159,28 @@ class Mailbox:
             if self._queue or self._aside:
                 self._cond.notify()   # the service's thread: in ``get`` or ``step_back``
 
-    def step_aside(self) -> bool:
+    def step_aside(self, after_s: float = 0.0) -> bool:
         """Called by the service's thread while it handles an item, before work that
-        touches none of the service's state: until ``step_back``, another thread may
-        ``claim`` the box as if the service were idle. False (and nothing changed) when the
-        caller is not the service's thread handling an item (a claimant, say)."""
+        touches none of the service's state: from ``after_s`` seconds on until
+        ``step_back``, another thread may ``claim`` the box as if the service were idle.
+        False (and nothing changed) when the caller is not the service's thread handling an
+        item (a claimant, say)."""
         with self._cond:
             if not self._serving or self._aside:
                 return False
             self._serving, self._aside = False, True
+            self._lent_at = time.monotonic() + after_s
             return True
+
+    def lent_in(self) -> float | None:
+        """Seconds until the box of a service stepped aside may be claimed (``step_aside``'s
+        ``after_s``), when that is still to come; else None."""
+        with self._cond:
+            if self._aside:
+                left = self._lent_at - time.monotonic()
+                if left > 0:
+                    return left
+            return None
 
     def step_back(self) -> None:
         """End a ``step_aside``: wait until no other thread handles a message, then the

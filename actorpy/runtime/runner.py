@@ -44,6 +44,7 @@ class ServiceRunner:
         self._timers: set[ServiceTimer] = set()
         self._subs: list[Subscription] = []
         self._replies: set[Reply] = set()
+        self._drain_armed = False   # a ``_drain`` is due on the node's I/O thread
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"actorpy-service-{sid}")
 
@@ -86,24 +87,48 @@ class ServiceRunner:
     def run_here(self, msg: wm.Message) -> bool:
         """Handle ``msg`` on the calling thread (the node's I/O thread) if its kind is one of
         the service's ``quick_kinds`` and the service is idle, or stepped aside with only
-        messages of those kinds queued (run first, in order); False: queue it instead."""
+        messages of those kinds queued (run first, in order); False: queue it instead (to
+        be run from a node timer once a service stepped aside may be claimed)."""
         quick = getattr(self.service, "quick_kinds", ())
         if msg.kind not in quick:
             return False
         if self.mailbox.claim():
             queued: list[Any] = []
-        else:   # the service stepped aside (``ServiceContext.unlocked``) with messages queued
-            queued = self.mailbox.claim_queued(
-                lambda item: isinstance(item, wm.Message) and item.kind in quick)
+        else:   # stepped aside (``ServiceContext.unlocked``): messages queued, or too soon
+            queued = self._claim_queued()
             if queued is None:
+                self._drain_later()
                 return False
+        self._run_claimed([*queued, msg])
+        return True
+
+    def _claim_queued(self) -> list[Any] | None:
+        quick = getattr(self.service, "quick_kinds", ())
+        return self.mailbox.claim_queued(
+            lambda item: isinstance(item, wm.Message) and item.kind in quick)
+
+    def _drain_later(self) -> None:
+        """A message queued while the service stepped aside, before its box may be claimed:
+        the I/O thread runs the queue then (unless the service took its box back)."""
+        wait = self.mailbox.lent_in()
+        if wait is not None and not self._drain_armed:
+            self._drain_armed = True
+            self.host.node.call_later(wait, self._drain)
+
+    def _drain(self) -> None:
+        self._drain_armed = False
+        queued = self._claim_queued()
+        if queued is None:
+            self._drain_later()     # stepped aside again meanwhile, not claimable yet
+        else:
+            self._run_claimed(queued)
+
+    def _run_claimed(self, messages: list[Any]) -> None:
         try:
-            for item in queued:
+            for item in messages:
                 self._handle(item)
-            self._handle(msg)
         finally:
             self.mailbox.release()
-        return True
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:

@@ -253,16 +253,21 @@ class ServiceContext(WorkerContext):
         (``unlocked``), messages that come after it may be handled first."""
         self._runner.post_timer(fn, *args)
 
-    def unlocked(self, work: Callable[[], T]) -> T:
+    def unlocked(self, work: Callable[[], T], after_s: float = 0.0) -> T:
         """Run ``work()`` on this service's thread with the service stepped aside: meanwhile
         its ``quick_kinds`` may be handled on the node's I/O thread as if it were idle, one
         at a time and in order, those queued first (while its inbox holds nothing else but
         timers due, which wait for the service's thread); the service's state is its own
         again once ``work`` returns. ``work`` must touch none of the state those handlers
         touch (a P2P peer's user ``push``: it answers the pushes of other peers meanwhile).
-        Run from anywhere but the service's thread handling an item, it just runs ``work``."""
+        Run from anywhere but the service's thread handling an item, it just runs ``work``.
+        ``after_s``: the I/O thread takes messages only once ``work`` has run this long
+        (those that came before it then first): a short ``work`` runs with the service
+        locked, as its messages would not wait long, and handling them beside it costs
+        both threads turns at the interpreter lock."""
         box = self._runner.mailbox
-        if threading.current_thread() is not self._runner.thread or not box.step_aside():
+        if threading.current_thread() is not self._runner.thread \
+                or not box.step_aside(after_s):
             return work()
         try:
             return work()

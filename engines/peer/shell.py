@@ -108,6 +108,11 @@ DRIVER_LEASE_S = 3.0
 LEASE_CHECKS = 6
 
 
+#: a peer's I/O thread serves others beside its user ``push`` once it has run this long:
+#: a shorter one holds its messages, as handling them beside it costs both threads turns
+#: at the interpreter lock (``ServiceContext.unlocked``)
+UNLOCK_AFTER_S = 0.0005
+
 #: overlay addresses whose parsed service a peer keeps (its contacts', mostly; cleared
 #: when full)
 MAX_REFS = 4096
@@ -178,7 +183,10 @@ class PeerService(Service):
         self.quick_kinds = frozenset({PeerKind.OVERLAY, PeerKind.STATUS}) if quick \
             else frozenset()
         if self.peer.runner is not None and quick:
-            self.peer.runner.unlocked = self.ctx.unlocked
+            self.peer.runner.unlocked = self._unlocked
+
+    def _unlocked(self, push: Callable[[], Any]) -> Any:
+        return self.ctx.unlocked(push, after_s=UNLOCK_AFTER_S)
 
     # ------------------------------------------------------------------ effects
     def perform(self, eff: Effects) -> None:

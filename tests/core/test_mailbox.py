@@ -116,6 +116,24 @@ class TestMailbox:
         box.step_back()
         assert [box.get(0) for _ in range(4)] == ["timer", "m4", "reply", "m5"]
 
+    def test_a_box_stepped_aside_is_lent_only_after_after_s(self):
+        box = Mailbox(max_items=10, max_bytes=1000)
+        assert box.lent_in() is None     # not stepped aside
+        box.post("compute")
+        assert box.get(0) == "compute"
+        assert box.step_aside(after_s=60)
+        assert 59 < box.lent_in() <= 60
+        assert not box.claim()           # too soon: a short work keeps its messages
+        box.offer("m1", 1)
+        assert box.claim_queued(lambda item: True) is None
+        box.step_back()
+        assert box.lent_in() is None
+        assert box.get(0) == "m1"
+        assert box.step_aside(after_s=0)
+        assert box.lent_in() is None     # lent already
+        assert box.claim()
+        box.release()
+
     def test_an_idle_service_is_never_claimed_past_queued_items(self):
         box = Mailbox(max_items=10, max_bytes=1000)
         box.offer("m1", 1)

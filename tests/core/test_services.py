@@ -134,6 +134,65 @@ class TestQuickKinds:
         assert log()[-1] == ("msg", 200, threading.current_thread().name)
 
 
+
+class Aside(Service):
+    """ECHO runs ``ctx.unlocked`` around a wait for a PING (quick); LOG says where each ran."""
+
+    quick_kinds = frozenset({PING})
+
+    def __init__(self, ctx: ServiceContext, after_s: float) -> None:
+        super().__init__(ctx)
+        self.after_s = after_s
+        self.pinged = threading.Event()
+        self.log: list[tuple[Any, str]] = []
+
+    @handles(ECHO)
+    def work(self, wait_s: float, env: Envelope) -> bool:
+        self.pinged.clear()
+        return self.ctx.unlocked(lambda: self.pinged.wait(wait_s), after_s=self.after_s)
+
+    @handles(PING)
+    def ping(self, n: int, env: Envelope) -> None:
+        self.log.append((n, where()))
+        if n < 0:
+            self.pinged.set()
+
+    @handles(LOG)
+    def read(self, _: None, env: Envelope) -> list[tuple[Any, str]]:
+        return self.log
+
+
+class TestUnlocked:
+    @pytest.mark.parametrize("after_s", [0.0, 0.05])
+    def test_quick_kinds_run_on_the_io_thread_while_the_service_works_unlocked(self, pair,
+                                                                               after_s):
+        a, b = pair
+        ref = a.start(Aside, after_s)
+        done: list[bool] = []
+        worker = threading.Thread(target=lambda: done.append(b.call(ref, ECHO, 10.0,
+                                                                    timeout_s=30)))
+        worker.start()
+        wait_until(lambda: ref_stepped_aside(a, ref), 10, "the service to step aside")
+        for i in range(20):         # queued first while after_s has not passed: in order
+            b.cast(ref, PING, i)
+        b.cast(ref, PING, -1)       # ends the wait, if it runs while the service works
+        worker.join(30)
+        assert done == [True]       # the PINGs ran while ECHO's work waited for them
+        log = a.call(ref, LOG, timeout_s=10)
+        assert [n for n, _ in log] == [*range(20), -1]
+        assert all(thread.startswith("actorpy-io-") for _, thread in log)
+
+    def test_outside_a_handler_it_just_runs_the_work(self, pair):
+        a, _ = pair
+        ref = a.start(Aside, 0.0)
+        host = a.services
+        runner = host._runners[ref.service]
+        assert runner.ctx.unlocked(lambda: 42) == 42   # not the service's thread
+
+
+def ref_stepped_aside(side: Any, ref: ServiceRef) -> bool:
+    return side.services._runners[ref.service].mailbox._aside
+
 class TestDispatch:
     def test_unknown_kinds_errors_and_casts(self, pair, caplog):
         a, b = pair
