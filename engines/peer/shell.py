@@ -175,10 +175,11 @@ class PeerService(Service):
     def _set_quick(self, spec: JobSpec | None) -> None:
         """Overlay messages may be handled on the node's I/O thread while the peer is idle:
         always for a bare overlay peer (no user code), for a job when its model is small,
-        and then while its user ``push`` runs too (``ServiceContext.unlocked``): a peer that
-        owns a key answers the pushes of others meanwhile. (Before, every push to a key a
-        straggler owned waited out the straggler's compute: P2P ASP lost +113 % in
-        ``bench/peer.py`` where the straggler owned the key.)"""
+        and then also once its user ``push`` has run ``UNLOCK_AFTER_S``
+        (``ServiceContext.unlocked``): a peer answers the pushes to the keys it owns, PINGs
+        and its own answers while it computes. (Before, a push longer than the rpc timeout
+        made its peer look dead: the peers pushing to it evicted it and took its keys
+        over.)"""
         quick = spec is None or spec.quick
         self.quick_kinds = frozenset({PeerKind.OVERLAY, PeerKind.STATUS}) if quick \
             else frozenset()
