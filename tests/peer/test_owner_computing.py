@@ -4,6 +4,7 @@ to them. Real processes: 2 peers on an embedded cluster of 2 workers, ASP, one k
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -46,7 +47,8 @@ def _job(folder: Path) -> peer.Job:
                     (folder / f"stalled.{ctx.index}").write_text(
                         f"peer {1 - ctx.index} at step {_read_step(folder, 1 - ctx.index)}")
                     break
-                time.sleep(0.002)   # the other peer's pace is what this waits for
+                # another process's progress, read from its file: polled, up to HOLD_S
+                threading.Event().wait(0.002)
         return {"w": np.ones(4)}
 
     @job.register_pull
