@@ -27,6 +27,7 @@ drives one ``Peer`` (its Kademlia node and, in a job, its runner).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -108,9 +109,8 @@ DRIVER_LEASE_S = 3.0
 LEASE_CHECKS = 6
 
 
-#: a peer's I/O thread serves others beside its user ``push`` once it has run this long:
-#: a shorter one holds its messages, as handling them beside it costs both threads turns
-#: at the interpreter lock (``ServiceContext.unlocked``)
+#: a peer's I/O thread serves others beside its ``push`` once it has run this long (a
+#: shorter one holds its messages: ``ServiceContext.unlocked``, docs/peer.md)
 UNLOCK_AFTER_S = 0.0005
 
 #: overlay addresses whose parsed service a peer keeps (its contacts', mostly; cleared
@@ -175,19 +175,14 @@ class PeerService(Service):
     def _set_quick(self, spec: JobSpec | None) -> None:
         """Overlay messages may be handled on the node's I/O thread while the peer is idle:
         always for a bare overlay peer (no user code), for a job when its model is small,
-        and then also once its user ``push`` has run ``UNLOCK_AFTER_S``
-        (``ServiceContext.unlocked``): a peer answers the pushes to the keys it owns, PINGs
-        and its own answers while it computes. (Before, a push longer than the rpc timeout
-        made its peer look dead: the peers pushing to it evicted it and took its keys
-        over.)"""
+        and then also once its ``push`` has run ``UNLOCK_AFTER_S`` (a long step no longer
+        makes its peer look dead to the peers pushing to it)."""
         quick = spec is None or spec.quick
         self.quick_kinds = frozenset({PeerKind.OVERLAY, PeerKind.STATUS}) if quick \
             else frozenset()
         if self.peer.runner is not None and quick:
-            self.peer.runner.unlocked = self._unlocked
-
-    def _unlocked(self, push: Callable[[], Any]) -> Any:
-        return self.ctx.unlocked(push, after_s=UNLOCK_AFTER_S)
+            self.peer.runner.unlocked = functools.partial(self.ctx.unlocked,
+                                                          after_s=UNLOCK_AFTER_S)
 
     # ------------------------------------------------------------------ effects
     def perform(self, eff: Effects) -> None:
@@ -276,16 +271,12 @@ class PeerService(Service):
             on_io_thread = runner is not None and threading.get_ident() != self._thread
             if on_io_thread and _is_answer(payload[0]) and not runner.awaits_answers \
                     and not runner.computing:
-                # On the node's I/O thread (a quick kind, the peer idle). An answer goes on
-                # to the service's thread: it completes one of our operations (mostly a
-                # push, and the step after it begins there at once: handled here, that
-                # hand-off would only come later), unless a computed step waits for it
-                # (``awaits_answers``): then its pushes leave from here, a wake-up sooner,
-                # and the step is counted on the service's thread (``Timer.SENT``), or the
-                # service's thread runs our push (``computing``): answered here, it would
-                # hold up the messages after it till then. A request (a push to us, a
-                # PING, a STORE) is handled here, and a step it lets begin begins from a
-                # timer, on the service's thread.
+                # On the I/O thread, the peer idle: an answer completes one of our
+                # operations, whose next step begins on the service's thread at once, so it
+                # goes there; here only if a computed step waits for it (its pushes leave
+                # a wake-up sooner; ``Timer.SENT`` counts the step) or our push runs
+                # (``computing``: posted, it would hold up the messages after it). Requests
+                # are handled here; a step they let begin waits for a timer.
                 self.ctx.post(self.overlay, payload, env)
                 return
             if len(payload) == 3 and self.dialer is not None:
