@@ -117,13 +117,14 @@ class Mailbox:
             self._serving = True
             return item
 
-    def claim(self) -> bool:
+    def claim(self, aside_only: bool = False) -> bool:
         """Whether the caller may handle a message itself, now (never waits): the box is
-        open and empty and the service's thread idle in ``get`` or stepped aside. Call
-        ``release`` after."""
+        open and empty and the service's thread idle in ``get`` or stepped aside (only
+        stepped aside with ``aside_only``). Call ``release`` after."""
         with self._cond:
             if (self._queue or self._serving or self._claimed
                     or not (self._open and self._accepting)
+                    or (aside_only and not self._aside)
                     or (self._aside and time.monotonic() < self._lent_at)):
                 return False
             self._claimed = True

@@ -87,12 +87,13 @@ class ServiceRunner:
     def run_here(self, msg: wm.Message) -> bool:
         """Handle ``msg`` on the calling thread (the node's I/O thread) if its kind is one of
         the service's ``quick_kinds`` and the service is idle, or stepped aside with only
-        messages of those kinds queued (run first, in order); False: queue it instead (to
-        be run from a node timer once a service stepped aside may be claimed)."""
-        quick = getattr(self.service, "quick_kinds", ())
-        if msg.kind not in quick:
+        messages of those kinds and its ``aside_kinds`` queued (run first, in order); one of
+        the ``aside_kinds``, only while the service is stepped aside. False: queue it
+        instead (to be run from a node timer once a service stepped aside may be claimed)."""
+        quick = msg.kind in getattr(self.service, "quick_kinds", ())
+        if not quick and msg.kind not in getattr(self.service, "aside_kinds", ()):
             return False
-        if self.mailbox.claim():
+        if self.mailbox.claim(aside_only=not quick):
             queued: list[Any] = []
         else:   # stepped aside (``ServiceContext.unlocked``): messages queued, or too soon
             queued = self._claim_queued()
@@ -103,9 +104,10 @@ class ServiceRunner:
         return True
 
     def _claim_queued(self) -> list[Any] | None:
-        quick = getattr(self.service, "quick_kinds", ())
+        kinds = frozenset(getattr(self.service, "quick_kinds", ())).union(
+            getattr(self.service, "aside_kinds", ()))
         return self.mailbox.claim_queued(
-            lambda item: isinstance(item, wm.Message) and item.kind in quick)
+            lambda item: isinstance(item, wm.Message) and item.kind in kinds)
 
     def _drain_later(self) -> None:
         """A message queued while the service stepped aside, before its box may be claimed:

@@ -125,11 +125,15 @@ class Service:
     never wait (no blocking ``call``, no disk, no long computation): a message of such a kind
     that finds the service idle and its inbox empty is handled on the node's I/O thread at
     once, one thread hand-off less per request. Handling stays one message at a time, in
-    order; a handler must still not rely on which thread runs it.
+    order; a handler must still not rely on which thread runs it. ``aside_kinds`` are
+    handled so only while the service's thread is stepped aside (``ctx.unlocked``): kinds
+    whose handlers may take too long for the I/O thread in general (a large value to fold),
+    but should not wait for a long ``work``.
     """
 
     _handlers: ClassVar[dict[int, str]] = {}
     quick_kinds: frozenset[int] = frozenset()
+    aside_kinds: frozenset[int] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -255,7 +255,7 @@ class ServiceContext(WorkerContext):
 
     def unlocked(self, work: Callable[[], T], after_s: float = 0.0) -> T:
         """Run ``work()`` on this service's thread with the service stepped aside: meanwhile
-        its ``quick_kinds`` may be handled on the node's I/O thread as if it were idle, one
+        its ``quick_kinds`` and ``aside_kinds`` may be handled on the node's I/O thread, one
         at a time and in order, those queued first (while its inbox holds nothing else but
         timers due, which wait for the service's thread); the service's state is its own
         again once ``work`` returns. ``work`` must touch none of the state those handlers

@@ -109,9 +109,9 @@ DRIVER_LEASE_S = 3.0
 LEASE_CHECKS = 6
 
 
-#: a peer's I/O thread serves others beside its ``push`` once it has run this long (a
-#: shorter one holds its messages: ``ServiceContext.unlocked``, docs/peer.md)
-UNLOCK_AFTER_S = 0.0005
+#: a peer's I/O thread serves others beside its ``push`` once it has run this long; the
+#: longer with a model over QUICK_MODEL_BYTES (``ServiceContext.unlocked``, docs/peer.md)
+UNLOCK_AFTER_S, BIG_UNLOCK_AFTER_S = 0.0005, 0.02
 
 #: overlay addresses whose parsed service a peer keeps (its contacts', mostly; cleared
 #: when full)
@@ -173,16 +173,17 @@ class PeerService(Service):
         self.perform(node.start(self.clock.now()))
 
     def _set_quick(self, spec: JobSpec | None) -> None:
-        """Overlay messages may be handled on the node's I/O thread while the peer is idle:
-        always for a bare overlay peer (no user code), for a job when its model is small,
-        and then also once its ``push`` has run ``UNLOCK_AFTER_S`` (a long step no longer
-        makes its peer look dead to the peers pushing to it)."""
+        """Overlay messages may be handled on the node's I/O thread while the peer is idle
+        (a bare overlay peer, or a job's small model) and while its ``push`` runs, from
+        ``UNLOCK_AFTER_S`` on (``BIG_UNLOCK_AFTER_S``, a larger model): a long step does
+        not make its peer look dead to the peers pushing to it."""
         quick = spec is None or spec.quick
-        self.quick_kinds = frozenset({PeerKind.OVERLAY, PeerKind.STATUS}) if quick \
-            else frozenset()
-        if self.peer.runner is not None and quick:
-            self.peer.runner.unlocked = functools.partial(self.ctx.unlocked,
-                                                          after_s=UNLOCK_AFTER_S)
+        kinds = frozenset({PeerKind.OVERLAY, PeerKind.STATUS})
+        self.quick_kinds, self.aside_kinds = (kinds, frozenset()) if quick \
+            else (frozenset(), kinds)
+        if self.peer.runner is not None:
+            self.peer.runner.unlocked = functools.partial(
+                self.ctx.unlocked, after_s=UNLOCK_AFTER_S if quick else BIG_UNLOCK_AFTER_S)
 
     # ------------------------------------------------------------------ effects
     def perform(self, eff: Effects) -> None:

@@ -93,6 +93,19 @@ class TestMailbox:
         assert not back.is_alive()
         assert not box.claim()           # handling "compute" again
 
+    def test_aside_only_claims_a_box_stepped_aside_never_an_idle_one(self):
+        box = Mailbox(max_items=10, max_bytes=1000)
+        assert not box.claim(aside_only=True)    # idle: the service's own thread runs it
+        box.post("compute")
+        assert box.get(0) == "compute"
+        assert not box.claim(aside_only=True)    # handling it
+        assert box.step_aside()
+        assert box.claim(aside_only=True)
+        box.release()
+        box.step_back()
+        assert box.get(0) is None                # idle again
+        assert not box.claim(aside_only=True) and box.claim()
+
     def test_a_service_stepped_aside_is_not_claimed_past_queued_items(self):
         box = Mailbox(max_items=10, max_bytes=1000)
         box.post("compute")

@@ -162,6 +162,13 @@ class Aside(Service):
         return self.log
 
 
+class AsideOnly(Aside):
+    """PING runs on the I/O thread only while ECHO's work is unlocked."""
+
+    quick_kinds = frozenset()
+    aside_kinds = frozenset({PING})
+
+
 class TestUnlocked:
     @pytest.mark.parametrize("after_s", [0.0, 0.05])
     def test_quick_kinds_run_on_the_io_thread_while_the_service_works_unlocked(self, pair,
@@ -181,6 +188,27 @@ class TestUnlocked:
         log = a.call(ref, LOG, timeout_s=10)
         assert [n for n, _ in log] == [*range(20), -1]
         assert all(thread.startswith("actorpy-io-") for _, thread in log)
+
+    def test_aside_kinds_run_on_the_io_thread_only_while_the_service_works_unlocked(self,
+                                                                                    pair):
+        a, b = pair
+        ref = a.start(AsideOnly, 0.0)
+        b.cast(ref, PING, 0)                            # idle: the service's own thread
+        wait_until(lambda: len(a.call(ref, LOG, timeout_s=10)) == 1, 10, "the first PING")
+        done: list[bool] = []
+        worker = threading.Thread(target=lambda: done.append(b.call(ref, ECHO, 10.0,
+                                                                    timeout_s=30)))
+        worker.start()
+        wait_until(lambda: ref_stepped_aside(a, ref), 10, "the service to step aside")
+        for i in range(1, 6):
+            b.cast(ref, PING, i)
+        b.cast(ref, PING, -1)
+        worker.join(30)
+        assert done == [True]       # the PINGs ran while ECHO's work waited for them
+        log = a.call(ref, LOG, timeout_s=10)
+        assert [n for n, _ in log] == [0, *range(1, 6), -1]
+        assert log[0][1].startswith("actorpy-service-")
+        assert all(thread.startswith("actorpy-io-") for _, thread in log[1:])
 
     def test_outside_a_handler_it_just_runs_the_work(self, pair):
         a, _ = pair
