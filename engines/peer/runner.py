@@ -409,14 +409,22 @@ class PeerRunner(OwnerCalls):
         self.step += 1
         self.node.step = self.step
         stopped = self._stopped(now)
-        for watcher in self.node.take_watchers():
+        watchers = self.node.take_watchers()
+        for watcher in watchers:
             # it asked for our step while ahead of us: a STEP tells it the new one (or that
             # we stopped), so a barrier waiting on us re-checks now, not at its next poll
             eff.sends.append(self.node.tell_step(watcher))
         if stopped:
             return
         self.phase = Phase.BARRIER
-        self._check_barrier(now, eff)
+        # told, a watcher computes its step beside ours: a step begun here waits for a timer
+        # (the STEP would leave after our compute, and the two peers' steps of a BSP job
+        # took turns instead of running side by side)
+        sending, self._sending = self._sending, self._sending or bool(watchers)
+        try:
+            self._check_barrier(now, eff)
+        finally:
+            self._sending = sending
 
     def _check_barrier(self, now: float, eff: Effects) -> None:
         self._barrier(lambda: self.barrier.check(self.step, now), now, eff)

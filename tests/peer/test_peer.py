@@ -15,13 +15,13 @@ from actorpy.errors import ProtocolError
 from engines.peer import Job, Peer
 from engines.peer.kademlia.ids import KadId, key_id
 from engines.peer.kademlia.events import Effects, TimerKind
-from engines.peer.kademlia.messages import Call, FindNode, FindValue, Nodes, Reply, Store
+from engines.peer.kademlia.messages import Call, FindNode, FindValue, Nodes, Reply, Step, Store
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.rpc import PROTOCOL_VERSION, decode, encode, value_frames
 from engines.peer.kademlia.values import Blob
 from engines.peer.kademlia.routing import Contact
 from engines.peer.owner import Method, Status
-from engines.peer.runner import PeerRunner
+from engines.peer.runner import PeerRunner, Phase, Timer
 
 EVIL = KadId(0xE << 150)
 
@@ -310,3 +310,32 @@ class TestRouting:
         op_id, shell_eff = peer.node.find_node(KadId(3), now=2.0)
         out = peer.route(shell_eff, now=2.0)
         assert [d.op_id for d in out.done] == [op_id]
+
+
+
+def test_a_watcher_is_told_our_step_before_our_next_step_computes() -> None:
+    """A peer that asked for our step while ahead of us (a barrier waiting on us) gets a STEP
+    when our step is done. The next step, if our barrier lets it begin there, waits for a
+    timer due at once: begun in the same call, its compute ran before the shell sent the
+    STEP, and the two peers of a BSP job took turns computing (traced on the real wire)."""
+    def step_done(watched: bool) -> tuple[list[int], Effects]:
+        computed: list[int] = []
+        job = counting_job()
+        job.register_push(lambda ctx, values: computed.append(ctx.step) or {"n": np.ones(1)})
+        node = KademliaNode(KadId(1), "me", job.config, rng=random.Random(0))
+        runner = PeerRunner(job.spec(), node, 0)
+        runner.values["n"] = (np.zeros(1), 0)       # held: a step begun computes at once
+        runner.phase = Phase.WORKING
+        if watched:
+            node.watchers[EVIL] = Contact(EVIL, "evil")
+        eff = Effects()
+        runner._step_done(1.0, eff)
+        return computed, eff
+
+    computed, eff = step_done(watched=False)
+    assert computed == [1] and not any(isinstance(s.message, Step) for s in eff.sends)
+    computed, eff = step_done(watched=True)
+    [told] = [s for s in eff.sends if isinstance(s.message, Step)]
+    assert told.address == "evil" and told.message.step == 1
+    assert computed == []                           # not yet: from the timer, after the STEP
+    assert [(t.kind, t.delay_s) for t in eff.timers] == [(Timer.BEGIN, 0.0)]
