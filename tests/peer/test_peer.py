@@ -312,7 +312,6 @@ class TestRouting:
         assert [d.op_id for d in out.done] == [op_id]
 
 
-
 def test_a_watcher_is_told_our_step_before_our_next_step_computes() -> None:
     """A peer that asked for our step while ahead of us (a barrier waiting on us) gets a STEP
     when our step is done. The next step, if our barrier lets it begin there, waits for a
