@@ -373,8 +373,9 @@ class TestSGDOnACluster:
         result = json.loads(out)
         steps = result["steps_per_worker"]
         assert len(steps) == 3 and min(steps) > 0 and result["weight_error"] < 0.05, steps
-        # the joiner started mid-run, at the slowest worker's step (counted, not pushed)
-        assert 0 < sum(steps) - result["updates"] <= min(steps[:2]), (steps, result["updates"])
+        # the joiner started at the slowest worker's step (counted, not pushed): 0 when a
+        # first worker had not pushed yet (CI saw [15887, 4060, 4000] with 23947 updates)
+        assert 0 <= sum(steps) - result["updates"] <= min(steps[:2]), (steps, result["updates"])
 
 
 @pytest.mark.parametrize("app", ["sgd", "dnn", "p2p_sgd"])
