@@ -126,7 +126,7 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
     its ``members()``, when already asked)."""
     job = peer.Job(f"p2p-sgd-{args.model}", barrier=barrier, replication=args.replication,
                    seed=args.seed, rpc_timeout_s=args.rpc_timeout, batch=args.batch,
-                   balance=args.balance, overlap=args.overlap)
+                   balance=args.balance, overlap=args.overlap, durable=args.durable)
     job.register_schedule(lambda ctx: ["w"])
     w_star = true_weights(args.seed, args.features, args.model)
     push = Push(args.model, w_star if args.target is not None else None)
@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "most the staleness; 0: each step waits for its answers)")
     parser.add_argument("--replication", type=int, default=3,
                         help="peers holding each key (default 3)")
+    parser.add_argument("--no-durable", dest="durable", action="store_false",
+                        help="acknowledge a push once the key's owner applied it, and send "
+                             "the write to the key's other holders within 10 ms: with more "
+                             "than 2 peers no replication round on each answer's way, but a "
+                             "push acknowledged in those 10 ms dies with a killed owner (the "
+                             "key never does)")
     parser.add_argument("--rpc-timeout", type=apputil.positive_float, default=0.5,
                         help="overlay RPC timeout in seconds (default 0.5)")
     parser.add_argument("--seed", type=int, default=0,

@@ -18,6 +18,7 @@ from actorpy.errors import ConfigError
 from apps import p2p_sgd
 from apps.sgd import true_weights
 from apps.training import barriers_from_args
+from engines import peer
 
 
 class TestCli:
@@ -70,6 +71,22 @@ class TestCli:
         assert out["weight_error"] < 0.05
         with pytest.raises(ConfigError, match="--overlap 99 is more than 13"):
             p2p_sgd.main(["--overlap", "99", "--workers", "0"])
+
+    def test_no_durable_reaches_the_job_and_trains_the_same(self, capsys, monkeypatch):
+        made: list[bool] = []
+
+        class Job(peer.Job):
+            def __init__(self, *args, **kwargs):
+                made.append(kwargs["durable"])
+                super().__init__(*args, **kwargs)
+        monkeypatch.setattr(p2p_sgd.peer, "Job", Job)
+        assert p2p_sgd.parse([]).durable is True
+        assert p2p_sgd.main(["--peers", "4", "--steps", "150", "--barrier", "pssp",
+                             "--no-durable", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert made == [False]
+        assert out["steps_per_worker"] == [150] * 4 and out["updates"] == 4 * 150
+        assert out["weight_error"] < 0.05
 
     def test_bootstrap_takes_no_peers(self):
         # before: `--bootstrap ... --peers 2` trained on every peer of the overlay, saying
