@@ -63,7 +63,7 @@ class NodeMessaging:
 
     def send(self, dest: NodeId, service: int, kind: int, payload: Any = wm.NO_PAYLOAD, *,
              request_id: int = 0, step: int = 0, from_service: int = 0,
-             snapshot: bool = False, route: bytes | None = None) -> None:
+             snapshot: bool = False, route: bytes | None = None, share: bool = False) -> None:
         """Send one message (thread-safe; serializes in the calling thread).
 
         When ``dest`` does not keep up, this waits until its queue has room (the I/O thread
@@ -72,7 +72,10 @@ class NodeMessaging:
         ``snapshot=True``: they are copied first, see ``wire.message.assemble``).
         ``from_service`` names the sending service on this node (0: the node itself);
         receivers see it as ``msg.from_service``. ``route`` (a reply's: the request's
-        ``msg.route``) sends it back to the thread that asked for a direct reply.
+        ``msg.route``) sends it back to the thread that asked for a direct reply. ``share``:
+        the caller's arrays never change (``Reply.send``'s promise), so a receiver on this
+        node gets read-only views of them rather than copies, as one elsewhere gets the
+        read-only frames it received.
 
         Raises:
             SerializationError: the payload cannot be pickled or cannot fit max_frame_bytes.
@@ -86,7 +89,7 @@ class NodeMessaging:
             self._send_to_self(wm.assemble(service, kind, self._sender, payload,
                                            request_id=request_id, step=step,
                                            chunk_bytes=_LOOPBACK_CHUNK_BYTES,
-                                           from_service=from_service))
+                                           from_service=from_service), share)
             return
         frames = wm.assemble(service, kind, self._sender, payload, request_id=request_id,
                              step=step, chunk_bytes=self.chunk_bytes,
@@ -116,15 +119,17 @@ class NodeMessaging:
         peer = self._dir.peer(node_id)
         return None if peer is None or self._dir.is_dead(node_id) else peer.address
 
-    def _send_to_self(self, frames: list[Any]) -> None:
+    def _send_to_self(self, frames: list[Any], share: bool = False) -> None:
         """Loopback: a message to this node is dispatched as if received. The frames are
         copied, so the receiver never shares a buffer with the sender (as on the wire), and
-        nothing is decoded here. A reply, or a message for a service, is dispatched at once
+        nothing is decoded here; with ``share`` (arrays that never change) they are
+        read-only views instead (a 4 MB reply's copy held the interpreter lock ~1 ms). A reply, or a message for a service, is dispatched at once
         on the sending thread (resolving a future and offering to an inbox are thread-safe;
         a service's quick kind may run right here): no hand-off to the I/O thread and back.
         Messages for the node's own handlers go through the I/O thread, where those run."""
         # (bytes are immutable: shared, not copied; no frame limit, as no wire is crossed)
-        copied = [f if type(f) is bytes else bytes(memoryview(f).cast("B")) for f in frames]
+        copied = [f if type(f) is bytes else memoryview(f).cast("B").toreadonly() if share
+                  else bytes(memoryview(f).cast("B")) for f in frames]
         msg = wm.Message.parse(copied, _LOOPBACK_CHUNK_BYTES)
         if msg.header.service != CORE_SERVICE or msg.header.kind in REPLY_KINDS:
             self._guard(lambda: self._receiver.dispatch(msg))

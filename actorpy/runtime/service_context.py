@@ -74,7 +74,8 @@ class Reply:
 
         Unlike a handler's return value, ``value``'s arrays are not copied first: they may
         still be on their way after this returns, so send only arrays nothing changes
-        afterwards (the parameter server's read-only store values rely on this).
+        afterwards (the parameter server's read-only store values rely on this). A requester
+        on this node gets read-only views of them, not copies.
 
         Raises:
             ActorpyError: the request was answered already.
@@ -312,7 +313,7 @@ class ServiceContext(WorkerContext):
 
     def _send_reply(self, reply: Reply, kind: Kind, value: Any) -> None:
         self.node.send(reply.sender, CORE_SERVICE, kind, value, request_id=reply.request_id,
-                       from_service=self.service_id, route=reply.route)
+                       from_service=self.service_id, route=reply.route, share=True)
 
     # ------------------------------------------------------------------ blocking calls
     def call(self, ref: ServiceRef, kind: int, payload: Any = wm.NO_PAYLOAD, *,

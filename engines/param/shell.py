@@ -199,8 +199,9 @@ class ShardService(Service):
             reply = env.defer()
             if mine is not None:
                 # Read-only store values are replaced by pull, never changed in place: a
-                # deferred reply sends them as they are (``Reply.send`` copies nothing),
-                # without the copy a returned value gets (4 MB per step, 1M-float model).
+                # deferred reply sends them as they are (``Reply.send`` copies nothing; a
+                # worker on this node reads them in place), without the copy a returned
+                # value gets (4 MB per step, 1M-float model).
                 reply.send(mine)
             else:
                 self._waiting[worker] = reply
