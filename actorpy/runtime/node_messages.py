@@ -123,10 +123,11 @@ class NodeMessaging:
         """Loopback: a message to this node is dispatched as if received. The frames are
         copied, so the receiver never shares a buffer with the sender (as on the wire), and
         nothing is decoded here; with ``share`` (arrays that never change) they are
-        read-only views instead (a 4 MB reply's copy held the interpreter lock ~1 ms). A reply, or a message for a service, is dispatched at once
-        on the sending thread (resolving a future and offering to an inbox are thread-safe;
-        a service's quick kind may run right here): no hand-off to the I/O thread and back.
-        Messages for the node's own handlers go through the I/O thread, where those run."""
+        read-only views instead (a 4 MB reply's copy held the interpreter lock ~1 ms). A
+        reply, or a message for a service, is dispatched at once on the sending thread
+        (resolving a future and offering to an inbox are thread-safe; a service's quick
+        kind may run right here): no hand-off to the I/O thread and back. Messages for the
+        node's own handlers go through the I/O thread, where those run."""
         # (bytes are immutable: shared, not copied; no frame limit, as no wire is crossed)
         copied = [f if type(f) is bytes else memoryview(f).cast("B").toreadonly() if share
                   else bytes(memoryview(f).cast("B")) for f in frames]
