@@ -272,7 +272,8 @@ def test_a_message_to_this_node_copies_its_arrays_once(pair, monkeypatch):
     sent[0] = -1.0                             # the sender's array was not shared
     assert back[0] == 0.0 and np.array_equal(back[1:], sent[1:])
     assert snapshots == []
-    owner = back                               # backed by the copy's bytes, not a join
-    while isinstance(getattr(owner, "base", None), np.ndarray):
+    owner = back        # backed by the loopback's copy (read-only, as a received frame),
+    while isinstance(getattr(owner, "base", None), np.ndarray):   # not a join (writable)
         owner = owner.base
-    assert isinstance(owner.base, memoryview) and isinstance(owner.base.obj, bytes)
+    assert isinstance(owner.base, memoryview) and owner.base.readonly
+    assert owner.base.nbytes == sent.nbytes and not back.flags.writeable
