@@ -39,8 +39,6 @@ log = logging.getLogger("actorpy.runtime.node")
 DEADLINE_GRID_S = 0.05
 #: a message to this node itself is never cut into frames (nor held to a frame limit)
 _LOOPBACK_CHUNK_BYTES = 1 << 62
-#: a loopback frame at least this large is copied by numpy, without the interpreter lock
-_UNLOCKED_COPY_BYTES = 1 << 16
 
 
 class NodeMessaging:
@@ -132,7 +130,7 @@ class NodeMessaging:
         node's own handlers go through the I/O thread, where those run."""
         # (bytes are immutable: shared, not copied; no frame limit, as no wire is crossed)
         copied = [f if type(f) is bytes else memoryview(f).cast("B").toreadonly() if share
-                  else _owned(f) for f in frames]
+                  else wm.copy_frame(f) for f in frames]
         msg = wm.Message.parse(copied, _LOOPBACK_CHUNK_BYTES)
         if msg.header.service != CORE_SERVICE or msg.header.kind in REPLY_KINDS:
             self._guard(lambda: self._receiver.dispatch(msg))
@@ -245,19 +243,6 @@ class NodeMessaging:
         if planned is None or on_grid(deadline) < planned:
             if not self._loop.in_loop():
                 self._loop.wake()
-
-
-def _owned(frame: Any) -> bytes | memoryview:
-    """A read-only copy of ``frame`` that the receiver owns, as a received frame is. A large
-    one is copied by numpy, which lets go of the interpreter lock meanwhile: ``bytes()`` kept
-    it, and another thread of the process (the I/O thread with another node's message) then
-    waited behind a run of such copies, up to the 5 ms switch interval each time."""
-    view = memoryview(frame).cast("B")
-    if view.nbytes < _UNLOCKED_COPY_BYTES:
-        return bytes(view)
-    import numpy as np   # loaded already: the large frames are arrays' (serde)
-
-    return memoryview(np.frombuffer(view, dtype=np.uint8).copy()).toreadonly()
 
 
 def on_grid(t: float) -> float:
