@@ -78,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopped = threading.Event()
     failure: list[str] = []   # why its I/O loop gave up: exit 1, so a supervisor restarts it
     peer.node.on_fatal(lambda reason: (failure.append(reason), stopped.set()))
+    # its peer service dead (a bug: a job's callbacks fail the job, never the service), the
+    # process would stay up serving no job: it exits 1 instead, for its supervisor
+    peer.host.on_service_died(lambda died: (failure.append(died.reason), stopped.set()))
     joining = [True]
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -101,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"actorpy peer {peer.node_id} ready at {peer.endpoint} ({joined})", flush=True)
         while not stopped.wait(0.5):
             pass
-        if not peer.node.closed:
+        if not peer.node.closed and not failure:
             try:
                 peer.leave()
             except ActorpyError as exc:

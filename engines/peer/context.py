@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+import threading
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Callable, Iterable, Mapping
@@ -299,6 +300,34 @@ def stacked(updates: list[Any]) -> Any:
     if family(updates[0]) == "numpy":
         return np.stack(updates)
     return sys.modules["torch"].stack(updates)
+
+
+def fails_job(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a job's callback, fails the job (and not the peer): any
+    ``Exception``, a ``SystemExit`` (a ``sys.exit()`` in ``push``), and a
+    ``KeyboardInterrupt`` raised off the main thread. Callbacks run on a peer service's
+    thread, which either would end: its peer, alive, then served no job again (a standalone
+    peer's process stayed up with a dead service). Ctrl-C on the main thread (``simulate``)
+    still stops the program."""
+    if isinstance(exc, (Exception, SystemExit)):
+        return True
+    return isinstance(exc, KeyboardInterrupt) \
+        and threading.current_thread() is not threading.main_thread()
+
+
+def run_data(data: Callable[[int], Any] | None, index: int) -> Any:
+    """The job's ``data(index)`` for one peer (None without one); a ``SystemExit`` it raises
+    becomes an error of the job's request, as any exception of it does (``fails_job``)."""
+    if data is None:
+        return None
+    try:
+        return data(index)
+    except Exception:
+        raise
+    except BaseException as exc:
+        if not fails_job(exc):
+            raise
+        raise RuntimeError(f"data raised {type(exc).__qualname__}: {exc}") from exc
 
 
 def scheduled_keys(keys: Any, model: frozenset[str]) -> list[str]:

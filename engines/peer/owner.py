@@ -54,7 +54,7 @@ import logging
 import traceback
 from typing import Any, Callable
 
-from .context import JobSpec, OwnerStore, Timer
+from .context import JobSpec, OwnerStore, Timer, fails_job
 from .fence import Fence
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import KadId, key_id
@@ -262,7 +262,9 @@ class KeyOwner(Fence, OwnerWaits):
         store = OwnerStore(read, sender.address, step)
         try:
             self.spec.pull(store, {name: update})
-        except Exception as exc:  # user code: the pusher fails with it
+        except BaseException as exc:  # user code: the pusher fails with it
+            if not fails_job(exc):
+                raise
             self.error = (type(exc).__qualname__, str(exc), traceback.format_exc())
             log.error("peer %s: pull of %s failed: %s", self.node.address, name, exc)
             return (Status.ERROR, (type(exc).__qualname__, str(exc)[:200]), None), False

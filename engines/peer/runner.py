@@ -25,8 +25,8 @@ from actorpy.values import family, yes_or_no
 
 from .barrier import OverlayBarrier, balanced_batch, pipeline_depth
 from .calls import OwnerCalls, Phase
-from .context import (JobSpec, PeerContext, Timer, balance_bound, checked_updates, read_own,
-                      scheduled_keys)
+from .context import (JobSpec, PeerContext, Timer, balance_bound, checked_updates, fails_job,
+                      read_own, scheduled_keys)
 from .kademlia.events import Done, Effects, SetTimer
 from .kademlia.ids import key_id
 from .kademlia.node import KademliaNode
@@ -253,7 +253,9 @@ class PeerRunner(OwnerCalls):
             self._rebalance()
         try:
             self._keys = scheduled_keys(self.spec.schedule(self._ctx()), self.spec.keys)
-        except Exception as exc:  # user code, or what it returned: the job fails with it
+        except BaseException as exc:  # user code, or what it returned: the job fails with it
+            if not fails_job(exc):
+                raise
             self._fail(exc)
             return
         missing = [k for k in dict.fromkeys(self._keys) if k not in self.values]
@@ -294,7 +296,9 @@ class PeerRunner(OwnerCalls):
             if self.stopped:    # failed or left meanwhile (a message the I/O thread took)
                 return
             self._updates = checked_updates(out, values, self.node.address)
-        except Exception as exc:  # user code: report it, as a task failure would be
+        except BaseException as exc:  # user code: report it, as a task failure would be
+            if not fails_job(exc):
+                raise
             self._fail(exc)
             return
         delay = self.compute_s(self.index, self.step) if self.compute_s is not None else 0.0
@@ -309,7 +313,9 @@ class PeerRunner(OwnerCalls):
         try:
             view = read_own(self.spec.pull, self.values, self._pipe.pending(),
                             self.node.address)
-        except Exception as exc:  # user code: the owners' pull is what counts
+        except BaseException as exc:  # user code: the owners' pull is what counts
+            if not fails_job(exc):
+                raise
             self._read_own = False
             log.info("peer %s: pull cannot fold this peer's own updates into its view "
                      "(%s: %s); its steps read the values as last answered",
@@ -434,9 +440,11 @@ class PeerRunner(OwnerCalls):
         """Run a step of a barrier check; act on its decision, if it made one."""
         try:
             decision, more = check()
-        except Exception as exc:  # a custom policy's decide is user code: the peer fails with
-            self._fail(exc)       # it, as with any callback, rather than its handler dying and
-            return                # the run hanging until its timeout_s
+        except BaseException as exc:  # a custom policy's decide is user code: the peer fails
+            if not fails_job(exc):    # with it, as with any callback, rather than its handler
+                raise                 # dying and the run hanging until its timeout_s
+            self._fail(exc)
+            return
         eff.extend(more)
         if decision is not None:
             self._decided(decision, now, eff)
@@ -461,7 +469,9 @@ class PeerRunner(OwnerCalls):
                 raise TypeError("stop returned None; it must return True (stop) or False "
                                 "(go on)")
             stop = yes_or_no(stop, "stop")
-        except Exception as exc:
+        except BaseException as exc:
+            if not fails_job(exc):
+                raise
             self._fail(exc)
             return True
         if stop:

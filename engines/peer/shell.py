@@ -41,7 +41,7 @@ from actorpy.ids import NodeId
 from actorpy.runtime.context import ServiceRef
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
 
-from .context import JobSpec
+from .context import JobSpec, run_data
 from .kademlia import rpc
 from .kademlia.events import Done, Effects, KademliaConfig
 from .kademlia.ids import KadId, key_id, random_id
@@ -157,7 +157,7 @@ class PeerService(Service):
                             rng=random.Random(rng.getrandbits(64)), now=self.clock.now())
         runner = None
         if spec is not None:
-            runner = PeerRunner(spec, node, index, data(index) if data is not None else None)
+            runner = PeerRunner(spec, node, index, run_data(data, index))
         self.peer = Peer(node, runner)
         self.rejected = 0       # malformed or unauthenticated overlay messages dropped
         self.late = 0           # unsolicited answers (mostly after their rpc timeout)
@@ -434,8 +434,7 @@ class PeerService(Service):
         node.config = config
         for key in node.storage.keys():
             node.storage.drop(key)
-        runner = self.peer.runner = PeerRunner(spec, node, index,
-                                               data(index) if data is not None else None)
+        runner = self.peer.runner = PeerRunner(spec, node, index, run_data(data, index))
         self._driver = env.sender
         self._set_quick(spec)
         self.ctx.schedule(self.lease_s / LEASE_CHECKS, self._check_lease, runner)

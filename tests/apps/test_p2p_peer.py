@@ -209,3 +209,47 @@ def test_a_peer_whose_io_loop_gave_up_exits_non_zero(secret_file):
                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 1, out.stderr
     assert out.stderr.splitlines()[-1].startswith("actorpy peer: the I/O loop failed for ")
+
+
+DYING_SERVICE_PEER = """
+import sys, threading
+from actorpy import cli
+from actorpy.runtime import host
+from engines.peer import shell
+from engines.peer.dialer import PEER_SERVICE
+
+
+def end(self, run, env):   # stands for a bug that ends the peer service
+    raise SystemExit("a bug")
+
+
+shell.PeerService.end = end
+on_service_died = host.ServiceHost.on_service_died
+
+
+def watched(self, listener):   # once the peer listens, its service dies
+    on_service_died(self, listener)
+    def ask():
+        try:
+            self.node.call(self.node.node_id, PEER_SERVICE, shell.PeerKind.END, 0,
+                           timeout_s=5)
+        except Exception:
+            pass
+    threading.Thread(target=ask, daemon=True).start()
+
+
+host.ServiceHost.on_service_died = watched
+sys.exit(cli.main(["--log-level", "CRITICAL", "peer", "--bind", "tcp://127.0.0.1:0",
+                   "--secret-file", sys.argv[1]]))
+"""
+
+
+def test_a_peer_whose_service_died_exits_non_zero(secret_file):
+    # before: the process stayed up with a dead peer service, serving no job again, and its
+    # supervisor never learned it (a job's push raising SystemExit ended the service then)
+    out = subprocess.run([sys.executable, "-c", DYING_SERVICE_PEER, secret_file],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 1, out.stderr
+    assert re.fullmatch(r"actorpy peer: service .* died: SystemExit: a bug",
+                        out.stderr.splitlines()[-1]), out.stderr

@@ -50,6 +50,20 @@ class TestFailures:
         with pytest.raises(RemoteError, match=error):
             run(job, peers=3, max_s=60)
 
+    @pytest.mark.parametrize("where", ["push", "pull", "stop"])
+    def test_a_callback_that_calls_sys_exit_fails_the_job(self, where: str) -> None:
+        # before: SystemExit went through every handler (they caught Exception), out of the
+        # simulator; on a peer it ended the peer's service (tests/peer/test_standalone.py)
+        job = linreg(ASP(), steps=5)
+
+        def leave(*_: object) -> None:
+            raise SystemExit(3)
+
+        {"push": job.register_push, "pull": job.register_pull,
+         "stop": job.register_stop}[where](leave)
+        with pytest.raises(RemoteError, match="SystemExit: 3"):
+            run(job, peers=3, max_s=60)
+
     def test_a_push_that_returns_an_empty_dict_is_a_step_without_update(self) -> None:
         job = linreg(ASP(), steps=5)
         job.register_push(lambda ctx, values: {})

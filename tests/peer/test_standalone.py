@@ -97,6 +97,22 @@ class TestJob:
         assert all(4 * 5 <= c <= 4 * 5 + 2 for c in again.clocks.values())   # from 0 again
 
 
+    def test_a_push_that_calls_sys_exit_fails_its_job_and_the_peers_serve_on(self, overlay):
+        # before: SystemExit ended every peer's service, its process alive; every later
+        # driver got "no peer answered"
+        job = linreg(PSP(sample=1, staleness=1), steps=5)
+
+        @job.register_push
+        def push(ctx, values):
+            raise SystemExit(3)
+
+        with pytest.raises(RemoteError, match="SystemExit: 3"):
+            job.run_overlay(overlay[0].endpoint, init(), secret=SECRET, data=shard,
+                            timeout_s=60)
+        again = linreg(PSP(sample=1, staleness=1), steps=5).run_overlay(
+            overlay[2].endpoint, init(), secret=SECRET, data=shard, timeout_s=60)
+        assert sorted(again.steps.values()) == [5] * 4
+
     def test_a_second_driver_cannot_take_over_a_peer_with_a_job(self, overlay):
         # before: a second `p2p-sgd --bootstrap` whose JOB came before the first one's START
         # took the peers over (dropping its model), and its END removed any job's runner:
