@@ -80,7 +80,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     node_id = args.node_id or new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "w")
     try:
         worker = Worker(node_id, args.manager, _worker_bind(args, node_id), security, config,
-                        host=args.host)
+                        host=args.host, embedded=args.lifeline_fd is not None)
     except ConfigError as exc:
         if args.host is None or args.bind is not None or not str(exc).startswith("cannot bind"):
             raise

@@ -107,6 +107,8 @@ class Cluster(Caller):
         self.config = config
         self.local = local
         self.node = Node.from_config(node_id, bind, security, config)
+        if local is not None:   # its manager is a process starting now (expect_listeners...)
+            self.node.expect_listeners_within(config.start_timeout_s)
         self._lost = threading.Event()
         self._lost_reason = ""
         self.membership = Membership(self.node, manager_address, "driver", config,
@@ -123,7 +125,13 @@ class Cluster(Caller):
         self.streams = StreamTable(self.node)
         self.node.start()
         try:
-            self.membership.join(config.start_timeout_s)
+            try:
+                self.membership.join(config.start_timeout_s)
+            except (ActorpyTimeout, NodeLost) as exc:
+                if local is None:
+                    raise
+                # was "... is `actorpy manager` running there, on that port?"
+                raise ActorpyTimeout(local.not_up(config.start_timeout_s)) from exc
             if local is not None:
                 self._wait_for_workers(local.worker_ids, config.start_timeout_s)
         except BaseException:

@@ -29,7 +29,7 @@ import zmq
 from actorpy.errors import ActorpyError, ConfigError, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime.events import Listeners, NodeEvent, NodeEventKind, Peer
-from actorpy.runtime.liveness import LinkWatch, LivenessTimes, Verdict
+from actorpy.runtime.liveness import REFUSED_GRACE_S, LinkWatch, LivenessTimes, Verdict
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
 
@@ -113,6 +113,9 @@ class Directory:
         self._links: dict[NodeId, Link] = {}
         self._parked: dict[NodeId, list[list[Any]]] = {}
         self._watched: dict[NodeId, LinkWatch] = {}
+        #: how long a link watched from now on may find nobody listening before that is its
+        #: verdict (``liveness.REFUSED_GRACE_S``; longer for a manager known to be starting)
+        self.refused_grace_s = REFUSED_GRACE_S
         self._backlogged: set[Link] = set()
         self.events = Listeners()
         self._closed = False
@@ -134,7 +137,7 @@ class Directory:
             self._dead.pop(node_id, None)
             peer = self._peers[node_id] = Peer(node_id, address, role, slots)
             if watch and node_id not in self._watched:
-                self._watched[node_id] = LinkWatch(time.monotonic())
+                self._watched[node_id] = LinkWatch(time.monotonic(), self.refused_grace_s)
             parked = self._parked.pop(node_id, [])
             link = self._links.get(node_id)
             if link is None and (parked or watch):

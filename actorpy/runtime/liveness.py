@@ -88,9 +88,10 @@ class LinkWatch:
     1.5
     """
 
-    __slots__ = ("up", "since", "ever_up", "hangups", "verdict", "refused_since")
+    __slots__ = ("up", "since", "ever_up", "hangups", "verdict", "refused_since",
+                 "refused_grace_s")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, refused_grace_s: float = REFUSED_GRACE_S) -> None:
         self.up = False
         self.since = now        # when the current state (up or down) began
         self.ever_up = False
@@ -98,6 +99,8 @@ class LinkWatch:
         self.verdict: Verdict | None = None
         #: since when no dial has reached a listener (None: the last one did)
         self.refused_since: float | None = now
+        #: how long every dial must be refused before NOT_LISTENING (``REFUSED_GRACE_S``)
+        self.refused_grace_s = refused_grace_s
 
     def on_event(self, event: int, value: int, now: float) -> Verdict | None:
         """Apply one monitor event; returns a verdict the first time one is proven."""
@@ -125,7 +128,7 @@ class LinkWatch:
             # Once the link has been up, the peer died or restarts (judged by its downtime).
             if self.refused_since is None:
                 self.refused_since = now
-            elif not self.ever_up and now - self.refused_since >= REFUSED_GRACE_S:
+            elif not self.ever_up and now - self.refused_since >= self.refused_grace_s:
                 return self._prove(Verdict.NOT_LISTENING)
         return None
 

@@ -170,6 +170,14 @@ class LocalCluster:
             if lifeline >= 0:
                 os.close(lifeline)
 
+    def not_up(self, timeout_s: float) -> str:
+        """Why connect() could not join this cluster's manager, for its error."""
+        code = self.procs[0].poll() if self.procs else None
+        fate = "it is still starting" if code is None else f"it exited with status {code}"
+        return (f"the embedded cluster's manager did not answer within start_timeout_s="
+                f"{timeout_s:g} s ({fate}); on a loaded machine give it longer, e.g. "
+                "ACTORPY_START_TIMEOUT_S=120")
+
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 

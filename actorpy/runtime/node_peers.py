@@ -66,6 +66,13 @@ class NodePeers:
         """Whether the watched link to ``node_id`` has completed a handshake yet."""
         return self._dir.link_ever_up(node_id)
 
+    def expect_listeners_within(self, seconds: float) -> None:
+        """Links watched from now on find nobody listening for ``seconds`` before that is
+        their verdict (default ``liveness.REFUSED_GRACE_S``, 3 s): a member of an embedded
+        cluster dials a manager process starting beside it, which on a loaded machine can
+        take longer than that to bind (connect() then failed, "nothing is listening")."""
+        self._dir.refused_grace_s = seconds
+
     def link_verdict(self, node_id: NodeId) -> Verdict | None:
         """What the watched link to ``node_id`` has proven, if anything (see liveness)."""
         return self._dir.verdict(node_id)

@@ -35,12 +35,16 @@ class Worker:
         node_id: this worker's id.
         host: the host other nodes dial to reach it, where that is not the bound one (a
             NAT's or a container host's address; ``address.advertised``).
+        embedded: started by an embedded cluster, beside its manager: the manager may take
+            up to ``config.start_timeout_s`` to listen (``Node.expect_listeners_within``).
     """
 
     def __init__(self, node_id: NodeId, manager_address: str, bind: str, security: Security,
-                 config: Config, *, host: str | None = None) -> None:
+                 config: Config, *, host: str | None = None, embedded: bool = False) -> None:
         self.config = config
         self.node = Node.from_config(node_id, bind, security, config)
+        if embedded:
+            self.node.expect_listeners_within(config.start_timeout_s)
         try:
             self.address = advertised(self.node.address, host, manager_address)
         except ConfigError:

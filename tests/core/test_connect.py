@@ -12,6 +12,7 @@ import actorpy
 from actorpy import apputil, cli
 from actorpy.config import Config
 from actorpy.errors import ActorpyTimeout, AuthError, ConfigError, NodeLost
+from actorpy.runtime.liveness import REFUSED_GRACE_S
 from actorpy.runtime.manager import Manager
 from actorpy.wire.auth import Security
 
@@ -71,6 +72,39 @@ def test_a_manager_that_binds_a_moment_after_the_driver_dials_is_joined():
             assert cluster.workers() == []
         timer.join()
     finally:
+        if manager is not None:
+            manager.stop(tell_nodes=False)
+
+
+def test_an_embedded_clusters_worker_waits_longer_for_its_manager_to_listen():
+    """A worker of an embedded cluster dials a manager starting beside it: on a loaded
+    machine its interpreter took longer than REFUSED_GRACE_S to bind, and the worker (and
+    connect()) said "nothing is listening" (seen under a load of 40-50 on 2 cores)."""
+    from actorpy.runtime.worker import Worker
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    worker = Worker("w-patient", f"tcp://127.0.0.1:{port}", "tcp://127.0.0.1:*",
+                    Security.curve(SECRET.encode()), Config(), embedded=True)
+    manager = None
+    started = threading.Event()
+
+    def late_manager() -> None:   # binds the closed port once the grace has gone by
+        nonlocal manager
+        manager = Manager(f"tcp://127.0.0.1:{port}", Security.curve(SECRET.encode()),
+                          Config()).start()
+        started.set()
+
+    timer = threading.Timer(REFUSED_GRACE_S + 1.0, late_manager)
+    try:
+        timer.start()
+        worker.start(30.0)
+        assert started.is_set()
+    finally:
+        timer.cancel()
+        worker.stop()
+        worker.close()
         if manager is not None:
             manager.stop(tell_nodes=False)
 

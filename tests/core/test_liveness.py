@@ -54,6 +54,12 @@ class TestLinkWatch:
         assert w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=REFUSED_GRACE_S) \
             is Verdict.NOT_LISTENING
 
+    def test_a_link_given_a_longer_grace_waits_that_long(self):
+        w = LinkWatch(now=0.0, refused_grace_s=30.0)   # an embedded cluster's manager
+        assert w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=0.1) is None
+        assert w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=REFUSED_GRACE_S + 5) is None
+        assert w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=30.1) is Verdict.NOT_LISTENING
+
     def test_a_dial_that_connects_or_a_link_once_up_is_not_refused(self):
         w = LinkWatch(now=0.0)
         w.on_event(zmq.EVENT_CONNECT_RETRIED, 100, now=0.5)
