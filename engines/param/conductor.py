@@ -19,7 +19,7 @@ from actorpy.ids import NodeId
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.node import NodeEvent, NodeEventKind
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
-from engines.param.driver import FAILED_GRACE_S, GRACE_S, Run, RunStats
+from engines.param.driver import FAILED_GRACE_S, GRACE_S, Run, RunStats, left_running
 from engines.param.errors import JobFailed
 from engines.param.kinds import ParamKind, Status
 from engines.param.worker import WorkerResult, WorkerTask
@@ -139,6 +139,7 @@ class Conductor(Service):
         if not self._over:
             log.warning("job %s: %d worker tasks still busy after the stop; not waiting for "
                         "them", self.name, len(self._running))
+            left_running(self.run.cluster, self.name, self._running)
             self._finish()
 
     def _check(self) -> None:

@@ -13,6 +13,7 @@ import numbers
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -21,7 +22,7 @@ from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, RemoteErr
 from actorpy.ids import NodeId
 from actorpy.values import check_model, is_int
 from engines.param import checkpoint
-from engines.param.errors import CheckpointError
+from engines.param.errors import CheckpointError, JobFailed
 from engines.param.kinds import ParamKind
 from engines.param.server import Callbacks, ShardConfig
 from engines.param.shell import ShardService, ShardSpec
@@ -34,6 +35,40 @@ GRACE_S = 15.0
 #: The same for a job that failed (a timeout, most often: its error is due now), and how
 #: long collecting each shard's model may take then (a callback may hang on that shard).
 FAILED_GRACE_S = 2.0
+
+#: per cluster, worker tasks of ended jobs still running: worker -> [(job, future)]
+_LEFTOVERS: weakref.WeakKeyDictionary[Any, dict[NodeId, list[tuple[str, Any]]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def left_running(cluster: Any, job: str, running: Mapping[NodeId, Any]) -> None:
+    """A job ended without waiting for these worker tasks (``Conductor._grace_over``): a
+    ``push`` or ``data`` that outlived it. The next job's start checks them."""
+    left = _LEFTOVERS.setdefault(cluster, {})
+    for worker, fut in running.items():
+        left.setdefault(worker, []).append((job, fut))
+
+
+def busy_workers(cluster: Any, pool: list[NodeId]) -> str | None:
+    """Why a job on ``pool`` could not run, if some of its workers have every task slot
+    taken by a task an ended job left running (None: none has)."""
+    left = _LEFTOVERS.get(cluster, {})
+    busy: list[str] = []
+    for worker in pool:
+        tasks = [(job, fut) for job, fut in left.pop(worker, []) if not fut.done()]
+        if not tasks:
+            continue
+        left[worker] = tasks
+        peer = cluster.node.peer(worker)
+        if len(tasks) >= (peer.slots if peer is not None else 1):
+            busy.append(f"{worker} (job {tasks[0][0]!r})")
+    if not busy:
+        return None
+    return (f"worker(s) {', '.join(busy)} still run a task of a job that ended without it: "
+            "its push or data outlived that job's timeout_s. This job's tasks would wait "
+            "behind it (a worker runs as many tasks at once as its task threads) and time "
+            "out; let it return, train on other workers (workers=), or connect() a fresh "
+            "cluster")
 
 
 @dataclass(frozen=True)
@@ -161,6 +196,9 @@ class Run:
                 raise ConfigError("a node in server_nodes= hosts shards and does not train: "
                                   "leave it out of workers=")
         pool = [w for w in live if self.trains(w)]
+        busy = busy_workers(self.cluster, pool)
+        if busy is not None:   # before: it timed out, "check the stop function"
+            raise JobFailed(busy)
         if o.workers is not None and len(pool) != len(o.workers):
             raise ConfigError(f"workers={list(o.workers)} are not all live workers of the cluster")
         if not pool:

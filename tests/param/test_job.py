@@ -390,6 +390,27 @@ class TestBadInput:
                 job.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=4)
             assert time.monotonic() - started < 4 + 10
 
+    def test_a_job_after_one_whose_push_outlived_it_says_the_workers_are_busy(self):
+        """A push that outlived its job's timeout_s keeps its worker's one task thread: the
+        next job's tasks waited behind it, and that job timed out saying "check the stop
+        function" (its own cluster: the workers stay busy for a while)."""
+        def slow_push(ctx, values):
+            time.sleep(8)   # outlives timeout_s=1 (the scenario itself, not a wait on it)
+            return {"w": np.zeros(pb.D)}
+
+        slow, fast = _job(ASP()), _job(ASP())
+        slow.register_push(slow_push)
+        for job in (slow, fast):
+            job.register_stop(pb.StepStop(3))
+        with actorpy.connect(workers=2) as cluster:
+            with pytest.raises(actorpy.ActorpyTimeout, match="within timeout_s=1"):
+                slow.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=1)
+            started = time.monotonic()
+            with pytest.raises(param.JobFailed, match=r"still run a task of a job that ended "
+                                                      r"without it: its push or data outlived"):
+                fast.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=20)
+            assert time.monotonic() - started < 5
+
     def test_a_checkpoint_dir_it_cannot_write_is_refused_at_start(self, cluster, tmp_path):
         # Before, the shard logged an ERROR at every save and the run went on with none.
         os.mkdir(checkpoint.path_for(str(tmp_path), "lin", 0, 1))   # nothing replaces a dir
