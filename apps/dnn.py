@@ -126,7 +126,7 @@ def check_data(data_dir: str | None, kind: str) -> int:
 
     Raises:
         ConfigError: a file is missing or bad, the splits' images differ in size, or the
-            cnn's images are not square.
+            cnn's images are not square or smaller than 2x2.
     """
     if data_dir is None:
         train = test = digits()[0].shape[1]
@@ -139,6 +139,11 @@ def check_data(data_dir: str | None, kind: str) -> int:
     if kind == "cnn" and math.isqrt(test) ** 2 != test:
         raise ConfigError(f"--model cnn needs square images, and {test} pixels are not a "
                           "square; use --model mlp")
+    side = math.isqrt(test)
+    if kind == "cnn" and side < 2:   # its pooling halves the side: 1x1 left nothing (torch's
+        # "Output size is too small", on every worker, after the run had started)
+        raise ConfigError(f"--model cnn needs images of at least 2x2 pixels (its 2x2 max "
+                          f"pooling), and these are {side}x{side}; use --model mlp")
     return test
 
 

@@ -81,15 +81,19 @@ class TestDNN:
         ("a header of 255 dimensions", "its header says 255 dimensions in 8 bytes"),
         ("test images of another size", "training images have 784 pixels, test images 400"),
         ("images 10x20 for the cnn", "--model cnn needs square images, and 200 pixels"),
+        ("images 1x1 for the cnn", "--model cnn needs images of at least 2x2 pixels \\(its "
+                                   "2x2 max pooling\\), and these are 1x1; use --model mlp"),
         ("a FIFO for the training labels", "train-labels-idx1-ubyte is not a regular file"),
         ("no test images", "t10k-images-idx3-ubyte holds no pixels \\(images of shape "
                            "\\(0, 28, 28\\)\\); nothing to train or test on"),
     ])
     def test_a_bad_data_dir_is_refused_before_anything_starts(self, tmp_path, case, words):
         # before: each failed on every worker in torch's or gzip's words (exit 1), or, with
-        # fewer labels than images, trained on what it had
+        # fewer labels than images, trained on what it had; 1x1 images for the cnn failed
+        # in torch's words after the workers had started ("Output size is too small")
         rng = np.random.default_rng(0)
-        side = (10, 20) if case.startswith("images 10x20") else (28, 28)
+        side = {"images 10x20 for the cnn": (10, 20),
+                "images 1x1 for the cnn": (1, 1)}.get(case, (28, 28))
         files = {"train-images-idx3-ubyte": _idx(rng.integers(0, 256, (20, *side))),
                  "train-labels-idx1-ubyte": _idx(rng.integers(0, 10, 20)),
                  "t10k-images-idx3-ubyte": _idx(rng.integers(0, 256, (5, *side))),
