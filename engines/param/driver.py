@@ -131,7 +131,7 @@ class Run:
         init = dict(init)
         timeout_s = options.timeout_s
         if not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
-            raise ConfigError(f"need a finite timeout_s > 0, got {options.timeout_s}")
+            raise ConfigError(f"need a finite timeout_s > 0, got {options.timeout_s!r}")
         if not (is_int(options.batch) and options.batch >= 1
                 and is_int(options.checkpoint_every) and options.checkpoint_every >= 0):
             # NaN pulls between checkpoints never came: the run took none but its first

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -56,6 +57,23 @@ def _function(role: str, fn: Any) -> None:
     failed on it later with "'int' object is not callable" (a RemoteError)."""
     if not callable(fn):
         raise ConfigError(f"{role} must be a function, got {describe(fn)}")
+
+
+def _nodes(option: str, nodes: Any) -> tuple[NodeId, ...] | None:
+    """``workers=`` or ``server_nodes=`` as a tuple: refused when it is a single id (a str was
+    taken as the list of its characters, each "not a live worker") or names a node twice
+    (said to be "not all live workers", though each was)."""
+    if nodes is None:
+        return None
+    if isinstance(nodes, (str, bytes)) or not isinstance(nodes, abc.Iterable):
+        raise ConfigError(f"{option}= must be a list of worker ids, got {describe(nodes)}: "
+                          f"{nodes!r}; for one worker, pass [{nodes!r}]")
+    nodes = tuple(nodes)
+    twice = next((n for i, n in enumerate(nodes) if n in nodes[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{option}={list(nodes)} names {twice!r} more than once; name each "
+                          "worker once")
+    return nodes
 
 
 @dataclass(frozen=True)
@@ -207,9 +225,8 @@ class Job:
                              checkpoint_every=checkpoint_every, resume=resume, balance=balance,
                              batch=batch, straggler_factor=straggler_factor,
                              straggler_patience=straggler_patience,
-                             workers=tuple(workers) if workers is not None else None,
-                             server_nodes=(tuple(server_nodes) if server_nodes is not None
-                                           else None),
+                             workers=_nodes("workers", workers),
+                             server_nodes=_nodes("server_nodes", server_nodes),
                              overlap=bool(overlap) and overlaps(self.barrier, self.schedule))
         return Run(self, cluster, init, options).start()
 

@@ -75,12 +75,31 @@ def test_missing_callbacks_and_bad_init(cluster):
         param.Job("x", seed=-1)   # before: numpy's ValueError on every worker
     # before: TypeErrors from a comparison and from range(); a lone surrogate key (a
     # file name decoded with surrogateescape) a UnicodeEncodeError from the shard plan
-    with pytest.raises(actorpy.ConfigError, match="finite timeout_s > 0, got 5"):
+    with pytest.raises(actorpy.ConfigError, match="finite timeout_s > 0, got '5'"):
         job.run(cluster, init={"w": np.zeros(2)}, timeout_s="5")
     with pytest.raises(actorpy.ConfigError, match="servers must be an int >= 1, got 1.5"):
         job.run(cluster, init={"w": np.zeros(2)}, servers=1.5)
     with pytest.raises(actorpy.ConfigError, match=r"init key '\\ud800' is not valid "):
         job.run(cluster, init={"\ud800": np.zeros(2)})
+
+
+def test_workers_that_are_no_list_or_name_a_worker_twice_are_said_so(cluster):
+    job = param.Job("x")
+    job.register_push(pb.linear_push)
+    job.register_pull(pb.SGDPull(0.1))
+    job.register_stop(pb.StepStop(1))
+    one = cluster.workers()[0]
+    # before: a str was made a tuple of its characters, and the error listed them one by one
+    for option in ("workers", "server_nodes"):
+        with pytest.raises(actorpy.ConfigError, match=f"^{option}= must be a list of worker "
+                                                      f"ids, got a str: '{one}'"):
+            job.run(cluster, init={"w": np.zeros(2)}, **{option: one})
+    # before: "are not all live workers of the cluster", though both are
+    with pytest.raises(actorpy.ConfigError, match=f"^workers=.* names '{one}' more than once"):
+        job.run(cluster, init={"w": np.zeros(2)}, workers=[one, one])
+    with pytest.raises(actorpy.ConfigError, match=f"^server_nodes=.* names '{one}' more than "
+                                                  "once"):
+        job.run(cluster, init={"w": np.zeros(2)}, server_nodes=[one, one])
 
 
 def test_the_bench_release_factor_flag_refuses_what_the_engine_refuses():
