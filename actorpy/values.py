@@ -13,6 +13,8 @@ import numpy as np
 from actorpy.errors import ConfigError
 
 _BYTES = (bytes, bytearray, memoryview)
+#: numpy dtype kinds a model may hold: bool, signed and unsigned integers, floats, complex
+_NUMERIC = frozenset("biufc")
 
 
 def is_int(value: Any) -> bool:
@@ -109,10 +111,12 @@ def as_like(value: Any, like: Any) -> Any:
 def check_model(init: Mapping[str, Any], *, bytes_ok: bool = False) -> None:
     """Refuse, before a job starts, a model the engines cannot keep: a key that is not a
     str, a value that is not a numpy array or torch tensor (or bytes, with ``bytes_ok``),
-    or an array of Python objects (``np.array([1, "a"], dtype=object)``, a ragged list made
-    an array). An object array travels only pickled (never on the zero-copy path, and not
-    at all on the P2P overlay), a checkpoint cannot hold it, and it failed later, deep in a
-    worker, as an update that did not fit the model.
+    an array of Python objects (``np.array([1, "a"], dtype=object)``, a ragged list made
+    an array) or of another dtype that is not numeric (structured, datetime, str, bytes),
+    or a sparse or quantized torch tensor. An object array travels only pickled (never on
+    the zero-copy path, and not at all on the P2P overlay), a checkpoint cannot hold it, and
+    it failed later, deep in a worker, as an update that did not fit the model; the others
+    failed there in numpy's or torch's words.
 
     Raises:
         ConfigError: naming the key and what its value is, or ``init`` is no mapping.
@@ -143,6 +147,20 @@ def check_model(init: Mapping[str, Any], *, bytes_ok: bool = False) -> None:
                               "objects): values must be numeric arrays, e.g. np.asarray(value, "
                               "dtype=np.float64); pad a ragged list, or give each row its own "
                               "key")
+        if fam == "numpy" and value.dtype.kind not in _NUMERIC:
+            # a structured, datetime, str or bytes array was taken, then failed on a worker
+            # or a shard in numpy's words ("ufunc 'multiply' did not contain a loop")
+            raise ConfigError(f"init[{key!r}] is a numpy array of dtype {value.dtype} (numeric "
+                              "dtypes only): values must be arrays of bools, integers, floats "
+                              "or complex numbers; give each field of a record its own key")
+        if fam == "torch" and str(getattr(value, "layout", "torch.strided")) != "torch.strided":
+            # a sparse tensor failed on the shard: "nbytes is not defined for sparse tensors"
+            raise ConfigError(f"init[{key!r}] is a torch tensor of layout {value.layout} (dense "
+                              "tensors only): pass value.to_dense()")
+        if fam == "torch" and getattr(value, "is_quantized", False):   # no arithmetic on it
+            raise ConfigError(f"init[{key!r}] is a quantized torch tensor of dtype "
+                              f"{value.dtype} (unquantized tensors only): pass "
+                              "value.dequantize()")
 
 
 #: A model at most this big may be served on its node's I/O thread while its service is idle

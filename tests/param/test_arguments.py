@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -81,6 +82,44 @@ def test_missing_callbacks_and_bad_init(cluster):
         job.run(cluster, init={"w": np.zeros(2)}, servers=1.5)
     with pytest.raises(actorpy.ConfigError, match=r"init key '\\ud800' is not valid "):
         job.run(cluster, init={"\ud800": np.zeros(2)})
+
+
+@pytest.mark.parametrize("value, dtype", [
+    (np.zeros(2, dtype=[("a", "f8"), ("b", "i4")]), r"\[\('a', '<f8'\), \('b', '<i4'\)\]"),
+    (np.zeros(2, dtype="datetime64[s]"), "datetime64\\[s\\]"),
+    (np.zeros(2, dtype="timedelta64[ms]"), "timedelta64\\[ms\\]"),
+    (np.array(["ab", "c"]), "<U2"), (np.array([b"ab"]), "\\|S2"),
+    (np.zeros(2, dtype="V4"), "\\|V4")],
+    ids=["structured", "datetime64", "timedelta64", "str", "bytes", "void"])
+def test_init_of_no_numeric_dtype_is_refused(cluster, value, dtype):
+    # before: taken, then every worker or the shard failed in numpy's words (a structured
+    # array: "ufunc 'multiply' did not contain a loop"), or a datetime key trained nothing
+    job = param.Job("x")
+    job.register_push(pb.linear_push)
+    job.register_pull(pb.SGDPull(0.1))
+    job.register_stop(pb.StepStop(1))
+    with pytest.raises(actorpy.ConfigError, match=f"^init\\['b'\\] is a numpy array of dtype "
+                                                  f"{dtype} \\(numeric dtypes only\\)"):
+        job.run(cluster, init={"w": np.zeros(2), "b": value})
+
+
+def test_a_sparse_or_quantized_torch_init_is_refused(cluster):
+    # before: taken, then the shard failed in torch's words ("nbytes is not defined for
+    # sparse tensors"; a quantized one: "promoteTypes with quantized numbers")
+    torch = pytest.importorskip("torch")
+    job = param.Job("x")
+    job.register_push(lambda ctx, values: {})
+    job.register_pull(pb.SGDPull(0.1))
+    job.register_stop(pb.StepStop(1))
+    with pytest.raises(actorpy.ConfigError, match=r"^init\['w'\] is a torch tensor of layout "
+                                                  r"torch.sparse_coo \(dense tensors only\)"):
+        job.run(cluster, init={"w": torch.zeros(4).to_sparse()})
+    with warnings.catch_warnings():   # torch deprecates making them; users still have some
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch.quantize_per_tensor(torch.zeros(4), 0.1, 0, torch.quint8)
+    with pytest.raises(actorpy.ConfigError, match=r"^init\['w'\] is a quantized torch tensor "
+                                                  r"of dtype torch.quint8 \(unquantized"):
+        job.run(cluster, init={"w": quantized})
 
 
 def test_workers_that_are_no_list_or_name_a_worker_twice_are_said_so(cluster):
