@@ -3,14 +3,39 @@ or sum over the workers' updates (``ShardConfig.aggregate``), packed groups at o
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
+from actorpy.errors import ConfigError
+from actorpy.values import describe, family
 from engines.param import packing
 
 #: a buffered update: (slot, worker, updates, batch, packed groups)
 Pending = tuple[int, Any, dict[str, Any], int, tuple]
+
+
+def check_means(init: Mapping[str, Any], aggregate: str) -> None:
+    """Refuse, before a job starts, integer and bool keys under ``aggregate="mean"``: a mean
+    of two or more integer updates is a float array, which the key cannot take, and a lone
+    update passes as it came, so such a job failed with 2 workers and ran with 1 (the
+    failure an UpdateError blaming pull's ``set``). Casting the mean back would truncate
+    without a word.
+
+    Raises:
+        ConfigError: naming the key, its dtype and ``aggregate=``.
+    """
+    if aggregate != "mean":
+        return
+    for key, value in init.items():
+        fam = family(value)
+        dtype = value.dtype
+        if (fam == "numpy" and dtype.kind not in "fc") or (
+                fam == "torch" and not (dtype.is_floating_point or dtype.is_complex)):
+            raise ConfigError(f"init[{key!r}] is {describe(value)}, and aggregate='mean' (the "
+                              "default) averages the workers' updates, which turns integers "
+                              "into floats the key cannot hold: use Job(..., aggregate='sum') "
+                              "(or 'each') for integer and bool keys, or make the key float")
 
 
 def combine(pending: list[Pending], aggregate: str) -> dict[str, Any]:

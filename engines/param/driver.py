@@ -22,6 +22,7 @@ from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, RemoteErr
 from actorpy.ids import NodeId
 from actorpy.values import check_model, is_int
 from engines.param import checkpoint
+from engines.param.aggregate import check_means
 from engines.param.errors import CheckpointError, JobFailed
 from engines.param.kinds import ParamKind
 from engines.param.server import Callbacks, ShardConfig
@@ -128,6 +129,7 @@ class Run:
         check_model(init)
         if not init:
             raise ConfigError("init must name at least one key")
+        check_means(init, job.aggregate)
         init = dict(init)
         timeout_s = options.timeout_s
         if not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:

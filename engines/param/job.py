@@ -130,7 +130,8 @@ class Job:
             each key's batch-size-weighted mean: every sample counts equally; under BSP one
             pull per round; under ASP, SSP(s > 0), PSP and DSSP, which have no rounds, each
             update is its own step, one ``pull`` each), ``"sum"``, or ``"each"`` (one
-            ``pull`` per worker update).
+            ``pull`` per worker update). Integer and bool keys need ``"sum"`` or ``"each"``
+            (``run`` refuses them under ``"mean"``).
     """
 
     def __init__(self, name: str, barrier: Any = None, seed: int = 0, *,

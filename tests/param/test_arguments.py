@@ -122,6 +122,31 @@ def test_a_sparse_or_quantized_torch_init_is_refused(cluster):
         job.run(cluster, init={"w": quantized})
 
 
+def _count_job(aggregate=None):
+    job = param.Job("count") if aggregate is None else param.Job("count", aggregate=aggregate)
+    job.register_push(lambda ctx, values: {"n": np.ones_like(values["n"])})
+    job.register_pull(lambda store, updates: store.set("n", store.get("n")[0] + updates["n"]))
+    job.register_stop(pb.StepStop(3))
+    return job
+
+
+def test_integer_and_bool_keys_under_mean_are_refused_and_sum_counts(cluster):
+    # before: taken; a lone update passed through as it came, but a mean of two is a float
+    # array, and pull's set of it failed with an UpdateError blaming pull, so the job
+    # failed with 2 workers and ran with 1
+    torch = pytest.importorskip("torch")
+    for value in (np.zeros(4, np.int64), np.zeros(2, np.uint8), np.zeros(3, bool),
+                  torch.zeros(4, dtype=torch.int64), torch.zeros(2, dtype=torch.bool)):
+        for job in (_count_job(), _count_job("mean")):
+            with pytest.raises(actorpy.ConfigError, match=r"^init\['n'\] is an? .*(int|uint|"
+                                                          r"bool)\d* (array|tensor) of shape .*"
+                                                          r"aggregate='mean'.*aggregate='sum'"):
+                job.run(cluster, init={"w": np.zeros(2), "n": value}, timeout_s=30)
+    for job in (_count_job("sum"), _count_job("each")):   # 3 rounds of 2 workers' ones
+        n = job.run(cluster, init={"n": np.zeros(4, np.int64)}, timeout_s=30)["n"]
+        assert n.dtype == np.int64 and n.tolist() == [6] * 4
+
+
 def test_workers_that_are_no_list_or_name_a_worker_twice_are_said_so(cluster):
     job = param.Job("x")
     job.register_push(pb.linear_push)
