@@ -71,8 +71,11 @@ def _parts(parts: list[tuple[Any, int]], aggregate: str) -> Any:
         acc = parts[0][0] + parts[1][0]
         for value, _ in parts[2:]:
             acc += value
-        return acc
-    return _mean(parts)
+    else:
+        acc = _mean(parts)
+    # a 0-d key's updates combine to a numpy scalar: pull gets the 0-d array, as it gets a
+    # lone update (and as the key's packed updates combine)
+    return np.asarray(acc) if isinstance(acc, np.generic) else acc
 
 
 def _mean(parts: list[tuple[Any, int]]) -> Any:

@@ -293,7 +293,10 @@ class ServerCore:
                                       f"the model's keys are {self.store.keys()}")
                 raise UpdateError(f"the update for key {key!r} reached shard "
                                   f"{self.config.shard}, but shard {owner} holds it")
-            check_update(key, value, self.store.get(key)[0], f"the update from worker {w}")
+            fitted = check_update(key, value, self.store.get(key)[0],
+                                  f"the update from worker {w}")
+            if fitted is not value:   # a numpy scalar for a 0-d key: its 0-d array
+                updates[key] = fitted   # (a dict: Push.updates)
         if groups:
             if len(self._valid) > 64:   # a job pushing ever new key sets: keep the latest
                 self._valid.clear()

@@ -39,12 +39,19 @@ def plan_shards(keys: Iterable[str], shards: int) -> dict[str, int]:
     return {k: shard_of(k, shards) for k in keys}
 
 
-def check_update(key: str, value: Any, like: Any, what: str) -> None:
-    """Raise :class:`UpdateError` unless ``value`` fits ``like`` (``what`` says who sent it)."""
-    if not fits(value, like):
-        raise UpdateError(f"{what} for key {key!r} is {describe(value)}, but the model's "
-                          f"{key!r} is {describe(like)}; return values of the same type, "
-                          "shape and dtype as the ones received")
+def check_update(key: str, value: Any, like: Any, what: str) -> Any:
+    """``value`` if it fits ``like``, else :class:`UpdateError` (``what`` says who sent it).
+    A numpy scalar (``np.float64``...) for a 0-d key is returned as the 0-d array, if its
+    dtype is the key's: numpy's arithmetic on a 0-d array (``b - 0.1 * u``) gives one."""
+    if fits(value, like):
+        return value
+    if isinstance(value, np.generic) and type(like) is np.ndarray and like.shape == ():
+        array = np.asarray(value)
+        if fits(array, like):
+            return array
+    raise UpdateError(f"{what} for key {key!r} is {describe(value)}, but the model's "
+                      f"{key!r} is {describe(like)}; return values of the same type, "
+                      "shape and dtype as the ones received")
 
 
 @dataclass
@@ -100,14 +107,15 @@ class Store:
     def set(self, key: str, value: Any) -> None:
         """Replace ``key``'s value (same type, shape and dtype) and advance its clock. A
         numpy value whose dtype differs from the model's in byte order alone is stored in
-        the model's (``w + u`` on a big-endian ``w`` is native-order).
+        the model's (``w + u`` on a big-endian ``w`` is native-order); a numpy scalar of the
+        key's dtype, for a 0-d key, as a 0-d array (``b - 0.1 * u`` on a 0-d ``b`` is one).
 
         Raises:
             UpdateError: the value does not fit; KeyNotLocal / KeyError as for ``get``.
         """
         self._local(key)
         like = self._values[key]
-        check_update(key, value, like, "pull set a value")
+        value = check_update(key, value, like, "pull set a value")
         self._values[key] = _frozen(as_like(value, like))   # a big-endian model stays so
         self._clocks[key] += 1
 

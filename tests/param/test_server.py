@@ -133,6 +133,22 @@ class TestUpdates:
         out = core.push(A, Push(1, {"w": torch.ones(3)}, 1, 0.1))
         assert torch.allclose(out[0].reply.values["w"], torch.full((3,), -0.1))
 
+    @pytest.mark.parametrize("policy", [BSP(), ASP()], ids=["bsp", "asp"])
+    def test_a_zero_d_key_takes_numpy_scalars(self, policy):
+        # before: numpy's arithmetic on a 0-d array gives a numpy scalar (np.float64), which
+        # the shard refused as "a float64, but the model's 'b' is a float64 array of shape ()"
+        core = make_core(policy, [A, B], init={"b": np.array(0.0)})
+        _start(core, A, B)
+        core.push(A, Push(1, {"b": np.float64(1.0)}, 1, 0.1))
+        core.push(B, Push(1, {"b": np.float64(3.0)}, 1, 0.1))
+        value, clock = core.store.get("b")
+        assert type(value) is np.ndarray and value.shape == () and value.dtype == np.float64
+        assert value == pytest.approx(-0.2 if policy == BSP() else -0.4)
+        assert clock == (1 if policy == BSP() else 2) and not value.flags.writeable
+        with pytest.raises(UpdateError, match="is a float32, but the model's 'b' is a float64 "
+                                              r"array of shape \(\)"):   # the dtype still counts
+            core.push(A, Push(2, {"b": np.float32(1.0)}, 1, 0.1))
+
     def test_pull_that_raises_leaves_the_model_whole(self):
         def pull(store, updates):
             store.set("w", store.get("w")[0] + 1)

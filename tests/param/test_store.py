@@ -47,6 +47,24 @@ class TestStore:
             store.set("w", np.zeros(4))
         assert store.get("w")[1] == 0
 
+    def test_a_zero_d_key_is_set_from_a_numpy_scalar(self):
+        # before: refused, and w - 0.1 * u on a 0-d w gives one (np.float64, not an array)
+        store = Store({"b": np.array(0.0), "n": np.array(0, np.int32)}, {"b": 0, "n": 0}, 0)
+        store.set("b", store.get("b")[0] - 0.5)
+        store.set("n", np.int32(3))
+        for key, want, dtype in (("b", -0.5, np.float64), ("n", 3, np.int32)):
+            value, clock = store.get(key)
+            assert type(value) is np.ndarray and value.shape == () and value.dtype == dtype
+            assert value == want and clock == 1 and not value.flags.writeable
+        for bad, what in ((np.float32(1.0), "a float32"), (np.int64(1), "an int64"),
+                          (1.0, "a float")):   # the dtype counts; a Python float has none
+            with pytest.raises(UpdateError, match=f"is {what}, but the model's 'b' is a "
+                                                  r"float64 array of shape \(\)"):
+                store.set("b", bad)
+        with pytest.raises(UpdateError, match="is a float64, but the model's 'w' is a float64 "
+                                              r"array of shape \(1,\)"):   # 0-d keys only
+            Store({"w": np.zeros(1)}, {"w": 0}, 0).set("w", np.float64(1.0))
+
     def test_init_must_be_arrays(self):
         with pytest.raises(ConfigError, match="wrap scalars"):
             Store({"b": 0.5}, {"b": 0}, 0)
@@ -71,3 +89,14 @@ def test_a_job_on_a_big_endian_model_trains(cluster):
     job.register_stop(lambda store: store.step >= 20)
     w = job.run(cluster, init={"w": np.zeros(3, dtype=">f8")}, timeout_s=60)["w"]
     assert w.dtype.str == ">f8" and np.allclose(w, 3.0)
+
+
+def test_a_job_on_a_zero_d_key_trains(cluster):
+    # before: push's v["b"] - 3.0 is a numpy scalar, refused by the shard as "a float64"
+    job = param.Job("zero-d", seed=0)
+    job.register_push(lambda ctx, values: {"b": values["b"] - 3.0})
+    job.register_pull(lambda store, updates: store.set("b", store.get("b")[0]
+                                                       - 0.5 * updates["b"]))
+    job.register_stop(lambda store: store.step >= 20)
+    b = job.run(cluster, init={"b": np.array(0.0)}, timeout_s=60)["b"]
+    assert type(b) is np.ndarray and b.shape == () and b == pytest.approx(3.0, abs=1e-4)
