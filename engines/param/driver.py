@@ -27,7 +27,7 @@ from engines.param.errors import CheckpointError, JobFailed
 from engines.param.kinds import ParamKind
 from engines.param.server import Callbacks, ShardConfig
 from engines.param.shell import ShardService, ShardSpec
-from engines.param.store import plan_shards
+from engines.param.store import check_init, plan_shards
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ class Run:
         if not init:
             raise ConfigError("init must name at least one key")
         check_means(init, job.aggregate)
+        check_init(init)
         init = dict(init)
         timeout_s = options.timeout_s
         if not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:

@@ -39,11 +39,33 @@ def plan_shards(keys: Iterable[str], shards: int) -> dict[str, int]:
     return {k: shard_of(k, shards) for k in keys}
 
 
+_DETACH = ("send value.detach() (a tensor in autograd's graph would keep that graph in the "
+           "model, and every later set would grow it)")
+
+
+def check_init(init: Mapping[str, Any]) -> None:
+    """Refuse, before a job starts, a torch ``init`` value that requires grad (an
+    ``nn.Parameter``, say): the updates and sets that follow it would too, and the shard
+    refuses those (:func:`check_update`).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    for key, value in init.items():
+        if family(value) == "torch" and value.requires_grad:
+            raise ConfigError(f"init[{key!r}] is {describe(value)} that requires grad; pass "
+                              "value.detach() (for a module: {k: v.detach() for k, v in "
+                              "model.state_dict().items()})")
+
+
 def check_update(key: str, value: Any, like: Any, what: str) -> Any:
     """``value`` if it fits ``like``, else :class:`UpdateError` (``what`` says who sent it).
     A numpy scalar (``np.float64``...) for a 0-d key is returned as the 0-d array, if its
     dtype is the key's: numpy's arithmetic on a 0-d array (``b - 0.1 * u``) gives one."""
     if fits(value, like):
+        if type(value) is not np.ndarray and getattr(value, "requires_grad", False):
+            raise UpdateError(f"{what} for key {key!r} is {describe(value)} that requires "
+                              f"grad; {_DETACH}")
         return value
     if isinstance(value, np.generic) and type(like) is np.ndarray and like.shape == ():
         array = np.asarray(value)

@@ -122,6 +122,21 @@ def test_a_sparse_or_quantized_torch_init_is_refused(cluster):
         job.run(cluster, init={"w": quantized})
 
 
+def test_a_torch_init_that_requires_grad_is_refused(cluster):
+    # before: taken, and the model returned required grad (each set a node of one autograd
+    # graph); an nn.Parameter is the common case
+    torch = pytest.importorskip("torch")
+    job = param.Job("x")
+    job.register_push(lambda ctx, values: {"w": torch.ones(4)})
+    job.register_pull(pb.SGDPull(0.1))
+    job.register_stop(pb.StepStop(1))
+    for value in (torch.zeros(4, requires_grad=True), torch.nn.Parameter(torch.zeros(4))):
+        with pytest.raises(actorpy.ConfigError, match=r"^init\['w'\] is a float32 tensor of "
+                                                      r"shape \(4,\) that requires grad; .*"
+                                                      r"\.detach\(\)"):
+            job.run(cluster, init={"w": value}, timeout_s=30)
+
+
 def _count_job(aggregate=None):
     job = param.Job("count") if aggregate is None else param.Job("count", aggregate=aggregate)
     job.register_push(lambda ctx, values: {"n": np.ones_like(values["n"])})

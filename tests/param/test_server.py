@@ -149,6 +149,24 @@ class TestUpdates:
                                               r"array of shape \(\)"):   # the dtype still counts
             core.push(A, Push(2, {"b": np.float32(1.0)}, 1, 0.1))
 
+    def test_a_torch_update_or_set_that_requires_grad_is_refused(self):
+        # before: taken, as docs/param.md said it was not, and the model's w then required
+        # grad (every later w - lr * u a node of one growing autograd graph)
+        torch = pytest.importorskip("torch")
+        core = make_core(ASP(), [A], init={"w": torch.zeros(3)})
+        _start(core, A)
+        with pytest.raises(UpdateError, match=r"the update from worker a for key 'w' is a "
+                                              r"float32 tensor of shape \(3,\) that requires "
+                                              r"grad; .*\.detach\(\)"):
+            core.push(A, Push(1, {"w": torch.ones(3, requires_grad=True)}, 1, 0.1))
+        with pytest.raises(UpdateError, match="pull set a value for key 'w' is a float32 "
+                                              "tensor of shape .* that requires grad"):
+            core.store.set("w", torch.ones(3, requires_grad=True))
+        value, clock = core.store.get("w")
+        assert clock == 0 and not value.requires_grad and not value.any()
+        out = core.push(A, Push(1, {"w": torch.ones(3)}, 1, 0.1))
+        assert torch.allclose(out[0].reply.values["w"], torch.full((3,), -0.1))
+
     def test_pull_that_raises_leaves_the_model_whole(self):
         def pull(store, updates):
             store.set("w", store.get("w")[0] + 1)
