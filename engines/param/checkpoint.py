@@ -8,8 +8,11 @@ from the recorded dtype and shape.
 
 Writing goes to a temporary file in the same directory, is fsynced, renamed over the old
 checkpoint and the directory fsynced, so a crash leaves either the old or the new checkpoint,
-never a mix. Loading checks everything (zip CRCs, digests, job, shard, keys, shapes, dtypes)
-before returning anything, so a corrupt or foreign file is refused whole.
+never a mix. Loading checks everything (zip CRCs, digests, job, shard, keys, shapes, dtypes,
+and that every step count, clock and count is an int in ``[0, 2**62)``) before returning
+anything, so a corrupt, tampered or foreign file is refused whole. The description is
+covered by its zip member's CRC, not by a digest: a digest kept in the same file would be
+rewritten by whoever edited it, so its fields are checked instead.
 """
 from __future__ import annotations
 
@@ -29,6 +32,14 @@ from engines.param.errors import CheckpointError
 
 FORMAT = "actorpy-param-checkpoint"
 VERSION = 1
+#: A step count, clock or count a checkpoint may hold is below this (no run comes near it;
+#: a tampered 1e30 base_step was taken, every worker's steps counted from there)
+MAX_COUNT = 2 ** 62
+
+
+class Malformed(ValueError):
+    """A field of a checkpoint's description that a writer of ours never wrote (the
+    message says which and what it holds)."""
 
 
 @dataclass(frozen=True)
@@ -168,15 +179,31 @@ def load(path: str, *, job: str, shard: int, shards: int,
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
         # the format's marker and the job's name, with fields a writer of ours never wrote
         # (a hand-edited or crafted file): refused as a whole, like a corrupt one
+        why = str(exc) if isinstance(exc, Malformed) else f"{type(exc).__name__}: {exc}"
         raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint (its "
-                              f"description is malformed: {type(exc).__name__}: {exc}); "
+                              f"description is malformed: {why}); "
                               "delete it or resume from another directory") from None
+
+
+def _count(value: Any, what: str) -> int:
+    """``value`` if it is an int (not a bool) in ``[0, MAX_COUNT)``, else Malformed: a
+    writer of ours wrote only such, and a float was truncated, a huge one taken."""
+    if type(value) is not int or not 0 <= value < MAX_COUNT:
+        raise Malformed(f"{what} is {value!r}, not an int in [0, 2**62)")
+    return value
 
 
 def _snapshot(path: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
               like: Mapping[str, Any]) -> Snapshot:
     """The checked snapshot of a checkpoint whose members were read (``load``)."""
+    for e in meta["keys"]:
+        if type(e["key"]) is not str:
+            raise Malformed(f"a key is {e['key']!r}, not a str")
     entries = {e["key"]: e for e in meta["keys"]}
+    clocks = {k: _count(e["clock"], f"the clock of key {k!r}") for k, e in entries.items()}
+    steps = {str(k): _count(v, f"the step count of worker {k!r}")
+             for k, v in dict(meta["steps"]).items()}
+    counts = [_count(meta[name], name) for name in ("base_step", "updates", "pulls")]
     if set(entries) != set(like):
         raise CheckpointError(f"checkpoint {path} holds keys {sorted(entries)}, but this "
                               f"shard's model has {sorted(like)}: it belongs to another model")
@@ -186,6 +213,13 @@ def _snapshot(path: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
         if _digest(raw) != entry["sha256"]:
             raise CheckpointError(f"checkpoint {path}: the data of key {key!r} does not match "
                                   "its digest (the file is corrupt)")
+        shape = entry["shape"]
+        if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape) or (
+                entry["family"] == "numpy" and tuple(shape) != raw.shape):
+            raise Malformed(f"the shape of key {key!r} is {shape!r}, not its data's")
+        if type(entry["dtype"]) is not str or (entry["family"] == "numpy"
+                                               and entry["dtype"] != str(raw.dtype)):
+            raise Malformed(f"the dtype of key {key!r} is {entry['dtype']!r}, not its data's")
         value = _from_numpy(raw, entry)
         ref = like[key]
         if family(value) != family(ref) or tuple(value.shape) != tuple(ref.shape) \
@@ -193,10 +227,7 @@ def _snapshot(path: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
             raise CheckpointError(f"checkpoint {path}: key {key!r} is {describe(value)}, but "
                                   f"the model's is {describe(ref)}: it belongs to another model")
         values[key] = value
-    return Snapshot(values, {k: int(e["clock"]) for k, e in entries.items()},
-                    {str(k): int(v) for k, v in dict(meta["steps"]).items()},
-                    int(meta["base_step"]), int(meta["updates"]),
-                    int(meta["pulls"]))
+    return Snapshot(values, clocks, steps, *counts)
 
 
 def _layouts(path: str) -> list[str]:

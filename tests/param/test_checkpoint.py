@@ -114,6 +114,34 @@ class TestCheckpoint:
         """A file with our format's marker and the right job, whose description a writer
         of ours never wrote: refused as corrupt (before, a KeyError, TypeError or
         ValueError escaped from the load)."""
+        self._refused(tmp_path, tamper, "corrupt or not a checkpoint")
+
+    @pytest.mark.parametrize("field, tamper, shown", [
+        ("base_step", lambda m: m.update(base_step=10**30), str(10**30)),
+        ("base_step", lambda m: m.update(base_step=1.5), "1.5"),
+        ("base_step", lambda m: m.update(base_step=-1), "-1"),
+        ("base_step", lambda m: m.update(base_step=True), "True"),
+        ("updates", lambda m: m.update(updates=-1), "-1"),
+        ("pulls", lambda m: m.update(pulls=2**62), str(2**62)),
+        ("the clock of key 'w'", lambda m: m["keys"][0].update(clock=-5), "-5"),
+        ("the clock of key 'w'", lambda m: m["keys"][0].update(clock=10**30), str(10**30)),
+        ("the step count of worker 'w-1'", lambda m: m.update(steps={"w-1": -100}), "-100"),
+        ("the step count of worker 'w-1'", lambda m: m.update(steps={"w-1": 10**20}), str(10**20)),
+        ("the shape of key 'w'", lambda m: m["keys"][0].update(shape="100"), "'100'"),
+        ("the shape of key 'w'", lambda m: m["keys"][0].update(shape=[3]), r"\[3\]"),
+        ("the dtype of key 'w'", lambda m: m["keys"][0].update(dtype="nonsense"), "'nonsense'"),
+        ("a key", lambda m: m["keys"][0].update(key=5), "5"),
+    ])
+    def test_counts_and_descriptions_out_of_range_are_refused_whole(self, tmp_path, field,
+                                                                    tamper, shown):
+        """Before: a base_step of 1e30 was taken (every worker's steps counted from it), 1.5
+        truncated, negative counts, clocks and worker steps taken, and a numpy key's shape
+        and dtype not compared with its data."""
+        self._refused(tmp_path, tamper, f"corrupt or not a checkpoint \\(its description is "
+                                        f"malformed: {field} is {shown}")
+
+    @staticmethod
+    def _refused(tmp_path, tamper, words):
         path = str(tmp_path / "c.npz")
         checkpoint.save(path, Snapshot({"w": np.zeros(2)}, {"w": 0}, {"w-1": 3}), **KW)
         with np.load(path) as npz:
@@ -122,7 +150,7 @@ class TestCheckpoint:
         tamper(meta)
         members["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         np.savez(path, **members)
-        with pytest.raises(CheckpointError, match="corrupt or not a checkpoint"):
+        with pytest.raises(CheckpointError, match=words):
             checkpoint.load(path, like={"w": np.zeros(2)}, **KW)
 
 
