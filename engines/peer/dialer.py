@@ -227,6 +227,15 @@ class Dialer:
                         out[address] = box[1]
                     elif failure is not None:
                         out[address] = AuthError(failure.replace(f" with {alias} at ", " with "))
+                    elif time.monotonic() > deadline and self.node.link_ever_up(alias):
+                        # before: "no peer answered ... is an `actorpy peer` running there?"
+                        # of a live peer stuck in a callback of a job that ended without it
+                        out[address] = ActorpyTimeout(
+                            f"the peer at {address} took the connection (it holds the "
+                            f"secret) but did not answer within {timeout_s:g} s: its peer "
+                            "service is busy, most likely still in a callback (push, pull) "
+                            "of an earlier job that never returned; stop that `actorpy peer` "
+                            "(its supervisor restarts it), or join through another one")
                     elif time.monotonic() > deadline:
                         out[address] = ActorpyTimeout(
                             f"no peer answered at {address} within {timeout_s:g} s: is an "

@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from actorpy.barrier import PSP
@@ -47,6 +49,18 @@ def overlay():
     finally:
         for p in peers:
             p.close()
+
+
+#: holds peer 0 of a job in ``_stuck_push`` until set (a module global: the job is pickled)
+STUCK = threading.Event()
+STUCK_AT: list[str] = []   # the address of the peer held
+
+
+def _stuck_push(ctx, values):
+    if ctx.index == 0:
+        STUCK_AT.append(ctx.address)
+        STUCK.wait(60)   # a callback that does not return (until released)
+    return {k: np.zeros_like(v) for k, v in values.items()}
 
 
 def _tables(peers):
@@ -184,6 +198,37 @@ class TestErrors:
                 peer.join(f"tcp://127.0.0.1:{free}", timeout_s=0.5)
         finally:
             peer.close()
+
+    def test_a_peer_stuck_in_an_ended_jobs_push_is_said_busy_not_absent(self):
+        # before: "no peer answered at ...: is an `actorpy peer` running there?" of a live
+        # peer whose push outlived its job (the next jobs all failed so, nothing logged)
+        from engines.peer.overlay_run import run_overlay
+
+        release = STUCK
+        peers = [_peer()]
+        try:
+            peers.append(_peer(peers[0].endpoint))
+            job = linreg(PSP(sample=1, staleness=1), steps=1000)
+            job.register_push(_stuck_push)
+
+            with pytest.raises(ActorpyTimeout):
+                job.run_overlay(peers[1].endpoint, init(), secret=SECRET, data=shard,
+                                timeout_s=2)
+            stuck = next(p for p in peers if STUCK_AT[-1].startswith(p.node_id))
+            again = linreg(PSP(sample=1, staleness=1), steps=5)
+            with pytest.raises(ActorpyTimeout, match="took the connection .* but did not "
+                                                     "answer within 1 s: its peer service is "
+                                                     "busy, most likely still in a callback"):
+                run_overlay(again, stuck.endpoint, init(), secret=SECRET, data=shard,
+                            timeout_s=30, hello_s=1)
+            release.set()   # it returns: the peers serve the next job
+            result = again.run_overlay(stuck.endpoint, init(), secret=SECRET, data=shard,
+                                       timeout_s=60)
+            assert sorted(result.steps.values()) == [5, 5]
+        finally:
+            release.set()
+            for p in peers:
+                p.close()
 
     def test_a_wrong_secret_is_an_auth_error(self, overlay):
         with pytest.raises(AuthError, match="secret"):
