@@ -159,7 +159,10 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
     x, y = generate(np.random.default_rng([args.seed, 1299709]), 5000, w_star, args.model)
     out = {"loss": loss(w, x, y, args.model),
            "weight_error": float(np.linalg.norm(w - w_star) / np.linalg.norm(w_star)),
-           "steps_per_worker": list(result.steps.values()), "updates": result.updates,
+           # the folds in w's final version (its clock): a push folded into a branch that
+           # was dropped when w's owner changed, and pushed again, counts once (the owners'
+           # ``result.updates`` counted it twice: 104 for 2 peers' 100 pushes, once)
+           "steps_per_worker": list(result.steps.values()), "updates": result.clocks["w"],
            "seconds": result.seconds}
     return out, trace.rows if trace is not None else []
 

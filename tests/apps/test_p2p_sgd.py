@@ -2,6 +2,7 @@
 the target although the worker of the peer owning the model is SIGKILLed mid-run."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -87,6 +88,17 @@ class TestCli:
         assert made == [False]
         assert out["steps_per_worker"] == [150] * 4 and out["updates"] == 4 * 150
         assert out["weight_error"] < 0.05
+
+    def test_updates_are_the_folds_in_the_final_w_not_every_owners(self, capsys, monkeypatch):
+        # an owner whose branch was dropped (its round refused) counted the pushes it had
+        # folded in, and the next owner counted them again: 104 updates for 100 pushes
+        class Job(peer.Job):
+            def run(self, *args, **kwargs):
+                result = super().run(*args, **kwargs)
+                return dataclasses.replace(result, updates=result.updates + 4)
+        monkeypatch.setattr(p2p_sgd.peer, "Job", Job)
+        assert p2p_sgd.main(["--peers", "2", "--steps", "50", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["updates"] == 2 * 50
 
     def test_bootstrap_takes_no_peers(self):
         # before: `--bootstrap ... --peers 2` trained on every peer of the overlay, saying
