@@ -22,7 +22,7 @@ from actorpy.runtime.files import ensure_open_files, files_needed
 from actorpy.runtime.host import ServiceHost
 from actorpy.runtime.local import LocalCluster
 from actorpy.runtime.membership import MANAGER_GONE, MANAGER_ID, Membership
-from actorpy.runtime.node import Node, NodeEvent, Subscription
+from actorpy.runtime.node import Node, NodeEvent, NodeEventKind, Subscription
 from actorpy.runtime.reply import ReplyFuture, check_seconds
 from actorpy.runtime.stream import StreamTable, TaskStream
 from actorpy.runtime.tasks import CancelState, ContextCallTask, StreamTask
@@ -98,6 +98,13 @@ def too_many_workers(n: int) -> ConfigError:
         "for more, run `actorpy manager` and `actorpy worker` on several machines")
 
 
+def _reap(local: LocalCluster, event: NodeEvent) -> None:
+    """A worker of the embedded cluster left or died: collect its exit status at once (a
+    killed one stayed a zombie under the driver until the cluster closed)."""
+    if event.kind is not NodeEventKind.JOINED and event.node_id in local.worker_ids:
+        local.exited([NodeId(event.node_id)])
+
+
 class Cluster(Caller):
     """A driver's connection to a cluster: submit tasks (plain, or streaming items back),
     cancel them, start services on workers or here, look them up, watch membership."""
@@ -137,6 +144,8 @@ class Cluster(Caller):
         except BaseException:
             self.node.close(linger_ms=0)  # nothing worth flushing to a cluster not joined
             raise
+        if local is not None:
+            self.node.subscribe(functools.partial(_reap, local))
         # Runs at terminate(), when the Cluster is collected, or at interpreter exit.
         self._finalizer = weakref.finalize(self, Cluster._cleanup, self.node, local,
                                            self.services, self._pid)

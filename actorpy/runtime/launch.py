@@ -26,7 +26,9 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import traceback
+import weakref
 from typing import NoReturn, Protocol
 
 from actorpy.errors import ActorpyError, ActorpyTimeout
@@ -227,6 +229,11 @@ class ForkedChild:
         self.pid = pid
         self.returncode: int | None = None
         self._pidfd = os.pidfd_open(pid)
+        # one reaper at a time: the cluster's close waits while the I/O thread may poll (a
+        # worker declared dead). Only ``wait`` closes the pidfd (or the object's end), so a
+        # wait selecting on it never finds it closed (or its number reused) by a poll
+        self._lock = threading.Lock()
+        self._close_pidfd = weakref.finalize(self, os.close, self._pidfd)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -243,6 +250,7 @@ class ForkedChild:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
             self._reap(0)
         assert self.returncode is not None
+        self._close_pidfd()
         return self.returncode
 
     def kill(self) -> None:
@@ -250,13 +258,15 @@ class ForkedChild:
             signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     def _reap(self, flags: int) -> None:
-        try:
-            pid, status = os.waitpid(self.pid, flags)
-        except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): status unknown
-            pid, status = self.pid, 0
-        if pid:
-            self.returncode = os.waitstatus_to_exitcode(status)
-            os.close(self._pidfd)
+        with self._lock:
+            if self.returncode is not None:
+                return
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): status unknown
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
 
     def __repr__(self) -> str:
         return f"<ForkedChild pid={self.pid} returncode={self.returncode}>"

@@ -58,6 +58,15 @@ def test_events_joined_dead_left_and_unsubscribe():
         node.close()
 
 
+def _state(pid: int) -> str:
+    """A process's state letter (Z: a zombie), or "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
 def test_cluster_reports_joins_with_slots_and_a_killed_worker():
     with actorpy.connect(workers=2, dead_after_s=2.0) as cluster:
         events: list[NodeEvent] = []
@@ -78,3 +87,6 @@ def test_cluster_reports_joins_with_slots_and_a_killed_worker():
         dead = [e for e in events if e.kind is NodeEventKind.DEAD]
         assert [(e.node_id, e.role) for e in dead] == [(victim, "worker")]
         wait_until(lambda: victim not in cluster.workers(), 5, "the directory to drop the victim")
+        # its exit status collected once it was declared dead: before, it stayed a zombie
+        # under the driver until the cluster closed
+        wait_until(lambda: _state(pid) != "Z", 5, "the killed worker to be reaped")
