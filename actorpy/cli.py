@@ -291,6 +291,9 @@ def build_parser(with_apps: bool = True) -> argparse.ArgumentParser:
     # a warning would scroll past, and a local cluster's children would log at the typo.
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
                         help="DEBUG, INFO, WARNING (default), ERROR or CRITICAL")
+    if not with_apps:   # (a core command's start skips reading the apps' entry points)
+        # its error's usage line still names every command: it listed the core ones only
+        parser.error = lambda message: build_parser().error(message)  # type: ignore
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("manager", help="run a cluster manager")

@@ -115,6 +115,15 @@ def test_an_unknown_log_level_is_refused_before_anything_runs(args):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("args", [["demo", "--bogus"], ["--log-level", "DEBG", "sgd"]])
+def test_a_refused_command_line_s_usage_names_the_apps_too(args):
+    # before: a core command's parser, built without the apps, listed only
+    # {manager,worker,status,demo,secret,sim}
+    out = _cli(*args)
+    assert out.returncode == 2, out.stderr
+    assert "sgd" in out.stderr.split("error:")[0] and "p2p-sgd" in out.stderr, out.stderr
+
+
 def test_a_log_level_is_taken_after_an_app_s_flags():
     out = _cli("sgd", "--workers", "0", "--log-level", "ERROR")
     assert out.returncode == 2 and "--workers must be at least 1" in out.stderr, out.stderr
