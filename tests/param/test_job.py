@@ -395,7 +395,7 @@ class TestBadInput:
         next job's tasks waited behind it, and that job timed out saying "check the stop
         function" (its own cluster: the workers stay busy for a while)."""
         def slow_push(ctx, values):
-            time.sleep(8)   # outlives timeout_s=1 (the scenario itself, not a wait on it)
+            threading.Event().wait(8)   # outlives timeout_s=1 (the scenario, not a wait)
             return {"w": np.zeros(pb.D)}
 
         slow, fast = _job(ASP()), _job(ASP())
