@@ -59,8 +59,8 @@ def _rebuild_decode_error(path: str, offset: int, message: str) -> InputDecodeEr
 
 
 class InputNotWords(MapreError, ValueError):
-    """With ``cut_long_lines``, a stretch of input too long to hold in memory has no space,
-    tab or newline to cut it at: not text made of words (a sparse file, a disk image)."""
+    """With ``cut_long_lines``, a stretch of input too long to hold in memory has no
+    whitespace to cut it at: not text made of words (a sparse file, a disk image)."""
 
 
 class InputChanged(MapreError, ValueError):

@@ -29,10 +29,20 @@ READ_BLOCK_BYTES = 4 << 20
 #: they are counted (a word count over 64 KB blocks: 5-10 % less CPU than over 4 MB, and
 #: than over lines).
 TEXT_BLOCK_BYTES = 64 << 10
-#: With ``cut_long_lines``, the most bytes read with no space, tab or newline to cut them
-#: at (one "word"): a sparse file of 2 GB was held about five times over (read, joined,
-#: decoded, lower-cased, split) and its one word sent to the driver.
+#: With ``cut_long_lines``, the most bytes read with no whitespace to cut them at (one
+#: "word"): a sparse file of 2 GB was held about five times over (read, joined, decoded,
+#: lower-cased, split) and its one word sent to the driver.
 MAX_WORD_BYTES = 64 << 20
+#: The UTF-8 encodings of every character ``str.split()`` splits on (``str.isspace``): the
+#: ASCII ones are bytes of their own; each other one starts with a lead byte and is whole, so
+#: in UTF-8 it can only be that character, and a cut after it splits none. Text whose words
+#: are parted by CR alone (old Mac files), VT or U+3000 was refused as "not words" when only
+#: space and tab were cut at.
+WORD_SEPARATORS = tuple(c.encode() for c in " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680"
+                        "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+                        "\u200a\u2028\u2029\u202f\u205f\u3000")
+#: Bytes at the end of a block searched for a separator first (real text has one there).
+_SEPARATOR_TAIL = 256
 #: Default size of one input split (one partition).
 DEFAULT_SPLIT_BYTES = 32 << 20
 SUCCESS = "_SUCCESS"
@@ -213,8 +223,8 @@ def read_split_text(split: Split, errors: str = "strict",
     """The lines of ``split`` as blocks of text: whole lines of about ``block_bytes``
     together, line ends kept as they are (``\\n`` or ``\\r\\n``); every block ends with a
     newline but perhaps the file's last. A byte order mark at the start of the file is dropped.
-    With ``cut_long_lines`` a line longer than a block is cut after a space or tab in it
-    (read_blocks).
+    With ``cut_long_lines`` a line longer than a block is cut after a whitespace character
+    in it (read_blocks).
 
     Raises:
         InputDecodeError: a byte is not valid UTF-8 and ``errors`` is "strict".
@@ -228,11 +238,12 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
     """``(file offset, bytes)`` of the whole lines that start in ``split``, a block of
     about ``block_bytes`` at a time, each ending with a newline (but the file's last).
 
-    With ``cut_long_lines`` a block that holds no newline ends after its last space or tab
-    instead, so that a line of words longer than a block (text8 is one line of 100 MB) is
-    read a block at a time rather than held whole, and copied, by every step that reads it.
-    A space or tab is a byte of its own in UTF-8 and whitespace to ``str.split``, so the
-    cut splits no character and no word, and lower-casing the pieces is lower-casing the line.
+    With ``cut_long_lines`` a block that holds no newline ends after its last whitespace
+    character (``WORD_SEPARATORS``) instead, so that a line of words longer than a block
+    (text8 is one line of 100 MB) is read a block at a time rather than held whole, and
+    copied, by every step that reads it. The cut splits no character and no word (each
+    separator is whitespace to ``str.split``), and lower-casing the pieces is lower-casing
+    the line (whitespace is neither cased nor case-ignorable, so final sigma reads the same).
     """
     with open(split.path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -261,19 +272,16 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
                 return
             cut = block.rfind(b"\n")
             if cut < 0:
-                space = max(block.rfind(b" "), block.rfind(b"\t")) if cut_long_lines else -1
-                if space < 0:
+                after = _after_last_separator(block) if cut_long_lines else 0
+                if not after:
                     carry.append(block)
                     if cut_long_lines and len(carry) * block_bytes > MAX_WORD_BYTES:
-                        raise InputNotWords(
-                            f"{split.path}: the {len(carry) * block_bytes:,} bytes from offset "
-                            f"{pos} hold no space, tab or newline: not text made of words (a "
-                            "binary or sparse file?)")
+                        raise _not_words(split, pos, carry)
                     continue
-                body = b"".join([*carry, block[:space + 1]])
+                body = b"".join([*carry, block[:after]])
                 yield pos, body
                 pos += len(body)
-                carry = [block[space + 1:]] if space + 1 < len(block) else []
+                carry = [block[after:]] if after < len(block) else []
                 in_line = True
                 continue
             body = b"".join([*carry, block[:cut + 1]]) if carry else block[:cut + 1]
@@ -287,6 +295,33 @@ def read_blocks(split: Split, block_bytes: int = READ_BLOCK_BYTES,
             pos += len(body)
             carry = [rest] if rest else []
             in_line = False
+
+
+def _after_last_separator(block: bytes) -> int:
+    """The index just past the last whitespace character in ``block`` (0: none). The tail
+    is searched first: looking for each of the separators through a whole block, where most
+    never occur, would scan it some thirty times."""
+    for start in (max(0, len(block) - _SEPARATOR_TAIL), 0):
+        found = max((i + len(sep) for sep in WORD_SEPARATORS
+                     if (i := block.rfind(sep, start)) >= 0), default=0)
+        if found or start == 0:
+            return found
+    return 0
+
+
+def _not_words(split: Split, pos: int, carry: list[bytes]) -> InputNotWords:
+    """The error for ``carry``, a stretch with no whitespace: binary only if it looks so."""
+    sample = carry[0][:4096]
+    try:
+        sample.decode("utf-8")
+        binary = b"\x00" in sample
+    except UnicodeDecodeError as exc:
+        binary = exc.start < len(sample) - 3   # not just a character cut at the sample's end
+    why = ("not text made of words (a binary or sparse file?)" if binary else
+           "one word longer than a worker holds: words must be parted by whitespace (space, "
+           "tab, line end, or another character str.split() splits on)")
+    return InputNotWords(f"{split.path}: the {sum(map(len, carry)):,} bytes from offset {pos} "
+                         f"hold no whitespace: {why}")
 
 
 def _shorter(split: Split, size: int) -> InputChanged:

@@ -38,11 +38,11 @@ def load(cluster: Any, path: str | os.PathLike[str] | Sequence[str | os.PathLike
             for code that splits text in C itself: counting the words of
             ``block.split()`` runs one C call per block where lines need a few per line.
         cut_long_lines: with ``lines=False``, a line longer than a block is cut after a
-            space or tab (never inside a word or a character), so that a block stays about
+            whitespace character (never inside a word or a character), so that a block stays about
             64 KB however long the lines: a corpus of one line (text8: 100 MB) is read a
             block at a time instead of being held whole, several times over, by a worker.
             For code that splits blocks on whitespace; the blocks are then no longer lines.
-            64 MiB with no space, tab or newline fail the job with ``InputNotWords``.
+            64 MiB with no whitespace fail the job with ``InputNotWords``.
 
     Raises:
         InputNotFound: a path is missing or a glob matches nothing (before any work runs).

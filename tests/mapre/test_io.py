@@ -102,7 +102,7 @@ class TestReadSplit:
                   for b in io.read_split_text(Split(str(path), s, min(s + split_bytes, len(data))),
                                               "strict", block_bytes, cut_long_lines=True)]
         assert "".join(blocks) == data.decode()
-        assert all(b.endswith(("\n", " ", "\t")) for b in blocks[:-1])
+        assert all(b[-1].isspace() for b in blocks[:-1])
         words = [w for b in blocks for w in b.lower().split()]
         assert words == data.decode().lower().split()
 
@@ -128,12 +128,43 @@ class TestReadSplit:
         path = tmp_path / "zeros.bin"
         path.write_bytes(b"ok fine\n" + b"\x00" * 5000 + b" tail\n")
         size = path.stat().st_size
-        with pytest.raises(InputNotWords, match="zeros.bin: the 1,024 bytes from offset 8 "
-                                                "hold no space, tab or newline"):
+        with pytest.raises(InputNotWords, match="zeros.bin: the 1,016 bytes from offset 8 "
+                                                "hold no whitespace: not text made of words "
+                                                r"\(a binary or sparse file\?\)"):
             list(io.read_split_text(Split(str(path), 0, size), "strict", 256,
                                     cut_long_lines=True))
         whole = io.read_split_text(Split(str(path), 0, size), "strict", 256)  # lines: no limit
         assert "".join(whole) == path.read_text()
+
+    def test_cut_long_lines_cuts_at_every_whitespace_str_split_splits_on(self, tmp_path,
+                                                                          monkeypatch):
+        # words parted by CR alone (old Mac files), VT or U+3000 only were refused as "not
+        # words": only space and tab were cut at
+        assert set(io.WORD_SEPARATORS) == {c.encode() for c in map(chr, range(sys.maxunicode + 1))
+                                           if len(f"a{c}b".split()) == 2}
+        monkeypatch.setattr(io, "MAX_WORD_BYTES", 1000)
+        for sep in ("\r", "\x0b", "\x1f", "\u3000", "\u00a0", "\x85", "\u2029"):
+            text = sep.join(f"Wörd{i % 37}Σ日" for i in range(3000)) + sep
+            path = tmp_path / "seps.txt"
+            path.write_bytes(text.encode())
+            size = path.stat().st_size
+            for block_bytes in (61, 256):   # odd sizes cut blocks inside characters
+                blocks = [b for s in range(0, size, 5000)  # str, so no character was split
+                          for b in io.read_split_text(Split(str(path), s, min(s + 5000, size)),
+                                                      "strict", block_bytes, cut_long_lines=True)]
+                assert "".join(blocks) == text
+                assert max(map(len, blocks)) <= 2 * block_bytes
+                assert [w for b in blocks for w in b.lower().split()] == text.lower().split()
+
+    def test_text_without_whitespace_is_not_called_binary(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(io, "MAX_WORD_BYTES", 1000)
+        path = tmp_path / "dashes.txt"
+        path.write_bytes("a b\n".encode() + "word—".encode() * 1000)
+        with pytest.raises(InputNotWords) as info:
+            list(io.read_split_text(Split(str(path), 0, path.stat().st_size), "strict", 256,
+                                    cut_long_lines=True))
+        assert "binary" not in str(info.value)
+        assert "hold no whitespace: one word longer than a worker holds" in str(info.value)
 
     def test_a_file_cut_short_while_its_split_is_read_is_an_error(self, tmp_path):
         # before: the lines past the new end were not read, without a word (a log rotated
