@@ -325,9 +325,11 @@ def _not_words(split: Split, pos: int, carry: list[bytes]) -> InputNotWords:
 
 
 def _shorter(split: Split, size: int) -> InputChanged:
-    return InputChanged(f"{split.path} is {size:,} bytes, shorter than the {split.end:,} it "
-                        "had when the job listed its input: it was truncated or rewritten "
-                        "while the job ran; run the job again once the file stays as it is")
+    # split.end is where this split ends, not the file's size when listed (a file of 19
+    # bytes cut into splits was said to have had 12, its first split's end)
+    return InputChanged(f"{split.path} is {size:,} bytes now, but this job reads it up to "
+                        f"byte {split.end:,}: it was truncated or rewritten since the job "
+                        "listed its input; run the job again once the file stays as it is")
 
 
 def _without_bom(blocks: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:

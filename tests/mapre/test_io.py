@@ -174,8 +174,8 @@ class TestReadSplit:
         blocks = io.read_blocks(Split(str(path), 0, 30_000), block_bytes=1000)
         assert next(blocks) == (0, b"%099d\n" % 0 * 10)
         os.truncate(path, 5000)
-        with pytest.raises(InputChanged, match=r"shrinks.txt is 5,000 bytes, shorter than the "
-                                               "30,000 it had when the job listed its input"):
+        with pytest.raises(InputChanged, match=r"shrinks.txt is 5,000 bytes now, but this job "
+                                               "reads it up to byte 30,000: it was truncated"):
             list(blocks)
 
     def test_text_blocks_check_utf8(self, tmp_path):
@@ -194,8 +194,11 @@ class TestReadSplit:
         path.write_bytes(b"one\ntwo\nthree\nfour\n")
         splits = io.make_splits([str(path)], 8)
         os.truncate(path, 9)
-        with pytest.raises(InputChanged, match=r"shrinks.txt is 9 bytes, shorter than the 12 "
-                                               "it had when the job listed its input"):
+        # the file had 19 bytes when listed: 12 is where its first split ends, and was
+        # named as its size then
+        with pytest.raises(InputChanged, match=r"shrinks.txt is 9 bytes now, but this job "
+                                               "reads it up to byte 12: it was truncated or "
+                                               "rewritten since the job listed its input"):
             [list(io.read_split(s)) for s in splits]
         # grown meanwhile: the lines as listed, the new ones are not the job's
         path.write_bytes(b"one\ntwo\nthree\nfour\nfive\n")
