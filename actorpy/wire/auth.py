@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import secrets as _secrets
+import shlex
 import stat
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,9 +89,16 @@ def read_secret(secret_file: str | None = None, secret: str | bytes | None = Non
         value = env["ACTORPY_SECRET"].encode().strip()
     else:
         return None
+    if len(value) < MIN_SECRET_BYTES and secret is None and secret_file:
+        # `actorpy secret --out F`, the hint before, refuses an F that exists
+        name = shlex.quote(os.fspath(secret_file))
+        raise ConfigError(f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes, and "
+                          f"the secret file {secret_file} holds {len(value)}; replace it with "
+                          f"a fresh one: `rm {name} && actorpy secret --out {name}`, then copy "
+                          "it to every host")
     if len(value) < MIN_SECRET_BYTES:
         raise ConfigError(f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes; "
-                          f"make one with `actorpy secret --out {secret_file or 'cluster.secret'}`")
+                          "make one with `actorpy secret --out cluster.secret`")
     return value
 
 

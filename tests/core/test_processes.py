@@ -147,6 +147,25 @@ def test_cli_refuses_a_secret_file_other_users_can_read(tmp_path):
         assert f"chmod 600 {secret_file}" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_the_hint_for_a_short_secret_file_is_a_command_that_works(tmp_path):
+    # before: it said `actorpy secret --out F`, which refuses an F that exists
+    secret_file = tmp_path / "my dir" / "empty.secret"
+    secret_file.parent.mkdir()
+    secret_file.write_text("")
+    secret_file.chmod(0o600)
+    for args in (["worker", "--manager", "tcp://127.0.0.1:9"],
+                 ["manager", "--bind", "tcp://127.0.0.1:*"]):
+        out = _cli(*args, "--secret-file", str(secret_file), timeout=30)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert "the cluster secret must be at least 16 bytes" in out.stderr
+    hint = re.search(r"`([^`]*actorpy secret --out[^`]*)`", out.stderr).group(1)
+    run = subprocess.run(hint.replace("actorpy secret", f"{PY} -m actorpy secret"), shell=True,
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    assert len(secret_file.read_text().strip()) >= 16
+
+
 def test_manager_refuses_an_ipc_path_another_manager_serves(tmp_path):
     address = f"ipc://{tmp_path}/m.sock"
     first = subprocess.Popen([PY, "-m", "actorpy", "manager", "--bind", address],
