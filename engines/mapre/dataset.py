@@ -430,7 +430,8 @@ class Dataset(Generic[T]):
         directory must be visible to every worker at the same path.
 
         Raises:
-            OutputExists: the directory holds files and ``overwrite`` is False.
+            OutputExists: the directory holds files and ``overwrite`` is False; with
+                ``overwrite``, it holds anything but a previous save's output.
 
         Example::
 

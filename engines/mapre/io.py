@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import glob
 import os
+import re
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -355,7 +356,8 @@ def prepare_output(directory: str, overwrite: bool) -> None:
     """Make ``directory`` ready for ``save``, before any work starts.
 
     Raises:
-        OutputExists: it already holds files and ``overwrite`` is False.
+        OutputExists: it already holds files and ``overwrite`` is False, or it holds
+            anything but a previous save's output (``overwrite`` or not).
     """
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise OutputExists(f"output path {directory!r} is a file, not a directory; choose a "
@@ -364,10 +366,30 @@ def prepare_output(directory: str, overwrite: bool) -> None:
         if not overwrite:
             raise OutputExists(f"output directory {directory!r} is not empty; choose a new "
                                "directory or pass overwrite=True")
-        for name in os.listdir(directory):
-            if name.startswith(("part-", ".part-")) or name == SUCCESS:
-                os.remove(os.path.join(directory, name))
+        # Only a previous save's output is replaced: save("/", overwrite=True) wrote its
+        # parts next to /etc, and a later load of the directory read every file there.
+        with os.scandir(directory) as entries:
+            names = sorted(e.name for e in entries)
+        foreign = [n for n in names if not _is_saved(directory, n)]
+        if foreign:
+            shown = ", ".join(map(repr, foreign[:3]))
+            more = f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else ""
+            raise OutputExists(f"output directory {directory!r} holds entries no save wrote "
+                               f"({shown}{more}); overwrite=True replaces only a previous "
+                               "save's part-NNNNN files and _SUCCESS: choose a new or empty "
+                               "directory")
+        for name in names:
+            os.remove(os.path.join(directory, name))
     os.makedirs(directory, exist_ok=True)
+
+
+def _is_saved(directory: str, name: str) -> bool:
+    """Whether ``name`` in ``directory`` is a file that ``save`` writes: a part, a part's
+    temporary (left by a worker that died mid-write) or the ``_SUCCESS`` marker."""
+    if not re.fullmatch(r"part-\d{5,}|\.part-\d{5,}\.[0-9a-f]+\.tmp|" + SUCCESS, name):
+        return False
+    path = os.path.join(directory, name)
+    return os.path.isfile(path) and not os.path.islink(path)
 
 
 def part_name(part: int) -> str:

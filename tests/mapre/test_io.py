@@ -316,6 +316,30 @@ class TestOutput:
         io.prepare_output(out, overwrite=True)
         assert os.listdir(out) == []
 
+    def test_overwrite_replaces_only_a_previous_save(self, tmp_path):
+        # before: save("/", overwrite=True) wrote its parts next to /etc, removing only
+        # part-* and _SUCCESS, and a later load of the directory read every other file
+        out = str(tmp_path / "out")
+        io.prepare_output(out, overwrite=False)
+        io.write_part(["a"], out, 0)
+        io.finish_output(out, 1)
+        others = ["notes.txt", "part-00001.bak", ".hidden", "sub", "zz"]
+        for name in others[:3] + others[4:]:
+            with open(os.path.join(out, name), "w"):
+                pass
+        os.mkdir(os.path.join(out, "sub"))
+        with pytest.raises(OutputExists) as info:
+            io.prepare_output(out, overwrite=True)
+        assert str(info.value).startswith(
+            f"output directory {out!r} holds entries no save wrote ('.hidden', 'notes.txt', "
+            "'part-00001.bak' and 2 more)")
+        assert sorted(os.listdir(out)) == sorted(others + ["_SUCCESS", "part-00000"])
+        for name in others[:3] + others[4:]:
+            os.remove(os.path.join(out, name))
+        os.rmdir(os.path.join(out, "sub"))
+        io.prepare_output(out, overwrite=True)
+        assert os.listdir(out) == []
+
     def test_a_part_that_cannot_be_written_is_named(self, tmp_path):
         # a full disk's "[Errno 28] No space left on device" named no file (save's error
         # said only which partition); the file-size limit fails a write the same way
