@@ -108,20 +108,26 @@ def shown(word: str) -> str:
                    if unicodedata.category(c) == "Cc" else c for c in word)
 
 
-def label(word: str) -> str:
+def label(word: str, encoding: str | None = None) -> str:
     """``word`` as the table shows it: escaped (``shown``), and cut after ``SHOWN_CHARS``
     characters with its length said. A file of NUL bytes (a sparse file, a disk image) or
     a minified dump is one word of millions of characters: 20 MB of NULs took 29 s and
-    1.6 GB to escape and print whole (168 MB on the terminal)."""
-    if len(word) <= SHOWN_CHARS:
-        return shown(word)
-    return f"{shown(word[:SHOWN_CHARS])}... ({len(word):,} characters)"
+    1.6 GB to escape and print whole (168 MB on the terminal). With ``encoding``, the
+    characters it cannot encode are escaped as printing would (``\\xe9``)."""
+    text = (shown(word) if len(word) <= SHOWN_CHARS else
+            f"{shown(word[:SHOWN_CHARS])}... ({len(word):,} characters)")
+    if encoding is None:
+        return text
+    return text.encode(encoding, "backslashreplace").decode(encoding)
 
 
-def format_top(counts: dict[str, int], k: int) -> list[str]:
+def format_top(counts: dict[str, int], k: int, encoding: str | None = None) -> list[str]:
     """The ``k`` most frequent words as table lines (ties broken alphabetically), the
-    counts aligned in a terminal whatever columns the words take."""
-    top = [(label(w), n) for w, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
+    counts aligned in a terminal whatever columns the words take. ``encoding`` is the
+    output's: a word is measured as it will be printed, escapes and all (the counts of
+    escaped words stood out of line on an ASCII stdout)."""
+    top = [(label(w, encoding), n)
+           for w, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
     width = max([columns(w) for w, _ in top] + [4])
     lines = [f"{'rank':>4}  {'word':<{width}}  {'count':>10}"]
     lines += [f"{i:>4}  {w}{' ' * (width - columns(w))}  {n:>10,}"
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if hasattr(sys.stdout, "reconfigure"):  # a word an ASCII or latin-1 stdout cannot
         sys.stdout.reconfigure(errors="backslashreplace")  # encode is printed escaped
-    for line in format_top(counts, args.top):
+    for line in format_top(counts, args.top, getattr(sys.stdout, "encoding", None)):
         print(line)
     print(f"{sum(counts.values()):,} words, {len(counts):,} distinct, in {seconds:.2f} s")
     return 0

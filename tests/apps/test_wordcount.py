@@ -64,6 +64,8 @@ def test_table_on_a_stdout_that_cannot_encode_the_words(tmp_path):
             assert json.loads(text) == {"日本": 2, "naïve": 1}
         else:
             assert "\\u65e5\\u672c" in text and "na\\xefve" in text
+            # the counts line up: a word is padded as printed, escapes and all
+            assert len({len(line) for line in text.splitlines()[:-1]}) == 1, text
 
 
 def test_bad_cluster_flags_are_a_usage_error(tmp_path):
@@ -116,6 +118,14 @@ def test_table_columns_line_up_for_wide_and_combining_characters():
     ends = {wordcount.columns(line) for line in lines}
     assert len(ends) == 1, lines  # every count ends in the same terminal column
     assert wordcount.columns("e\u0301日😀") == 5
+
+
+def test_table_columns_line_up_for_words_printed_as_escapes():
+    lines = wordcount.format_top({"日本": 3, "cafe\u0301": 2, "naïve": 1, "cat": 1}, 10,
+                                 encoding="ascii")
+    assert lines[1].split() == ["1", "\\u65e5\\u672c", "3"]
+    assert len({len(line) for line in lines}) == 1, lines
+    assert wordcount.format_top({"naïve": 1}, 1, "utf-8") == wordcount.format_top({"naïve": 1}, 1)
 
 
 def test_table_escapes_control_characters():
