@@ -91,8 +91,10 @@ class Config:
             _check_type(f.name, str(f.type), value)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{f.name} must be a finite number, got {value}")
-        if self.workers is not None and self.workers < 0:
-            raise ConfigError("workers must be >= 0")
+        if self.workers is not None and self.workers < 1:
+            # 0 passed here and connect() then said "needs workers >= 1"; -1 said ">= 0"
+            raise ConfigError(f"workers (worker processes of the embedded local cluster) "
+                              f"must be >= 1, got {self.workers}")
         if self.heartbeat_interval_s <= 0 or self.dead_after_s <= 2 * self.heartbeat_interval_s:
             raise ConfigError("need 0 < 2 * heartbeat_interval_s < dead_after_s")
         if self.silent_dead_after_s < 0 or 0 < self.silent_dead_after_s <= self.dead_after_s:

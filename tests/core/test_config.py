@@ -47,6 +47,14 @@ class TestConfig:
                                               "milliseconds, got -1$"):
             Config.from_env({"ACTORPY_LINGER_MS": "-1"})
 
+    def test_workers_below_one_are_refused_alike(self):
+        # before: workers=-1 said "must be >= 0", workers=0 "needs workers >= 1"
+        for value in (-1, 0):
+            with pytest.raises(ConfigError, match=re.escape(
+                    "workers (worker processes of the embedded local cluster) must be >= 1, "
+                    f"got {value}")):
+                actorpy.connect(workers=value)
+
     def test_wrong_types_are_refused_naming_the_field(self):
         # connect(workers=2.5) started a manager that exited on ACTORPY_WORKERS='2.5' (a
         # variable the caller never set); workers="2" was a TypeError at a comparison
