@@ -81,22 +81,22 @@ class TestStore:
             store.set("w", np.zeros(3, dtype=">f4"))
 
 
-def test_a_job_on_a_big_endian_model_trains(cluster):
-    job = param.Job("big-endian", seed=0)
+def _trained_toward_3(cluster, name: str, value: np.ndarray) -> np.ndarray:
+    """A job whose pull moves ``value`` halfway to 3.0 a step, 20 steps: the final value."""
+    job = param.Job(name, seed=0)
     job.register_push(lambda ctx, values: {"w": values["w"] - 3.0})
     job.register_pull(lambda store, updates: store.set("w", store.get("w")[0]
                                                        - 0.5 * updates["w"]))
     job.register_stop(lambda store: store.step >= 20)
-    w = job.run(cluster, init={"w": np.zeros(3, dtype=">f8")}, timeout_s=60)["w"]
+    return job.run(cluster, init={"w": value}, timeout_s=60)["w"]
+
+
+def test_a_job_on_a_big_endian_model_trains(cluster):
+    w = _trained_toward_3(cluster, "big-endian", np.zeros(3, dtype=">f8"))
     assert w.dtype.str == ">f8" and np.allclose(w, 3.0)
 
 
 def test_a_job_on_a_zero_d_key_trains(cluster):
-    # before: push's v["b"] - 3.0 is a numpy scalar, refused by the shard as "a float64"
-    job = param.Job("zero-d", seed=0)
-    job.register_push(lambda ctx, values: {"b": values["b"] - 3.0})
-    job.register_pull(lambda store, updates: store.set("b", store.get("b")[0]
-                                                       - 0.5 * updates["b"]))
-    job.register_stop(lambda store: store.step >= 20)
-    b = job.run(cluster, init={"b": np.array(0.0)}, timeout_s=60)["b"]
-    assert type(b) is np.ndarray and b.shape == () and b == pytest.approx(3.0, abs=1e-4)
+    # before: push's v["w"] - 3.0 is a numpy scalar, refused by the shard as "a float64"
+    w = _trained_toward_3(cluster, "zero-d", np.array(0.0))
+    assert type(w) is np.ndarray and w.shape == () and w == pytest.approx(3.0, abs=1e-4)
