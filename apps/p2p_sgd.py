@@ -179,9 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
     group = parser.add_argument_group("barrier")
     group.add_argument("--barrier", choices=BARRIERS, default="pssp", help="default pssp")
-    group.add_argument("--staleness", type=apputil.non_negative_int, default=4,
+    group.add_argument("--staleness", type=apputil.non_negative_int, default=None,
                        help="s for ssp, pssp (default 4)")
-    group.add_argument("--sample", type=apputil.non_negative_int, default=2,
+    group.add_argument("--sample", type=apputil.non_negative_int, default=None,
                        help="peers sampled by pbsp and pssp (default 2)")
     parser.add_argument("--steps", type=int, default=300, help="steps per peer (default 300)")
     parser.add_argument("--lr", type=apputil.positive_float, default=None,

@@ -27,9 +27,9 @@ def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("barrier")
     group.add_argument("--barrier", choices=BARRIERS, default="bsp",
                        help="barrier control (default bsp)")
-    group.add_argument("--staleness", type=apputil.non_negative_int, default=4,
+    group.add_argument("--staleness", type=apputil.non_negative_int, default=None,
                        help="s for ssp and pssp; the low bound for dssp (default 4)")
-    group.add_argument("--sample", type=apputil.non_negative_int, default=2,
+    group.add_argument("--sample", type=apputil.non_negative_int, default=None,
                        help="workers sampled by pbsp and pssp (default 2)")
     group.add_argument("--high", type=apputil.non_negative_int, default=None,
                        help="dssp's high bound (default staleness + 4)")
@@ -161,11 +161,28 @@ def parse_barrier(spec: str) -> Any:
     return DSSP(low=values[0], high=values[1])
 
 
+#: the barriers each number flag means something to (``barriers_from_args``)
+USED_BY = {"--staleness": ("ssp", "pssp", "dssp"), "--sample": ("pbsp", "pssp"),
+           "--high": ("dssp",)}
+
+
 def barriers_from_args(args: argparse.Namespace) -> list[tuple[str, Any]]:
-    """``[(label, policy)]``: the ``--compare`` list, or the one ``--barrier``."""
+    """``[(label, policy)]``: the ``--compare`` list, or the one ``--barrier``.
+
+    Raises:
+        ConfigError: a number flag given that the barrier does not use (it was ignored
+            without a word: ``--barrier bsp --staleness 8`` trained under BSP).
+    """
+    for flag, users in USED_BY.items():
+        given = getattr(args, flag[2:], None)
+        if given is not None and (args.compare or args.barrier not in users):
+            where = ("--compare's specs carry their own numbers (ssp:S, pssp:B:S, ...)"
+                     if args.compare else f"--barrier {args.barrier} has none")
+            raise ConfigError(f"{flag} applies to {', '.join(users)} only: {where}")
     if args.compare:
         return [(spec, parse_barrier(spec)) for spec in args.compare]
-    s, b = args.staleness, args.sample
+    s = 4 if args.staleness is None else args.staleness
+    b = 2 if args.sample is None else args.sample
     high = args.high if args.high is not None else s + 4
     spec = {"bsp": "bsp", "asp": "asp", "ssp": f"ssp:{s}", "pbsp": f"pbsp:{b}",
             "pssp": f"pssp:{b}:{s}", "dssp": f"dssp:{s}:{high}"}[args.barrier]

@@ -84,8 +84,22 @@ class TestSGD:
         ("pbsp", "PSP(sample=2, staleness=0)"), ("pssp", "PSP(sample=2, staleness=3)"),
         ("dssp", "DSSP(low=3, high=7)")])
     def test_barrier_flags(self, flag, expected):
-        args = sgd.build_parser().parse_args(["--barrier", flag, "--staleness", "3"])
+        staleness = ["--staleness", "3"] if flag in ("ssp", "pssp", "dssp") else []
+        args = sgd.build_parser().parse_args(["--barrier", flag, *staleness])
         assert repr(barriers_from_args(args)[0][1]) == expected
+
+    @pytest.mark.parametrize("argv, words", [
+        (["--barrier", "bsp", "--staleness", "8"], "--staleness applies to ssp, pssp, dssp "
+                                                   "only: --barrier bsp has none"),
+        (["--barrier", "ssp", "--sample", "3"], "--sample applies to pbsp, pssp only"),
+        (["--barrier", "pssp", "--high", "9"], "--high applies to dssp only"),
+        (["--compare", "bsp", "ssp:2", "--staleness", "3"], "--compare's specs carry their "
+                                                            "own numbers")])
+    def test_a_barrier_number_the_barrier_does_not_use_is_refused(self, argv, words):
+        # before: ignored without a word (`--barrier bsp --staleness 8` trained under BSP)
+        args = sgd.build_parser().parse_args(argv)
+        with pytest.raises(ConfigError, match=words):
+            barriers_from_args(args)
 
     def test_bad_specs(self):
         with pytest.raises(ConfigError, match="not understood"):
