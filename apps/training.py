@@ -49,7 +49,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the server shard checkpoints the model and clocks there, so a "
                             "shard whose worker dies restarts from it on another worker "
                             "(with --manager: a directory every worker's host sees)")
-    group.add_argument("--checkpoint-every", type=apputil.non_negative_int, default=100,
+    group.add_argument("--checkpoint-every", type=apputil.non_negative_int, default=None,
                        metavar="PULLS", help="pulls between checkpoints (default 100; 0: "
                                              "only at start and end)")
     group.add_argument("--resume", action="store_true",
@@ -65,7 +65,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 def start_options(args: argparse.Namespace) -> dict[str, Any]:
     """``Job.start`` keywords from ``add_server_arguments``' flags."""
-    every = args.checkpoint_every if args.checkpoint_dir is not None else 0
+    every = 100 if args.checkpoint_every is None else args.checkpoint_every
+    every = every if args.checkpoint_dir is not None else 0
     return {"overlap": not args.no_overlap, "checkpoint_dir": args.checkpoint_dir,
             "checkpoint_every": every, "resume": args.resume}
 
@@ -94,6 +95,9 @@ def check_checkpoint_dir(args: argparse.Namespace) -> None:
     if path is None:
         if getattr(args, "resume", False):
             raise ConfigError("--resume goes on from a checkpoint: name its --checkpoint-dir")
+        if getattr(args, "checkpoint_every", None) is not None:   # before: ignored
+            raise ConfigError("--checkpoint-every needs --checkpoint-dir DIR: where to write "
+                              "the checkpoints")
         return
     if getattr(args, "resume", False) and getattr(args, "compare", None):
         raise ConfigError("--resume goes on from one run's checkpoint: it takes no --compare")

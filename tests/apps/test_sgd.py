@@ -277,6 +277,8 @@ class TestSGD:
         assert "run once without --resume" in missing.value.cli_message
         with pytest.raises(ConfigError, match="name its --checkpoint-dir"):
             sgd.main(["--steps", "30", "--resume", "--workers", "0"])
+        with pytest.raises(ConfigError, match="--checkpoint-every needs --checkpoint-dir"):
+            sgd.main(["--checkpoint-every", "5", "--workers", "0"])    # before: ignored
         with pytest.raises(ConfigError, match="it takes no --compare"):
             sgd.main(["--resume", "--compare", "bsp", "asp", *flags])
         assert sgd.main(["--steps", "30", *flags]) == 0
