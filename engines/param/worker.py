@@ -57,7 +57,8 @@ class WorkerContext:
         worker: this worker's node id.
         slot: its data slot (see :class:`DataContext`).
         data: what ``data=`` returned on this worker (None without one).
-        rng: a numpy generator seeded from (job seed, slot): the same draws on every run.
+        rng: a numpy generator seeded from (job seed, slot): the same draws on every run
+            (a worker that starts at step N > 0, resumed or joined: from (seed, slot, N)).
         batch_size: the batch this step should use (LB-BSP resizes it; it weights this
             worker's update in the aggregate).
         step: steps this worker has completed.
@@ -132,10 +133,16 @@ class _Loop:
         wctx = WorkerContext(me, t.slot, data, rng, t.batch)
         replies = self._exchange([(ParamKind.JOIN, (0, t.slot))] * len(self.refs))
         ahead: list[tuple[int, Any]] | None = None   # the next step, computed meanwhile
+        fresh = True
         while True:
             values = self._values(replies, wctx)
             if isinstance(values, WorkerResult):   # a step computed ahead is dropped
                 return values
+            if fresh and wctx.step > 0:
+                # it starts at step N (resumed, or joined mid-run): draws of its own from
+                # there; a resumed run drew its first steps' batches again
+                wctx.rng = np.random.default_rng([t.seed, t.slot, wctx.step])
+            fresh = False
             requests = ahead if ahead is not None else self._step(wctx, values)
             if not t.overlap:
                 replies = self._exchange(requests, step=wctx.step)

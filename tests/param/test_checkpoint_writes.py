@@ -109,3 +109,24 @@ def test_a_run_without_resume_keeps_an_earlier_runs_checkpoint(tmp_path, caplog)
     assert checkpoint.load(path, job="rerun", shard=0, shards=1, like=like).base_step < 30
     assert any("holds an earlier run's checkpoint" in r.getMessage()
                and checkpoint.EARLIER in r.getMessage() for r in caplog.records)
+
+
+def _drawing_push(ctx, values):   # step k's draw lands in slot k of w
+    return {"w": np.eye(6)[ctx.step] * ctx.rng.random()}
+
+
+def test_a_resumed_run_draws_on_not_its_first_batches_again(tmp_path):
+    # before: its workers' rng restarted at (seed, slot): a run resumed at step 3 drew steps
+    # 0-2's numbers (its batches) again
+    job = param.Job("redraw", barrier=BSP(), seed=0)
+    job.register_push(_drawing_push)
+    job.register_pull(lambda store, updates: store.set("w", store.get("w")[0] + updates["w"]))
+    job.register_stop(lambda store: store.step >= 3)
+    with actorpy.connect(workers=1) as cluster:
+        first = job.run(cluster, init={"w": np.zeros(6)}, timeout_s=60,
+                        checkpoint_dir=str(tmp_path), checkpoint_every=1)["w"]
+        job.register_stop(lambda store: store.step >= 6)
+        w = job.run(cluster, init={"w": np.zeros(6)}, timeout_s=60,
+                    checkpoint_dir=str(tmp_path), checkpoint_every=1, resume=True)["w"]
+    assert np.array_equal(w[:3], first[:3]) and np.all(first[3:] == 0)
+    assert np.all(w > 0) and not np.isin(w[3:], w[:3]).any()
