@@ -311,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "scikit-learn's bundled 8x8 digits")
     add_barrier_arguments(parser)
     add_server_arguments(parser)
-    parser.add_argument("--steps", type=int, default=600, help="steps per worker (default 600)")
+    parser.add_argument("--steps", type=int, default=600,
+                        help="steps of the slowest worker (default 600; under asp, ssp and "
+                             "psp faster workers run on meanwhile)")
     parser.add_argument("--lr", type=apputil.positive_float, default=0.1, help="default 0.1")
     parser.add_argument("--batch", type=int, default=32, help="default 32")
     parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp",

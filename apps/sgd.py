@@ -173,7 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=("linear", "logistic"), default="linear")
     add_barrier_arguments(parser)
     add_server_arguments(parser)
-    parser.add_argument("--steps", type=int, default=500, help="steps per worker (default 500)")
+    parser.add_argument("--steps", type=int, default=500,
+                        help="steps of the slowest worker (default 500; under asp, ssp and "
+                             "psp faster workers run on meanwhile)")
     parser.add_argument("--lr", type=apputil.positive_float, default=None,
                         help="learning rate (default 0.1 linear, 1.0 logistic, lower with "
                              "many --features: at most BATCH / (BATCH + FEATURES + 1), 4x "
