@@ -299,7 +299,17 @@ class Cluster(Caller):
                            timeout_s: float = 300.0, window_items: int | None = None,
                            window_bytes: int | None = None) -> TaskStream:
         """Send an engine's task (``run(ctx)`` may ``ctx.emit``) as a stream; iterating it
-        waits at most ``timeout_s`` per item. Windows default to the Config's."""
+        waits at most ``timeout_s`` per item. Windows default to the Config's.
+
+        Raises:
+            ConfigError: a window that is not an int >= 1 (-1 was taken, and the stream
+                then failed blaming its worker for overrunning it).
+        """
+        for name, value in (("window_items", window_items), ("window_bytes", window_bytes)):
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, numbers.Integral) or value < 1):
+                raise ConfigError(f"{name} must be an int >= 1 (or None: the Config's), got "
+                                  f"{value!r}")
         items = window_items or self.config.stream_window_items
         nbytes = window_bytes or self.config.stream_window_bytes
         dest = node if node is not None else self._pick_worker()

@@ -8,10 +8,12 @@ breaks the protocol and fails the stream with a ProtocolError (nothing more is b
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import CancelledError
 from typing import Any, Callable, Iterator
@@ -32,7 +34,10 @@ class StreamTable:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self._streams: dict[int, TaskStream] = {}
+        # weak: a stream its consumer dropped is collected, and that cancels its task
+        # (``TaskStream.attach``)
+        self._streams: weakref.WeakValueDictionary[int, TaskStream] = \
+            weakref.WeakValueDictionary()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         node.on(CORE_SERVICE, Kind.STREAM_ITEM, self._item)
@@ -58,6 +63,19 @@ class StreamTable:
                       msg.sender, msg.header.request_id)
             return
         stream._push(msg)
+
+
+def _stream_ended(ref: weakref.ref[TaskStream], fut: object) -> None:
+    stream = ref()
+    if stream is not None:
+        stream._ended(fut)
+
+
+def _abandoned(future: ReplyFuture, table: StreamTable, stream_id: int) -> None:
+    """A stream was collected: its task, if still running, is cancelled (``attach``)."""
+    table.remove(stream_id)
+    if not future.done():
+        future.cancel()   # (a submitted task's future casts a CANCEL to its worker)
 
 
 class TaskStream:
@@ -102,7 +120,12 @@ class TaskStream:
         """The submitted task's future (its end, and its final value or error)."""
         with self._cond:
             self.future = future
-        future.add_done_callback(self._ended)
+        # Neither the future nor the table keeps the stream alive: one its consumer drops
+        # (a `break` out of `for item in cluster.submit_stream(...)`, no `with`) cancels its
+        # task. Before, the task waited in `emit` for credit that never came, holding its
+        # worker's task slot: every later task there timed out.
+        future.add_done_callback(functools.partial(_stream_ended, weakref.ref(self)))
+        weakref.finalize(self, _abandoned, future, self._table, self.stream_id)
 
     # ------------------------------------------------------------------ I/O thread
     def _push(self, msg: wm.Message) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import actorpy
-from actorpy.errors import (ActorpyTimeout, RemoteError, ServiceDead, ServiceNameTaken,
-                            ServiceNotFound, TaskCancelled)
+from actorpy.errors import (ActorpyTimeout, ConfigError, RemoteError, ServiceDead,
+                            ServiceNameTaken, ServiceNotFound, TaskCancelled)
 from actorpy.runtime.service import Envelope, Service, ServiceContext, handles
 from actorpy.runtime.tasks import CancelState, ContextCallTask
 from tests.conftest import wait_until
@@ -201,6 +201,29 @@ class TestStreams:
         assert got == list(range(200)) and stream.result(10) == "made 200"
         assert stream.peak_items <= 8
         assert stream.peak_bytes <= 100_000 + size + 200  # window plus one item (pickle slack)
+
+    def test_a_stream_its_consumer_drops_frees_its_worker(self):
+        # before: a `break` out of a stream (no `with`), or a dropped one, left its task in
+        # emit waiting for credit, holding the worker's only task slot: the next task on
+        # that worker timed out
+        with actorpy.connect(workers=1) as one:
+            for item in one.submit_stream_task(ContextCallTask(produce, (10_000,)),
+                                               window_items=2):
+                break
+            assert item == 0
+            stream = one.submit_stream_task(ContextCallTask(produce, (10_000,)),
+                                            window_items=2)
+            assert stream.next(30) == 0
+            del stream
+            assert one.submit(pow, 2, 10).result(timeout=30) == 1024
+
+    @pytest.mark.parametrize("window", [{"window_items": -1}, {"window_items": 0},
+                                        {"window_bytes": -5}, {"window_items": 2.5}])
+    def test_a_window_that_is_no_count_is_refused(self, cluster, window):
+        # before: window_items=-1 was taken, and the stream failed blaming its worker for
+        # overrunning it ("sent stream 1 more than its window (-1 items ...)")
+        with pytest.raises(ConfigError, match="must be an int >= 1"):
+            cluster.submit_stream_task(ContextCallTask(produce, (3,)), **window)
 
     def test_emit_needs_a_stream(self, cluster):
         with pytest.raises(RemoteError, match="submit_stream"):
