@@ -223,7 +223,10 @@ class Cluster(Caller):
         has a slot free."""
         workers = sorted(self.node.peers("worker"), key=lambda p: p.node_id)
         if not workers:
-            raise NodeLost("-", "no live workers in this cluster")
+            # (a task that killed its worker took one: an embedded cluster restarts none)
+            hint = ("; start more with cluster.add_workers(n)" if self.local is not None
+                    else "; start `actorpy worker --manager ...` processes")
+            raise NodeLost("-", f"no live workers in this cluster{hint}")
         start = next(self._rr) % len(workers)
         turn = workers[start:] + workers[:start]
         return max(turn, key=lambda p: p.slots - self._in_flight.get(p.node_id, 0)).node_id

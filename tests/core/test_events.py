@@ -2,7 +2,11 @@
 cancellable timers, on real processes and in-process nodes."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
+
+import pytest
 
 import actorpy
 from actorpy.ids import NodeId
@@ -80,8 +84,6 @@ def test_cluster_reports_joins_with_slots_and_a_killed_worker():
         assert all(cluster.node.peer(w).slots == 1 for w in cluster.workers())
         victim = cluster.workers()[0]
         pid = next(r["pid"] for r in cluster.nodes() if r["node_id"] == victim)
-        import os
-        import signal
         os.kill(pid, signal.SIGKILL)
         assert gone.wait(10), "the killed worker was never declared dead"
         dead = [e for e in events if e.kind is NodeEventKind.DEAD]
@@ -90,3 +92,10 @@ def test_cluster_reports_joins_with_slots_and_a_killed_worker():
         # its exit status collected once it was declared dead: before, it stayed a zombie
         # under the driver until the cluster closed
         wait_until(lambda: _state(pid) != "Z", 5, "the killed worker to be reaped")
+        other = cluster.workers()[0]
+        os.kill(next(r["pid"] for r in cluster.nodes() if r["node_id"] == other),
+                signal.SIGKILL)
+        wait_until(lambda: not cluster.workers(), 10, "the other worker to be declared dead")
+        with pytest.raises(actorpy.NodeLost, match=r"no live workers in this cluster; start "
+                                                   r"more with cluster.add_workers\(n\)"):
+            cluster.submit(pow, 2, 2)   # before: no word of add_workers
