@@ -119,6 +119,14 @@ class TestPlacement:
         assert sorted(c._pick_worker() for _ in range(4)) == ["w-a", "w-a", "w-b", "w-b"]
 
 
+    def test_a_node_that_never_was_is_not_said_to_be_lost(self, cluster):
+        # before: "node w-nobody was lost while running task pow: unknown to the manager"
+        with pytest.raises(actorpy.NodeLost, match="no node w-nobody is known in this "
+                                                   "cluster: unknown to the manager; task pow "
+                                                   "was not run"):
+            cluster.submit_to("w-nobody", pow, 2, 2).result(timeout=30)
+
+
 class TestLongWaits:
     def test_a_wait_longer_than_a_lock_can_wait_means_no_limit(self, cluster):
         # a lock waits at most threading.TIMEOUT_MAX (~292 years): past it, OverflowError
