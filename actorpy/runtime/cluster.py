@@ -55,6 +55,8 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         secret, secret_file: the cluster secret (else ``ACTORPY_SECRET``); needed for tcp.
         workers: local worker processes.
         config: a full Config; ``settings`` override single fields (e.g. dead_after_s=2).
+        log_level: the embedded cluster's processes' log level (DEBUG, INFO, WARNING,
+            ERROR or CRITICAL; default ``ACTORPY_LOG_LEVEL`` or WARNING).
 
     Example (tests/test_readme.py runs the same in README.md)::
 
@@ -62,6 +64,12 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         with actorpy.connect(workers=2) as cluster:
             print(cluster.submit(pow, 2, 10).result(timeout=30))   # 1024
     """
+    if log_level is not None and (not isinstance(log_level, str) or log_level.upper()
+                                  not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")):
+        # before: taken, and each child of the embedded cluster logged at its default
+        raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got "
+                          f"{log_level!r}")
+    log_level = log_level.upper() if log_level is not None else None
     if config is None:
         config = Config.from_env(workers=workers, **settings)
     elif settings or workers is not None:

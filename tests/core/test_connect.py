@@ -149,6 +149,14 @@ def test_status_against_a_listener_that_never_answers_says_what_to_check(tmp_pat
     assert "longer --timeout" in said and "timeout_s" not in said
 
 
+@pytest.mark.parametrize("level", ["LOUD", 3, ""])
+def test_a_log_level_that_is_none_is_refused(level):
+    # before: connect(log_level="LOUD") was taken, its children logging at their default
+    with pytest.raises(ConfigError, match="log_level must be DEBUG, INFO, WARNING, ERROR or "
+                                          "CRITICAL"):
+        actorpy.connect(workers=1, log_level=level)
+
+
 def test_the_right_secret_still_connects(manager_address):
     with actorpy.connect(manager_address, secret=SECRET) as cluster:
         assert [r["role"] for r in cluster.nodes()] == ["driver"]
