@@ -140,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2): return, don't exit
         return int(exc.code or 0)
     try:
+        # before: one of each pair was ignored without a word
+        if args.bounds and args.compare:
+            raise ConfigError("--bounds prints PSP's lag bounds and simulates nothing: leave "
+                              "out --compare")
+        if args.compare and args.sweep_sample:
+            raise ConfigError("--compare and --sweep-sample both pick the barriers to "
+                              "simulate: give one")
         if args.bounds:
             return _bounds(args)
         if args.plot is not None:

@@ -117,6 +117,8 @@ class TestCLI:
         (["--workers", "0"], "--workers"), (["--barrier", "xsp"], "invalid choice"),
         (["--compare", "ssp:x"], "integers"), (["--barrier", "pbsp", "--staleness", "3"], "pssp"),
         (["--sweep-sample", "1", "2"], "--barrier pbsp"), (["--bounds", "--lag-cdf", "2"], "F(r)"),
+        (["--bounds", "--compare", "bsp"], "leave out --compare"),   # before: one was ignored
+        (["--compare", "bsp", "--sweep-sample", "1", "2"], "give one"),
         (["--dist", "exp", "--mean", "-1"], "--mean"), (["--seconds", "inf"], "finite"),
         (["--mean", "inf"], "finite"), (["--seed", "-1"], "--seed must be an int >= 0"),
         (["--workers", "5", "--seconds", "5", "--plot", "/nonexistent-dir/x.png"], "no directory"),
