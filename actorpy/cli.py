@@ -278,7 +278,7 @@ def _add_local_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forked", action="store_true", help=argparse.SUPPRESS)
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVELS = alog.LEVELS
 
 #: subcommands of the core itself: starting one never scans the apps' entry points (the
 #: manager and every worker of a local cluster start this way; a scan costs ~30 ms)

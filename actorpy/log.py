@@ -8,6 +8,9 @@ import threading
 import time
 from collections import OrderedDict
 
+#: the log levels the CLI's ``--log-level`` and ``connect(log_level=...)`` take
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 
 def configure(level: str | None = None) -> None:
     """Configure the root logger for a CLI process (the only caller, which has checked

@@ -13,6 +13,7 @@ import types
 import weakref
 from typing import Any, Callable, Iterable
 
+from actorpy import log as alog
 from actorpy.config import Config
 from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost
 from actorpy.ids import NodeId, new_node_id
@@ -64,8 +65,8 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         with actorpy.connect(workers=2) as cluster:
             print(cluster.submit(pow, 2, 10).result(timeout=30))   # 1024
     """
-    if log_level is not None and (not isinstance(log_level, str) or log_level.upper()
-                                  not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")):
+    if log_level is not None and (not isinstance(log_level, str)
+                                  or log_level.upper() not in alog.LEVELS):
         # before: taken, and each child of the embedded cluster logged at its default
         raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got "
                           f"{log_level!r}")

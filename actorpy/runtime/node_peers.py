@@ -92,12 +92,11 @@ class NodePeers:
         fresh, role = self._dir.mark_dead(node_id)
         self._auth_failures.pop(node_id, None)
         suffix = f": {reason}" if reason else ""
-        if fresh and not role:   # never known here: it was not "lost while running" anything
-            self._requests.fail_dest(node_id, lambda f: NodeLost(
-                node_id, f"no node {node_id} is known in this cluster{suffix}; {f.what} was "
-                         "not run (a typo, or a node that left long ago?)"))
-        self._requests.fail_dest(node_id, lambda f: NodeLost(
-            node_id, f"node {node_id} was lost while running {f.what}{suffix}"))
+        never = fresh and not role   # never known here: not "lost while running" anything
+        self._requests.fail_dest(node_id, lambda f: NodeLost(node_id, (
+            f"no node {node_id} is known in this cluster{suffix}; {f.what} was not run (a "
+            "typo, or a node that left long ago?)" if never
+            else f"node {node_id} was lost while running {f.what}{suffix}")))
         if fresh:
             self._dir.events.publish(NodeEvent(NodeEventKind.LEFT if left else NodeEventKind.DEAD,
                                         node_id, role, reason))

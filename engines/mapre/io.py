@@ -15,7 +15,6 @@ from __future__ import annotations
 import codecs
 import glob
 import os
-import re
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -386,10 +385,20 @@ def prepare_output(directory: str, overwrite: bool) -> None:
 def _is_saved(directory: str, name: str) -> bool:
     """Whether ``name`` in ``directory`` is a file that ``save`` writes: a part, a part's
     temporary (left by a worker that died mid-write) or the ``_SUCCESS`` marker."""
-    if not re.fullmatch(r"part-\d{5,}|\.part-\d{5,}\.[0-9a-f]+\.tmp|" + SUCCESS, name):
+    if _part_number(name) is None and not _is_part_tmp(name) and name != SUCCESS:
         return False
     path = os.path.join(directory, name)
     return os.path.isfile(path) and not os.path.islink(path)
+
+
+def _part_number(name: str) -> int | None:
+    """N of a ``part-N`` file's name (``part_name``), else None."""
+    return int(name[5:]) if name.startswith("part-") and name[5:].isdigit() else None
+
+
+def _is_part_tmp(name: str) -> bool:
+    """Whether ``name`` is a part's temporary (``write_part``)."""
+    return name.startswith(".part-") and name.endswith(".tmp")
 
 
 def part_name(part: int) -> str:
@@ -429,9 +438,8 @@ def write_part(items: Iterable[Any], directory: str, part: int) -> tuple[int, in
 def finish_output(directory: str, parts: int) -> None:
     """Remove leftovers of failed attempts and parts beyond ``parts``, then mark success."""
     for name in os.listdir(directory):
-        stale_tmp = name.startswith(".part-") and name.endswith(".tmp")
-        extra = name.startswith("part-") and name[5:].isdigit() and int(name[5:]) >= parts
-        if stale_tmp or extra:
+        number = _part_number(name)
+        if _is_part_tmp(name) or (number is not None and number >= parts):
             os.remove(os.path.join(directory, name))
     with open(os.path.join(directory, SUCCESS), "w"):
         pass
