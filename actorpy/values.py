@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from actorpy.barrier.policy import Decision
 from actorpy.errors import ConfigError
 
 _BYTES = (bytes, bytearray, memoryview)
@@ -40,10 +41,12 @@ def family(value: Any) -> str | None:
 def describe(value: Any) -> str:
     """``"a float32 array of shape (4,)"``-style text for error messages.
 
-    >>> describe([1.0]), describe(b"x"), describe(3)
-    ('a list', 'bytes', 'an int')
+    >>> describe([1.0]), describe(b"x"), describe(3), describe(None)
+    ('a list', 'bytes', 'an int', 'None')
     """
     fam = family(value)
+    if value is None:
+        return "None"
     if fam is None:
         if isinstance(value, _BYTES):
             return "bytes"
@@ -71,6 +74,27 @@ def yes_or_no(value: Any, what: str) -> bool:
         return bool(value)
     raise TypeError(f"{what} returned {describe(value)}; it must return True (stop) or False "
                     "(go on)")
+
+
+def as_decision(answer: Any) -> Decision:
+    """A custom barrier's answer (a policy's ``decide``, or a function given to
+    ``register_barrier``) as a :class:`Decision`: a Decision as it is, a bool (as
+    :func:`yes_or_no` takes it) as a Decision to advance or wait. Anything else is a
+    ``TypeError``: a string such as "no" would have let the worker go.
+
+    >>> as_decision(True), as_decision(Decision(False, ("w1",))).waiting_on
+    (Decision(advance=True, waiting_on=()), ('w1',))
+    >>> as_decision("no")
+    Traceback (most recent call last):
+    TypeError: barrier returned a str; it must return a Decision, True (advance) or False (wait)
+    """
+    if isinstance(answer, Decision):
+        return answer
+    try:
+        return Decision(yes_or_no(answer, "barrier"))
+    except TypeError:
+        raise TypeError(f"barrier returned {describe(answer)}; it must return a Decision, True "
+                        "(advance) or False (wait)") from None
 
 
 def fits(value: Any, like: Any) -> bool:

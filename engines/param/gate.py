@@ -20,8 +20,9 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping
 
-from actorpy.barrier import ASP, DSSP, PSP, SSP, Decision, DSSPController, FullView, SampledView
+from actorpy.barrier import ASP, DSSP, PSP, SSP, DSSPController, FullView, SampledView
 from actorpy.ids import NodeId
+from actorpy.values import as_decision
 
 
 def follower_policy(policy: Any) -> Any:
@@ -73,8 +74,8 @@ class Gate:
             return SSP(staleness=policy.staleness).decide(step, view).advance
         if isinstance(policy, SSP):
             return policy.decide(step, FullView(table, exclude=worker)).advance
-        answer = policy.decide(step, FullView(table, exclude=worker, rng=self._rng))
-        return answer.advance if isinstance(answer, Decision) else bool(answer)
+        return as_decision(policy.decide(step, FullView(table, exclude=worker,
+                                                        rng=self._rng))).advance
 
     def forget(self, worker: NodeId) -> None:
         """Drop a worker that left (DSSP's push history)."""

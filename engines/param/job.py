@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision
 from actorpy.errors import ActorpyError, ConfigError
 from actorpy.ids import NodeId
-from actorpy.values import describe
+from actorpy.values import as_decision, describe
 from engines.param.server import AGGREGATES
 from engines.param.store import Store
 from engines.param.worker import DataContext, WorkerContext
@@ -84,8 +84,7 @@ class FunctionBarrier:
     fn: BarrierFn
 
     def decide(self, me_step: int, view: Any) -> Decision:
-        answer = self.fn(me_step, view)
-        return answer if isinstance(answer, Decision) else Decision(bool(answer))
+        return as_decision(self.fn(me_step, view))
 
 
 

@@ -23,6 +23,7 @@ from typing import Callable, cast
 
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision, Policy  # noqa: F401 (BSP: doctests)
 from actorpy.ids import NodeId
+from actorpy.values import as_decision
 
 from .kademlia.events import Done, Effects, OpKind
 from .kademlia.node import KademliaNode
@@ -239,7 +240,7 @@ class OverlayBarrier:
                 seen[contact.address] = entry.step
         population = max(len(seen), round(self.node.size_estimate()) - 1)
         view = OverlayView(cast("dict[NodeId, int]", seen), population, self.rng)   # copied
-        decision = self.policy.decide(check.my_step, view)
+        decision = as_decision(self.policy.decide(check.my_step, view))
         record = CheckRecord(check.started_s, now, check.my_step, seen, decision, check.pinged,
                              check.rpcs)
         self.records.append(record)

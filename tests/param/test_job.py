@@ -161,6 +161,10 @@ def failing_barrier(me_step, view):
     raise ZeroDivisionError("no view")
 
 
+def wordy_barrier(me_step, view):
+    return "no"
+
+
 def failing_pull(store, updates):
     raise KeyError("no such layer")
 
@@ -288,6 +292,18 @@ class TestBadInput:
             run.result()
         assert info.value.remote_type == "engines.param.errors.CallbackError"
         assert "failing_barrier" in info.value.remote_traceback
+        self._assert_clean(cluster, run)
+
+    def test_a_barrier_that_answers_a_string_is_a_clear_error(self, cluster):
+        # before: bool("no") is True, so "no" let every worker go
+        job = _job(BSP())
+        job.register_barrier(wordy_barrier)
+        job.register_stop(pb.StepStop(10))
+        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
+        with pytest.raises(RemoteError, match=r"barrier raised TypeError: barrier returned a "
+                                              r"str; it must return a Decision, True \(advance\) "
+                                              r"or False \(wait\) on server shard 0"):
+            run.result()
         self._assert_clean(cluster, run)
 
     def test_a_second_run_of_a_running_job_is_refused_in_plain_words(self, cluster):

@@ -52,6 +52,16 @@ class FailingPolicy:
         raise ZeroDivisionError("no view")
 
 
+class AnswerPolicy:
+    """A custom barrier policy whose ``decide`` answers ``answer`` (not a Decision)."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    def decide(self, me_step: int, view: object) -> object:
+        return self.answer
+
+
 def init() -> dict[str, np.ndarray]:
     return {n: np.zeros(len(c)) for n, c in zip(NAMES, CHUNKS)}
 

@@ -10,7 +10,7 @@ from actorpy.barrier import ASP
 from actorpy.errors import RemoteError
 from engines.peer import Job, OwnerStore
 
-from .linreg import KEYS, FailingPolicy, init, linreg, run, shard
+from .linreg import KEYS, AnswerPolicy, FailingPolicy, init, linreg, run, shard
 
 
 class TestFailures:
@@ -21,6 +21,16 @@ class TestFailures:
         with pytest.raises(RemoteError, match="ZeroDivisionError: no view") as info:
             run(job, peers=3, max_s=60)
         assert info.value.node_id.startswith("n") and "in decide" in info.value.remote_traceback
+
+    def test_a_barrier_may_answer_a_bool_but_not_a_string(self) -> None:
+        # before: a bool failed with "AttributeError: 'bool' object has no attribute
+        # 'advance'" (the PS engine takes one), and the PS engine took "no" as True
+        _, result = run(linreg(AnswerPolicy(True), steps=5), peers=3, max_s=60)
+        assert set(result.steps.values()) == {5}
+        job = linreg(AnswerPolicy("no"), steps=5)
+        with pytest.raises(RemoteError, match=r"TypeError: barrier returned a str; it must "
+                                              r"return a Decision, True \(advance\) or False"):
+            run(job, peers=3, max_s=60)
 
     def test_a_failing_pull_surfaces_as_a_remote_error(self) -> None:
         job = linreg(ASP(), steps=5)
