@@ -423,15 +423,27 @@ def _main(argv: Sequence[str] | None) -> int:
         apps = _apps()
         if command == "sim" or command in apps:
             pre = build_parser(with_apps=False).parse_args([*argv[:word], "secret"])
-            alog.configure(pre.log_level)
+            if (status := _configure_logging(command, pre.log_level)) is not None:
+                return status
             if command == "sim":
                 from actorpy.barrier.cli import main as sub_main
             else:
                 sub_main = apps[command].load()
             return _run(command, lambda: sub_main(argv[word + 1:]))
     args = build_parser(with_apps=command not in CORE_COMMANDS).parse_args(argv)
-    alog.configure(args.log_level)
+    if (status := _configure_logging(args.command, args.log_level)) is not None:
+        return status
     return _run(args.command, lambda: args.func(args))
+
+
+def _configure_logging(command: str | None, level: str | None) -> int | None:
+    """Configure logging; a bad ``ACTORPY_LOG_LEVEL`` is one line on stderr and status 2."""
+    try:
+        alog.configure(level)
+    except ConfigError as exc:
+        print(f"actorpy{f' {command}' if command else ''}: {exc}", file=sys.stderr)
+        return 2
+    return None
 
 
 def _run(command: str, fn: Any) -> int:

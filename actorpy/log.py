@@ -8,17 +8,40 @@ import threading
 import time
 from collections import OrderedDict
 
+from actorpy.errors import ConfigError
+
 #: the log levels the CLI's ``--log-level`` and ``connect(log_level=...)`` take
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+def env_level() -> str | None:
+    """``ACTORPY_LOG_LEVEL``, upper-cased, or None where it is unset or empty.
+
+    Raises:
+        ConfigError: it is set to something else than one of :data:`LEVELS` (before, it was
+            taken as WARNING, unsaid: ``ACTORPY_LOG_LEVEL=verbose`` logged nothing more).
+    """
+    value = os.environ.get("ACTORPY_LOG_LEVEL", "").strip()
+    if not value:
+        return None
+    if value.upper() not in LEVELS:
+        raise ConfigError(f"ACTORPY_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or "
+                          f"CRITICAL, got {value!r}")
+    return value.upper()
+
+
 def configure(level: str | None = None) -> None:
     """Configure the root logger for a CLI process (the only caller, which has checked
-    ``level``). ``level`` beats ``ACTORPY_LOG_LEVEL``, which beats WARNING; an unknown
-    ``ACTORPY_LOG_LEVEL`` is taken as WARNING, unsaid: every process of a local cluster
-    reads it and would repeat it."""
-    asked = (level or os.environ.get("ACTORPY_LOG_LEVEL") or "WARNING").upper()
-    chosen = asked if isinstance(logging.getLevelName(asked), int) else "WARNING"
+    ``level``). ``level`` beats ``ACTORPY_LOG_LEVEL``, which beats WARNING; a ``level``
+    given is put in ``ACTORPY_LOG_LEVEL`` too, so the processes this one starts (an
+    embedded cluster's) log at it as well.
+
+    Raises:
+        ConfigError: no ``level`` and a ``ACTORPY_LOG_LEVEL`` that is not a level.
+    """
+    if level:
+        os.environ["ACTORPY_LOG_LEVEL"] = level = level.upper()
+    chosen = level or env_level() or "WARNING"
     logging.basicConfig(
         level=chosen,
         format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s",

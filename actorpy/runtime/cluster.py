@@ -57,7 +57,8 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         workers: local worker processes.
         config: a full Config; ``settings`` override single fields (e.g. dead_after_s=2).
         log_level: the embedded cluster's processes' log level (DEBUG, INFO, WARNING,
-            ERROR or CRITICAL; default ``ACTORPY_LOG_LEVEL`` or WARNING).
+            ERROR or CRITICAL; default ``ACTORPY_LOG_LEVEL`` or WARNING; an
+            ``ACTORPY_LOG_LEVEL`` that is not one of them is a ``ConfigError``).
 
     Example (tests/test_readme.py runs the same in README.md)::
 
@@ -70,7 +71,10 @@ def connect(address: str | None = None, *, secret: str | bytes | None = None,
         # before: taken, and each child of the embedded cluster logged at its default
         raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got "
                           f"{log_level!r}")
-    log_level = log_level.upper() if log_level is not None else None
+    if log_level is not None:
+        log_level = log_level.upper()
+    elif address is None:   # a bad ACTORPY_LOG_LEVEL would fail each child, unexplained
+        log_level = alog.env_level()
     if config is None:
         config = Config.from_env(workers=workers, **settings)
     elif settings or workers is not None:

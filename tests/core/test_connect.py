@@ -157,6 +157,14 @@ def test_a_log_level_that_is_none_is_refused(level):
         actorpy.connect(workers=1, log_level=level)
 
 
+def test_an_unknown_actorpy_log_level_is_refused_by_an_embedded_cluster(monkeypatch):
+    # before: taken as WARNING by each child, unsaid
+    monkeypatch.setenv("ACTORPY_LOG_LEVEL", "loud")
+    with pytest.raises(ConfigError, match="ACTORPY_LOG_LEVEL must be DEBUG, INFO, WARNING, "
+                                          "ERROR or CRITICAL, got 'loud'"):
+        actorpy.connect(workers=1)
+
+
 def test_the_right_secret_still_connects(manager_address):
     with actorpy.connect(manager_address, secret=SECRET) as cluster:
         assert [r["role"] for r in cluster.nodes()] == ["driver"]

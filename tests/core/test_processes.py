@@ -136,6 +136,17 @@ def test_a_log_level_is_taken_in_any_case():
     assert out.returncode == 0 and len(out.stdout.strip()) >= 32, out.stderr
 
 
+@pytest.mark.parametrize("args", [["secret"], ["sgd", "--workers", "1"]])
+def test_an_unknown_actorpy_log_level_is_refused_unless_a_flag_overrides_it(args):
+    # before: taken as WARNING, unsaid (ACTORPY_LOG_LEVEL=verbose logged nothing more)
+    out = _cli(*args, env={"ACTORPY_LOG_LEVEL": "verbose"})
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert out.stderr == (f"actorpy {args[0]}: ACTORPY_LOG_LEVEL must be DEBUG, INFO, WARNING, "
+                          "ERROR or CRITICAL, got 'verbose'\n")
+    out = _cli("--log-level", "error", "secret", env={"ACTORPY_LOG_LEVEL": "verbose"})
+    assert out.returncode == 0 and len(out.stdout.strip()) >= 32, out.stderr
+
+
 def test_cli_refuses_a_secret_file_other_users_can_read(tmp_path):
     secret_file = tmp_path / "cluster.secret"
     secret_file.write_text("a-secret-long-enough-0123\n")
