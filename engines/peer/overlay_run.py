@@ -105,7 +105,9 @@ class OverlayClient:
             found.update((w.node_id, w) for w in frontier)
             for endpoint, outcome in answers.items():
                 if isinstance(outcome, BaseException):
-                    log.info("peer %s is listed but did not answer: %s", endpoint, outcome)
+                    # before at INFO: a stuck peer was left out of the job unsaid
+                    log.warning("peer %s is listed by the overlay but did not answer (%s): "
+                                "this job runs without it", endpoint, outcome)
         return list(found.values())
 
     def call(self, ref: ServiceRef, kind: int, payload: Any = wm.NO_PAYLOAD, *,

@@ -187,6 +187,24 @@ class TestDeadLinks:
             late.close()
 
 
+    def test_a_listed_peer_that_does_not_answer_is_left_out_with_a_warning(self, caplog):
+        first = _peer()
+        gone = _peer(first.endpoint)
+        try:
+            wait_until(lambda: first.dialer.knows(gone.node_id), 10, "the peer learned")
+            gone.close()                                  # no goodbye, as on SIGKILL
+            with caplog.at_level(logging.WARNING, logger="engines.peer.overlay_run"):
+                with OverlayClient(first.endpoint, secret=SECRET) as client:
+                    found = client.members()
+            assert [w.node_id for w in found] == [first.node_id]
+            said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert any(f"peer {gone.endpoint} is listed by the overlay but did not answer" in m
+                       and "this job runs without it" in m for m in said), said
+        finally:
+            gone.close()
+            first.close()
+
+
 class TestErrors:
     def test_nobody_at_the_bootstrap_address_times_out(self):
         with socket.socket() as s:
