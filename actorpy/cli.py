@@ -84,7 +84,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         if args.host is None or args.bind is not None or not str(exc).startswith("cannot bind"):
             raise
-        raise ConfigError(f"{exc}; is {args.host} an address of this machine? To be reached "
+        said = str(exc).partition("; ")[0]   # the node's own hint is the question below
+        raise ConfigError(f"{said}; is {args.host} an address of this machine? To be reached "
                           "there through NAT or a container's published port, listen with "
                           "--bind tcp://0.0.0.0:PORT (a port forwarded to this machine "
                           f"under the same number) and keep --host {args.host}") from None

@@ -2,6 +2,7 @@
 Shared by ``actorpy.connect`` and the CLI so both apply the same rules."""
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -206,3 +207,16 @@ def refuse_served_ipc(bind: str) -> None:
     finally:
         probe.close()
     raise ConfigError(f"cannot bind {bind}: another process listens there")
+
+
+def bind_refused(bind: str, exc: OSError) -> ConfigError:
+    """The error for a bind the system refused (``exc``, a ``zmq.ZMQError``): a tcp host that
+    is not this machine's says so and how to listen everywhere, where the system's words
+    alone ("No such device", "Cannot assign requested address") named neither."""
+    reason = str(exc.strerror or exc).split(" (addr=")[0]   # the address is said already
+    text = f"cannot bind {bind}: {reason}"
+    if bind.startswith("tcp://") and exc.errno in (errno.ENODEV, errno.EADDRNOTAVAIL):
+        text += ("; that host is not an address or interface of this machine "
+                 "(tcp://0.0.0.0:PORT listens on every interface)")
+    return ConfigError(text)
+

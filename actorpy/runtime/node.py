@@ -32,7 +32,7 @@ import zmq
 from actorpy.config import Config
 from actorpy.errors import ConfigError, NodeLost
 from actorpy.ids import NodeId
-from actorpy.runtime.address import refuse_served_ipc
+from actorpy.runtime.address import bind_refused, refuse_served_ipc
 from actorpy.runtime.direct import DirectReplies
 from actorpy.runtime.directory import RETRY_S, Directory
 from actorpy.runtime.events import NodeEvent, NodeEventKind, Peer, Subscription
@@ -106,7 +106,7 @@ class Node(NodePeers, NodeMessaging):
             if self._auth is not None:
                 self._auth.stop()
             self._ctx.term()
-            raise ConfigError(f"cannot bind {bind}: {exc}") from None
+            raise bind_refused(bind, exc) from None
         self.address: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._closed = threading.Event()
         self._fatal_listeners: list[Callable[[str], None]] = []

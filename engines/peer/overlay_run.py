@@ -22,7 +22,8 @@ import time
 from typing import Any, Callable
 
 from actorpy.config import Config
-from actorpy.errors import ActorpyError, ActorpyTimeout, NodeLost, ProtocolError, RemoteError
+from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, NodeLost, ProtocolError,
+                            RemoteError)
 from actorpy.ids import new_node_id
 from actorpy.runtime.address import node_bind, security_for
 from actorpy.runtime.context import ServiceRef
@@ -57,6 +58,11 @@ class OverlayClient:
     def __init__(self, address: str, *, secret: str | bytes | None = None,
                  secret_file: str | None = None, hello_s: float = 10.0,
                  answer_s: float = ANSWER_S) -> None:
+        try:
+            check_endpoint(address)
+        except ProtocolError:   # before: an ipc:// one got a word about its directory
+            raise ConfigError("the overlay's address is a standalone peer's tcp://HOST:PORT (the "
+                              f"one its `actorpy peer` prints first), got {address!r}") from None
         security = security_for(address, secret=secret, secret_file=secret_file)
         self.address, self.hello_s, self.answer_s = address, hello_s, answer_s
         node_id = new_node_id(random.Random(int.from_bytes(os.urandom(8), "big")), "d")

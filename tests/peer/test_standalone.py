@@ -280,6 +280,17 @@ class TestErrors:
             StandalonePeer(overlay[0].endpoint, Security.curve(SECRET.encode()))
         with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
             StandalonePeer("ipc:///tmp/x", Security.curve(SECRET.encode()))
+        # before: "cannot bind tcp://203.0.113.7:*: Cannot assign requested address
+        # (addr='tcp://203.0.113.7:*')", the address twice and no way out
+        with pytest.raises(ConfigError, match=r"^cannot bind tcp://203.0.113.7:\*: Cannot assign "
+                                              r"requested address; that host is not an address "
+                                              r"or interface of this machine \(tcp://0.0.0.0"):
+            StandalonePeer("tcp://203.0.113.7:0", Security.curve(SECRET.encode()))
+        # before: a word about the ipc directory's owner
+        for address in ("ipc:///tmp/x", "tcp://0.0.0.0:7400"):
+            with pytest.raises(ConfigError, match=r"the overlay's address is a standalone peer's "
+                                                  r"tcp://HOST:PORT"):
+                OverlayClient(address, secret=SECRET)
         peer = _peer()
         try:
             with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
