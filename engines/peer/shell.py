@@ -44,7 +44,7 @@ from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, ha
 from .context import JobSpec, run_data
 from .kademlia import rpc
 from .kademlia.events import Done, Effects, KademliaConfig
-from .kademlia.ids import KadId, key_id, random_id
+from .kademlia.ids import key_id, random_id
 from .kademlia.messages import REPLY_KINDS
 from .kademlia.node import KademliaNode
 from .kademlia.routing import Contact
@@ -315,15 +315,15 @@ class PeerService(Service):
 
     @handles(PeerKind.JOIN)
     def join(self, contact: tuple[int, str], env: Envelope) -> None:
-        node_id, address = contact
-        self._op(env, self.peer.node.join([Contact(KadId(node_id), address)],
-                                          self.clock.now()),
+        # checked before the routing table keeps it: a float id there failed every later
+        # job of the peer ("unsupported operand type(s) for ^: 'float' and 'int'")
+        self._op(env, self.peer.node.join([rpc.check_contact(contact)], self.clock.now()),
                  lambda done: len(done.contacts))
 
     @handles(PeerKind.SET)
     def set(self, item: tuple[str, Any], env: Envelope) -> None:
-        name, value = item
-        self._op(env, self.peer.node.set(key_id(name), value, self.clock.now()),
+        name, value = rpc.check_pair(item, "SET takes (key name, value)")
+        self._op(env, self.peer.node.set(key_id(rpc.check_name(name)), value, self.clock.now()),
                  lambda done: done.clock)
 
     @handles(PeerKind.SEED)
@@ -338,16 +338,17 @@ class PeerService(Service):
     def get(self, name: str, env: Envelope) -> None:
         def answer(done: Done) -> tuple[Any, int] | None:
             return None if done.blob is None else (np.array(done.value), done.clock)
-        self._op(env, self.peer.node.get(key_id(name), self.clock.now(), newest=True), answer)
+        self._op(env, self.peer.node.get(key_id(rpc.check_name(name)), self.clock.now(), newest=True),
+                 answer)
 
     @handles(PeerKind.FIND)
     def find(self, target: int, env: Envelope) -> None:
-        self._op(env, self.peer.node.find_node(KadId(target), self.clock.now()),
+        self._op(env, self.peer.node.find_node(rpc.check_id(target), self.clock.now()),
                  lambda done: (len(done.contacts), done.rounds, done.elapsed_s))
 
     @handles(PeerKind.LOOKUP)
     def lookup(self, name: str, env: Envelope) -> None:
-        self._op(env, self.peer.node.get(key_id(name), self.clock.now()),
+        self._op(env, self.peer.node.get(key_id(rpc.check_name(name)), self.clock.now()),
                  lambda done: (done.blob is not None, done.rounds, done.elapsed_s))
 
     @handles(PeerKind.START)

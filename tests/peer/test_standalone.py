@@ -298,6 +298,32 @@ class TestErrors:
         finally:
             peer.close()
 
+    @pytest.mark.parametrize("kind, payload, said", [
+        (PeerKind.JOIN, (1.5, "p-x/1"), "an id must be an int in"),
+        (PeerKind.JOIN, None, r"a contact is \(node id, address\), got None"),
+        (PeerKind.JOIN, (7, b"p-x/1"), "address must be a non-empty str"),
+        (PeerKind.SET, ("w",), r"SET takes \(key name, value\), got tuple of length 1"),
+        (PeerKind.GET, 3, "a key's name is a str, got 3"),
+        (PeerKind.FIND, "x", "an id must be an int in"),
+        (PeerKind.LOOKUP, None, "a key's name is a str, got None"),
+    ], ids=["join-float-id", "join-none", "join-bytes-address", "set", "get", "find",
+            "lookup"])
+    def test_a_driver_request_of_the_wrong_shape_is_refused_and_stores_nothing(
+            self, overlay, kind, payload, said):
+        # before: a JOIN with a float id went into the routing table, and every later job
+        # of the peer failed ("unsupported operand type(s) for ^: 'float' and 'int'")
+        peer = overlay[1]
+        before = _tables([peer])
+        with OverlayClient(peer.endpoint, secret=SECRET) as client:
+            client.members()
+            with pytest.raises(RemoteError, match=said):
+                client.call(ServiceRef(peer.node_id, PEER_SERVICE), kind, payload)
+        assert _tables([peer]) == before
+        job = linreg(PSP(sample=1, staleness=1), steps=5)
+        result = job.run_overlay(peer.endpoint, init(), secret=SECRET, data=shard,
+                                 timeout_s=60)
+        assert sorted(result.steps.values()) == [5] * len(overlay)
+
     def test_malformed_hints_drop_the_message_and_teach_nothing(self, overlay):
         dialer = overlay[0].dialer
         me, other = overlay[1].node_id, overlay[2].node_id

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 from actorpy.errors import ProtocolError
 
-from .ids import MAX_STEP, KadId, id_from_bytes, id_to_bytes
+from .ids import ID_SPACE, MAX_STEP, KadId, id_from_bytes, id_to_bytes
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
                        FindValue, Kind, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
                        Stored, Value)
@@ -119,6 +119,31 @@ def brief(value: object, limit: int = 40) -> str:
 def _int(value: object, what: str, lo: int, hi: int) -> int:
     if type(value) is not int or not lo <= value <= hi:  # type: ignore[operator]
         raise ProtocolError(f"{what} must be an int in [{lo}, {hi}], got {brief(value)}")
+    return value  # type: ignore[return-value]
+
+
+def check_id(value: object) -> KadId:
+    """A node id or key id as a driver sends it: an int in the id space."""
+    return KadId(_int(value, "an id", 0, ID_SPACE - 1))
+
+
+def check_pair(value: object, what: str) -> tuple[Any, Any]:
+    """``value`` as a pair (a tuple or list of two); else ``ProtocolError(what, ...)``."""
+    if type(value) not in (tuple, list) or len(value) != 2:  # type: ignore[arg-type]
+        raise ProtocolError(f"{what}, got {brief(value)}")
+    return value[0], value[1]  # type: ignore[index]
+
+
+def check_contact(value: object) -> Contact:
+    """A contact as a driver sends it: ``(int id, overlay address)``."""
+    node_id, address = check_pair(value, "a contact is (node id, address)")
+    return Contact(check_id(node_id), _address(address))
+
+
+def check_name(value: object) -> str:
+    """A key's name as a driver sends it."""
+    if type(value) is not str:
+        raise ProtocolError(f"a key's name is a str, got {brief(value)}")
     return value  # type: ignore[return-value]
 
 
