@@ -16,6 +16,9 @@ from actorpy.errors import ConfigError
 
 #: Task slots a worker may offer; the manager ignores a registration with more.
 MAX_TASK_THREADS = 4096
+#: the default ``max_frame_bytes``: the most a connection may make a node buffer before
+#: its handshake proved the secret (the senders' chunks are 8 MiB under CURVE, 64 over ipc)
+MAX_FRAME_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -42,11 +45,14 @@ class Config:
         chunk_bytes: buffers and pickled bodies larger than this travel as several frames
             (None: 8 MiB under CURVE, 64 MiB over ipc, the faster choice for each in
             bench/transport.py, and never more than max_frame_bytes).
-        max_frame_bytes: a received frame larger than this is refused. libzmq checks it
-            before keeping any byte (``ZMQ_MAXMSGSIZE``, also during the CURVE handshake,
-            so an outsider cannot make a node buffer more); a frame a little over it from a
-            member is dropped with a WARNING naming the sender, a much bigger one closes
-            the connection. Senders split what they send so no frame exceeds it.
+        max_frame_bytes: a received frame larger than this is refused (default 64 MiB).
+            libzmq checks it before keeping any byte (``ZMQ_MAXMSGSIZE``, also during the
+            CURVE handshake, so an outsider cannot make a node buffer more: before, the
+            default of 1 GiB let one connection without the secret hold 1 GiB of a node's
+            memory until the handshake timed out); a frame a little over it from a member is
+            dropped with a WARNING naming the sender, a much bigger one closes the
+            connection. Senders split what they send so no frame exceeds it, so a value of
+            any size still travels.
         linger_ms: how long closing sockets may flush pending messages.
         local_transport: "auto" (ipc where available), "ipc", or "tcp" (127.0.0.1 with
             CURVE and a fresh secret) for the embedded local cluster.
@@ -74,7 +80,7 @@ class Config:
     start_timeout_s: float = 30.0
     task_threads: int = 1
     chunk_bytes: int | None = None
-    max_frame_bytes: int = 1 << 30
+    max_frame_bytes: int = MAX_FRAME_BYTES
     linger_ms: int = 500
     local_transport: str = "auto"
     local_start: str = "auto"

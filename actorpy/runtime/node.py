@@ -29,7 +29,7 @@ from typing import Callable
 
 import zmq
 
-from actorpy.config import Config
+from actorpy.config import MAX_FRAME_BYTES, Config
 from actorpy.errors import ConfigError, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime.address import bind_refused, refuse_served_ipc
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 #: messages per queue before a sender waits (ZeroMQ high-water marks; counted in messages)
 SEND_HWM = 1000
 RECV_HWM = 1000
+#: how long a connection may take to prove the secret before the node drops it
+HANDSHAKE_S = 10.0
 
 
 class Node(NodePeers, NodeMessaging):
@@ -73,7 +75,7 @@ class Node(NodePeers, NodeMessaging):
     """
 
     def __init__(self, node_id: NodeId, bind: str, security: Security, *,
-                 chunk_bytes: int | None = None, max_frame_bytes: int = 1 << 30,
+                 chunk_bytes: int | None = None, max_frame_bytes: int = MAX_FRAME_BYTES,
                  linger_ms: int = 500, liveness: LivenessTimes | None = None,
                  send_hwm: int = SEND_HWM, recv_hwm: int = RECV_HWM,
                  handover: bool = False) -> None:
@@ -98,6 +100,9 @@ class Node(NodePeers, NodeMessaging):
         # Checked by libzmq before any byte is kept, also during the CURVE handshake: an
         # outsider cannot make us buffer a frame bigger than a member could send.
         self._router.maxmsgsize = max_frame_bytes + hdr.HEADER_BYTES + wm.INLINE_MAX_BYTES
+        # and for HANDSHAKE_S at most (libzmq's default: 30 s); a member's handshake takes
+        # milliseconds, and a dialer whose handshake was cut dials again
+        self._router.handshake_ivl = int(HANDSHAKE_S * 1000)
         security.apply_server(self._router)
         try:
             self._router.bind(bind)

@@ -19,6 +19,7 @@ from actorpy.config import Config
 from actorpy.errors import ActorpyError, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime.directory import Directory
+from actorpy.runtime import node as node_module
 from actorpy.runtime.node import Node
 from actorpy.wire.auth import Security
 from tests.conftest import wait_until
@@ -33,9 +34,11 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_a_huge_handshake_frame_from_an_outsider_is_refused_before_it_is_buffered():
+@pytest.mark.parametrize("config", [Config(chunk_bytes=1 << 20, max_frame_bytes=1 << 20),
+                                    Config()], ids=["1MiB", "default"])
+def test_a_huge_handshake_frame_from_an_outsider_is_refused_before_it_is_buffered(config):
+    # default: before, max_frame_bytes was 1 GiB, and an outsider's 256 MiB frame was kept
     security = Security.curve(SECRET)
-    config = Config(chunk_bytes=1 << 20, max_frame_bytes=1 << 20)
     server = Node.from_config(NodeId("srv"), "tcp://127.0.0.1:*", security, config).start()
     client = Node.from_config(NodeId("cli"), "tcp://127.0.0.1:*", security, config).start()
     try:
@@ -63,6 +66,26 @@ def test_a_huge_handshake_frame_from_an_outsider_is_refused_before_it_is_buffere
         assert client.call(NodeId("srv"), 9, 1, "member", timeout_s=30) == "member"
     finally:
         client.close()
+        server.close()
+
+
+def test_an_outsider_that_never_finishes_its_handshake_is_cut_off(monkeypatch):
+    # before: libzmq's default of 30 s, what it sent held all along
+    monkeypatch.setattr(node_module, "HANDSHAKE_S", 0.5)
+    server = Node.from_config(NodeId("srv"), "tcp://127.0.0.1:*", Security.curve(SECRET),
+                              Config()).start()
+    try:
+        port = int(server.address.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as outsider:
+            outsider.sendall(GREETING)   # and then nothing: no HELLO
+            outsider.settimeout(10)    # before: socket.timeout (30 s for the server)
+            cut = False
+            while not cut:   # the server's greeting, then the end
+                try:
+                    cut = outsider.recv(1 << 16) == b""
+                except ConnectionResetError:
+                    cut = True
+    finally:
         server.close()
 
 
