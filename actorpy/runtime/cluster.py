@@ -160,8 +160,9 @@ class Cluster(Caller):
         if local is not None:
             self.node.subscribe(functools.partial(_reap, local))
         # Runs at terminate(), when the Cluster is collected, or at interpreter exit.
+        self._said_goodbye = [False]   # terminate() says it; else the finalizer does
         self._finalizer = weakref.finalize(self, Cluster._cleanup, self.node, local,
-                                           self.services, self._pid)
+                                           self.services, self._pid, self._said_goodbye)
 
     @property
     def node_id(self) -> NodeId:
@@ -403,13 +404,21 @@ class Cluster(Caller):
         if os.getpid() != self._pid:
             return
         self.membership.leave()
+        self._said_goodbye[0] = True
         self._finalizer()
 
     @staticmethod
     def _cleanup(node: Node, local: LocalCluster | None, services: ServiceHost,
-                 pid: int) -> None:
+                 pid: int, said_goodbye: list[bool]) -> None:
         if os.getpid() != pid:  # a forked child: its copies of the sockets are not its own
             return
+        if local is None and not node.closed and not said_goodbye[0]:
+            # a script that ends without terminate(): its manager hears it leave (before, it
+            # listed the driver as dead, "the process was killed, stopped or cut off")
+            try:
+                node.send(MANAGER_ID, CORE_SERVICE, Kind.LEAVE)
+            except ActorpyError:
+                pass
         services.close()
         node.close(why=TERMINATED)
         if local is not None:

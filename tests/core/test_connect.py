@@ -3,6 +3,8 @@ manager of another cluster, a listener that never answers. Loopback, in-process 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,9 +14,11 @@ import actorpy
 from actorpy import apputil, cli
 from actorpy.config import Config
 from actorpy.errors import ActorpyTimeout, AuthError, ConfigError, NodeLost
+from actorpy.ids import NodeId
 from actorpy.runtime.liveness import REFUSED_GRACE_S
 from actorpy.runtime.manager import Manager
 from actorpy.wire.auth import Security
+from tests.conftest import wait_until
 
 SECRET = "the-cluster-secret-for-tests-0001"
 OTHER_SECRET = "some-other-secret-not-the-cluster"
@@ -163,6 +167,23 @@ def test_an_unknown_actorpy_log_level_is_refused_by_an_embedded_cluster(monkeypa
     with pytest.raises(ConfigError, match="ACTORPY_LOG_LEVEL must be DEBUG, INFO, WARNING, "
                                           "ERROR or CRITICAL, got 'loud'"):
         actorpy.connect(workers=1)
+
+
+def test_a_script_that_ends_without_terminate_leaves_and_is_not_taken_for_killed():
+    # before: its manager listed it as dead, "the process was killed, stopped or cut off"
+    manager = Manager("tcp://127.0.0.1:*", Security.curve(SECRET.encode()), Config()).start()
+    try:
+        script = ("import actorpy\n"
+                  f"c = actorpy.connect({manager.address!r}, secret={SECRET!r})\n"
+                  "print(c.node_id, flush=True)\n")   # and falls off the end
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        record = manager.records[NodeId(out.stdout.strip())]
+        wait_until(lambda: record.state in ("left", "dead"), 30, "the driver gone")
+        assert (record.state, record.reason) == ("left", "left the cluster")
+    finally:
+        manager.stop(tell_nodes=False)
 
 
 def test_the_right_secret_still_connects(manager_address):
