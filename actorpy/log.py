@@ -96,6 +96,16 @@ class Throttle:
                 self._table.move_to_end(key)
             return True, held
 
+    def log(self, logger: logging.Logger, key: object, msg: str, *args: object,
+            level: int = logging.WARNING, exc_info: bool = False) -> None:
+        """``logger.log(level, msg, *args)`` if ``key`` is let through now, saying how many
+        were held back since; a traceback (``exc_info``) only with the first of a run."""
+        allowed, held = self.allow(key)
+        if allowed:
+            logger.log(level, msg + (" (%d more since the last report)" if held else ""),
+                       *args, *((held,) if held else ()),
+                       exc_info=True if exc_info and not held else None)
+
     def _evict_oldest(self, now: float) -> bool:
         """Make room if the oldest key's interval is over (its held-back count moves to
         the "other" bucket); False if every key is still within its interval."""

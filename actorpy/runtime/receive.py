@@ -9,6 +9,7 @@ traceback; a failing handler is logged with its traceback; nothing stops the loo
 from __future__ import annotations
 
 import logging
+import re
 import struct
 from typing import Any, Callable
 
@@ -36,6 +37,7 @@ _DECODE_CODE = frozenset(c for c in (
     getattr(getattr(wm.Message, "payload", None), "__code__", None),
     serde.decode.__code__, serde.loads.__code__) if c is not None)
 _EVENT = struct.Struct("=HI")  # a monitor event's first frame: event id, value
+_NUMBERS, _QUOTED = re.compile(r"\d+"), re.compile(r"['\":(]")
 
 
 def decode_payload(msg: wm.Message, what: str) -> Any:
@@ -93,15 +95,20 @@ class Receiver:
         node_part, direct = split_route(routing_id)
         who = node_part.decode("ascii", "replace")
         if not self.security.is_trusted(frames[0]):
-            log.warning("dropped a message from %r: sender is not an authenticated member", who)
+            self._throttle.log(log, (who, "untrusted"), "dropped a message from %r: sender is "
+                               "not an authenticated member", who)
             return
         try:
             msg = wm.Message.parse(frames[1:], self.max_frame_bytes)
         except ProtocolError as exc:
-            log.warning("dropped a message from %r: %s", who, exc)
+            # throttled per sender and cause: a node of another release says so with every
+            # heartbeat, and each line was a message before
+            self._throttle.log(log, (who, cause(exc)), "dropped a message from %r: %s", who,
+                               exc)
             return
         if msg.sender != who:
-            log.warning("dropped a message from %r: it claims to come from %r", who, msg.sender)
+            self._throttle.log(log, (who, "impostor"), "dropped a message from %r: it claims "
+                               "to come from %r", who, msg.sender)
             return
         if direct:
             msg.route = routing_id
@@ -145,21 +152,25 @@ class Receiver:
         try:
             handler(msg)
         except Exception as exc:  # a broken handler must not stop the node
+            key = (msg.sender, msg.header.service, msg.kind)
             if isinstance(exc, ProtocolError):
-                log.warning("dropped a message from %r (kind %d of service %d): %s",
-                            msg.sender, msg.kind, msg.header.service, exc)
+                self._throttle.log(log, key, "dropped a message from %r (kind %d of service "
+                                   "%d): %s", msg.sender, msg.kind, msg.header.service, exc)
             elif _raised_decoding(exc):
-                log.warning("dropped a message from %r (kind %d of service %d): its payload "
-                            "does not decode: %s: %s", msg.sender, msg.kind, msg.header.service,
-                            type(exc).__name__, exc)
+                self._throttle.log(log, key, "dropped a message from %r (kind %d of service "
+                                   "%d): its payload does not decode: %s: %s", msg.sender,
+                                   msg.kind, msg.header.service, type(exc).__name__, exc)
             else:
-                log.exception("callback failed on node %s for kind %d of service %d from %r",
-                              self.node_id, msg.kind, msg.header.service, msg.sender)
+                self._throttle.log(log, key, "callback failed on node %s for kind %d of "
+                                   "service %d from %r", self.node_id, msg.kind,
+                                   msg.header.service, msg.sender, level=logging.ERROR,
+                                   exc_info=True)
 
     def _refuse(self, msg: wm.Message, text: str) -> None:
         """No one here takes ``msg``: a request gets an ERROR naming why; a cast a WARNING."""
         if not msg.header.request_id:
-            log.warning("dropped a message from %r: %s", msg.sender, text)
+            self._throttle.log(log, (msg.sender, msg.header.service), "dropped a message "
+                               "from %r: %s", msg.sender, text)
             return
         log.debug("refused a request from %r: %s", msg.sender, text)
         try:
@@ -187,6 +198,19 @@ class Receiver:
                             "the peer is not a member of this cluster or speaks another "
                             "protocol%s", address, name, value,
                             f" ({held} more since the last report)" if held else "")
+
+
+def cause(exc: BaseException) -> str:
+    """What kind of failure ``exc`` is, for throttling its reports: its words up to the first
+    quote, colon or parenthesis, numbers blanked (a hostile sender's bytes would make each
+    report new).
+
+    >>> cause(ProtocolError("protocol version 9, this node speaks 2"))
+    'protocol version #, this node speaks #'
+    >>> cause(ProtocolError("bad magic b'\\x8f'")) == cause(ProtocolError("bad magic b'7'"))
+    True
+    """
+    return _QUOTED.split(_NUMBERS.sub("#", str(exc)), 1)[0][:80]
 
 
 def _raised_decoding(exc: BaseException) -> bool:

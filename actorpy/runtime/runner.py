@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from actorpy.errors import ActorpyError, ServiceDead
 from actorpy.ids import NodeId
+from actorpy.log import Throttle
 from actorpy.runtime.context import ServiceRef, check_service
 from actorpy.runtime.mailbox import Mailbox
 from actorpy.runtime.node import Subscription
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from actorpy.runtime.host import ServiceHost
 
 log = logging.getLogger(__name__)
+#: failed casts, reported once per interval per (service, kind, sender)
+_FAILURES = Throttle()
 
 #: (factory, args, kwargs, name): what SERVICE_START carries
 Spec = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str]
@@ -182,8 +185,9 @@ class ServiceRunner:
             elif msg.header.request_id:
                 self._answer_error(msg, exc)
             else:
-                log.exception("service %s failed on kind %d from %s", self.label, msg.kind,
-                              msg.sender)
+                _FAILURES.log(log, (self.label, msg.kind, msg.sender), "service %s failed on "
+                              "kind %d from %s", self.label, msg.kind, msg.sender,
+                              level=logging.ERROR, exc_info=True)
 
     def _answer_error(self, msg: wm.Message, exc: Exception) -> None:
         try:

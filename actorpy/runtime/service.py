@@ -33,11 +33,14 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 from actorpy.errors import ActorpyError, ProtocolError
 from actorpy.ids import NodeId
+from actorpy.log import Throttle
 from actorpy.runtime.context import ServiceRef
 from actorpy.runtime.service_context import Reply, ServiceContext, ServiceDied
 from actorpy.wire import message as wm
 
 log = logging.getLogger(__name__)
+#: failed casts, reported once per interval per (service class, kind, sender)
+_FAILURES = Throttle()
 
 __all__ = ["Service", "handles", "Envelope", "Reply", "ServiceContext", "ServiceDied"]
 
@@ -177,8 +180,15 @@ class Service:
                 log.debug("%s: kind %d from %s handled as its node closed",
                           type(self).__qualname__, msg.kind, msg.sender, exc_info=True)
                 return
-            log.exception("%s failed on kind %d from %s", type(self).__qualname__, msg.kind,
-                          msg.sender)
+            # a member's casts of the wrong shape (a ProtocolError: one line) or a handler's
+            # bug (a traceback): either way once per 10 s per sender and kind, not per cast
+            key = (type(self).__qualname__, msg.kind, msg.sender)
+            if isinstance(exc, ProtocolError):
+                _FAILURES.log(log, key, "%s dropped a cast of kind %d from %s: %s",
+                              type(self).__qualname__, msg.kind, msg.sender, exc)
+            else:
+                _FAILURES.log(log, key, "%s failed on kind %d from %s", type(self).__qualname__,
+                              msg.kind, msg.sender, level=logging.ERROR, exc_info=True)
 
     def on_unknown(self, msg: wm.Message, env: Envelope) -> Any:
         """A message of a kind with no handler: raise ProtocolError (the caller's ERROR)."""

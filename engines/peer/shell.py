@@ -11,11 +11,10 @@ drives one ``Peer`` (its Kademlia node and, in a job, its runner).
   inbox (after the messages already there); the others wait in one heap with a single
   ``ctx.schedule`` armed for the earliest (``timers.py``: a peer sets an RPC timeout per
   request). Stale timers are no-ops in the node, so none is ever cancelled.
-- A message that the node refuses (``ProtocolError``: malformed, oversize, impostor) is
-  dropped with one WARNING naming the sender. A sender that is in the routing table (a
-  peer answering with garbage) is dropped from it too; any other sender leaves the table as
-  it was. An unsolicited answer (mostly one after its RPC timeout) is only counted (the node
-  itself takes one that came after an adaptive timeout but within ``rpc_timeout_s``, or
+- A message the node refuses (``ProtocolError``: malformed, oversize, impostor) is dropped
+  with a WARNING naming the sender (once per 10 s), and so is the sender from the routing
+  table if it is there. An unsolicited answer (mostly one after its RPC timeout) is only
+  counted (the node takes one after an adaptive timeout but within ``rpc_timeout_s``, or
   within a value's allowance: ``kademlia/sizes.py``).
 - The driver's control kinds (``INFO``, ``JOIN``, ``SET``, ``GET``, ``START``, ``STATUS``,
   ``LEAVE``) are requests answered when the node's operation is ``Done`` (deferred replies).
@@ -38,6 +37,7 @@ import numpy as np
 
 from actorpy.errors import ActorpyError, ProtocolError
 from actorpy.ids import NodeId
+from actorpy.log import Throttle
 from actorpy.runtime.context import ServiceRef
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
 
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from .dialer import Dialer
 
 log = logging.getLogger(__name__)
+_DROPS = Throttle()   # a member sending garbage is said once per 10 s, not per message
 
 
 class PeerKind(IntEnum):
@@ -71,13 +72,11 @@ class PeerKind(IntEnum):
     LEAVE = 8     # driver -> peer: hand stored keys on, tell every contact; reply: done
     SEED = 9      # driver -> peer: init dict, stored at clock 0
     FIND = 10     # driver -> peer: id to look up; reply: (contacts found, rounds, seconds)
-    LOOKUP = 11   # driver -> peer: key name (FIND_VALUE, first copy found); reply:
-                  # (found, rounds, seconds)
+    LOOKUP = 11   # driver -> peer: key name (FIND_VALUE, first copy); reply: (found, rounds, s)
     # standalone peers (no manager; ``dialer.py``, ``standalone.py``, ``overlay_run.py``)
     HELLO = 20    # anyone -> peer (cast): (token, my endpoint); answered by a WELCOME cast
     WELCOME = 21  # peer -> the HELLO's sender (cast): (token, kademlia id, overlay address)
-    MEMBERS = 22  # driver -> peer: [(kademlia id, overlay address, endpoint)] of itself and
-                  # its routing table
+    MEMBERS = 22  # driver -> peer: [(kademlia id, overlay address, endpoint)]: itself, its table
     JOB = 23      # driver -> peer: (JobSpec, config, index, data): run this job next
     END = 24      # driver -> peer: the job is over; drop its runner, serve the overlay on
 
@@ -113,8 +112,7 @@ LEASE_CHECKS = 6
 #: longer with a model over QUICK_MODEL_BYTES (``ServiceContext.unlocked``, docs/peer.md)
 UNLOCK_AFTER_S, BIG_UNLOCK_AFTER_S = 0.0005, 0.02
 
-#: overlay addresses whose parsed service a peer keeps (its contacts', mostly; cleared
-#: when full)
+#: overlay addresses whose parsed service a peer keeps (contacts', mostly; cleared when full)
 MAX_REFS = 4096
 
 
@@ -302,8 +300,9 @@ class PeerService(Service):
             self.rejected += 1
             now = self.clock.now()
             was_contact, eff = self.peer.node.drop_contact(sender, now)
-            log.warning("peer %s dropped a message from %s%s: %s", self.address, sender,
-                        " and dropped it from the routing table" if was_contact else "", exc)
+            _DROPS.log(log, (self.address, sender), "peer %s dropped a message from %s%s: %s",
+                       self.address, sender, " and dropped it from the routing table" * was_contact,
+                       exc)
             self.perform(self.peer.route(eff, now))
             return
         self.perform(eff)
@@ -338,8 +337,8 @@ class PeerService(Service):
     def get(self, name: str, env: Envelope) -> None:
         def answer(done: Done) -> tuple[Any, int] | None:
             return None if done.blob is None else (np.array(done.value), done.clock)
-        self._op(env, self.peer.node.get(key_id(rpc.check_name(name)), self.clock.now(), newest=True),
-                 answer)
+        key = key_id(rpc.check_name(name))
+        self._op(env, self.peer.node.get(key, self.clock.now(), newest=True), answer)
 
     @handles(PeerKind.FIND)
     def find(self, target: int, env: Envelope) -> None:
@@ -386,7 +385,8 @@ class PeerService(Service):
             dialer.learn_hints(env.sender, [[env.sender, payload[1]]])   # validated
         except ProtocolError as exc:
             self.rejected += 1
-            log.warning("peer %s dropped a HELLO from %s: %s", self.address, env.sender, exc)
+            _DROPS.log(log, (self.address, env.sender), "peer %s dropped a HELLO from %s: %s",
+                       self.address, env.sender, exc)
             return
         self.ctx.cast(env.sender_ref, PeerKind.WELCOME,
                       (payload[0], int(self.peer.node.node_id), self.address))

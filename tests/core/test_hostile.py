@@ -3,6 +3,7 @@ receiver's memory, and file descriptors run out without killing the I/O loop. Lo
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import resource
 import socket
@@ -21,7 +22,9 @@ from actorpy.ids import NodeId
 from actorpy.runtime.directory import Directory
 from actorpy.runtime import node as node_module
 from actorpy.runtime.node import Node
-from actorpy.wire.auth import Security
+from actorpy.wire import header as hdr
+from actorpy.wire.auth import Security, curve_keypair
+from actorpy.wire.kinds import PROTOCOL_VERSION, Kind
 from tests.conftest import wait_until
 
 SECRET = b"hostile-tests-cluster-secret-0123456789"
@@ -86,6 +89,36 @@ def test_an_outsider_that_never_finishes_its_handshake_is_cut_off(monkeypatch):
                 except ConnectionResetError:
                     cut = True
     finally:
+        server.close()
+
+
+@pytest.mark.parametrize("version, service, said", [
+    (9, 0, "protocol version 9"), (PROTOCOL_VERSION, 77, "no service 77")],
+    ids=["another-release", "no-such-service"])
+def test_a_member_s_flood_of_bad_messages_is_logged_once_not_per_message(version, service,
+                                                                          said, caplog):
+    # before: 20 000 messages of another version made 20 000 WARNING lines (2.7 MB of log)
+    server = Node.from_config(NodeId("srv"), "tcp://127.0.0.1:*", Security.curve(SECRET),
+                              Config()).start()
+    ctx = zmq.Context()
+    try:
+        public, private = curve_keypair(SECRET)
+        member = ctx.socket(zmq.DEALER)
+        member.linger = 0
+        member.curve_publickey, member.curve_secretkey, member.curve_serverkey = (
+            public, private, public)
+        member.routing_id = b"x-evil"
+        member.connect(server.address)
+        frame = hdr.encode(service, int(Kind.HEARTBEAT), b"x-evil", version=version)
+        with caplog.at_level(logging.WARNING, logger="actorpy.runtime.receive"):
+            for _ in range(500):
+                member.send_multipart([frame])
+            wait_until(lambda: server.bytes_in >= 500 * (len(frame) + len(b"x-evil")), 30,
+                       "the flood taken")
+        lines = [r.getMessage() for r in caplog.records if "x-evil" in r.getMessage()]
+        assert len(lines) == 1 and said in lines[0], lines[:3]
+    finally:
+        ctx.destroy(linger=0)
         server.close()
 
 

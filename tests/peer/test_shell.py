@@ -125,7 +125,9 @@ class TestHostileMessages:
             assert known_address in after["table"]
             warnings = [r for r in caplog.records if r.levelno == logging.WARNING
                         and "dropped a message" in r.getMessage()]
-            assert len(warnings) == len(garbage)
+            # one sender: said once per 10 s, the rest counted (before: one line each, so a
+            # member's flood of garbage was a line per message)
+            assert len(warnings) == 1
             # and it still serves the overlay
             cluster.call(refs[0], PeerKind.SET, ("after", np.ones(4)), timeout_s=CALL_S)
             got, _ = cluster.call(target, PeerKind.GET, "after", timeout_s=CALL_S)

@@ -324,6 +324,23 @@ class TestErrors:
                                  timeout_s=60)
         assert sorted(result.steps.values()) == [5] * len(overlay)
 
+    def test_a_flood_of_bad_casts_is_one_line_not_a_traceback_each(self, overlay, caplog):
+        # before: each cast logged ERROR "PeerService failed on kind 3" and a traceback
+        peer = overlay[2]
+        with OverlayClient(peer.endpoint, secret=SECRET) as client:
+            client.members()
+            with caplog.at_level(logging.WARNING):
+                for _ in range(200):
+                    client.node.send(peer.node_id, PEER_SERVICE, PeerKind.JOIN, None)
+                    client.node.send(peer.node_id, PEER_SERVICE, PeerKind.HELLO, "x")
+                client.members()   # answered after the casts: they were all handled
+        me = client.node.node_id
+        said = sorted(r.getMessage() for r in caplog.records if me in r.getMessage())
+        assert len(said) == 2, said
+        assert said[0].startswith(f"PeerService dropped a cast of kind 3 from {me}: a contact")
+        assert f"dropped a HELLO from {me}: not (token, endpoint)" in said[1]
+        assert not any(r.exc_info for r in caplog.records)
+
     def test_malformed_hints_drop_the_message_and_teach_nothing(self, overlay):
         dialer = overlay[0].dialer
         me, other = overlay[1].node_id, overlay[2].node_id
