@@ -281,6 +281,21 @@ def _private(value: Any) -> Any:
     return value
 
 
+def own_copy(value: Any) -> Any:
+    """A copy of a value read from the overlay that its reader owns, of the same family: an
+    array's copy, a tensor's clone (before, a torch model came back from a run as numpy
+    arrays), bytes as they are.
+
+    >>> own_copy(np.frombuffer(b"\\0" * 8)).flags.writeable
+    True
+    """
+    if isinstance(value, np.ndarray):
+        return np.array(value)
+    if family(value) == "torch":
+        return value.clone()
+    return value
+
+
 def balance_bound(policy: Policy) -> int | None:
     """The staleness a balancing peer keeps the others' lead under, or None if ``policy``
     has none to go by (BSP, pBSP, ASP, a custom policy)."""

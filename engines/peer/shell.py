@@ -41,7 +41,7 @@ from actorpy.log import Throttle
 from actorpy.runtime.context import ServiceRef
 from actorpy.runtime.service import Envelope, Reply, Service, ServiceContext, handles
 
-from .context import JobSpec, run_data
+from .context import JobSpec, own_copy, run_data
 from .kademlia import rpc
 from .kademlia.events import Done, Effects, KademliaConfig
 from .kademlia.ids import key_id, random_id
@@ -335,8 +335,8 @@ class PeerService(Service):
 
     @handles(PeerKind.GET)
     def get(self, name: str, env: Envelope) -> None:
-        def answer(done: Done) -> tuple[Any, int] | None:
-            return None if done.blob is None else (np.array(done.value), done.clock)
+        def answer(done: Done) -> tuple[Any, int] | None:   # a copy; a tensor stays one
+            return None if done.blob is None else (own_copy(done.value), done.clock)
         key = key_id(rpc.check_name(name))
         self._op(env, self.peer.node.get(key, self.clock.now(), newest=True), answer)
 

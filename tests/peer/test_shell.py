@@ -16,6 +16,7 @@ import actorpy
 from actorpy.barrier import ASP, PSP, Policy
 from actorpy.errors import ActorpyError, ActorpyTimeout, RemoteError
 from engines import peer
+from engines.peer import Job
 from engines.peer.cluster_run import ClusterRun, start_peers
 from engines.peer.kademlia import rpc
 from engines.peer.kademlia.events import KademliaConfig
@@ -137,6 +138,12 @@ class TestHostileMessages:
                 cluster.stop_service(ref)
 
 
+def _add_updates(store, updates):
+    for key, update in updates.items():
+        value, _ = store.get(key)
+        store.set(key, value + update)
+
+
 class TestJobRun:
     def test_psp_job_on_more_peers_than_workers_trains_to_the_target(self, cluster):
         job = linreg(PSP(sample=2, staleness=1), steps=60)
@@ -150,6 +157,19 @@ class TestJobRun:
         assert list(result.applied) == list(result.steps)
         assert sum(result.applied.values()) == result.updates
         assert 1 <= sum(n > 0 for n in result.applied.values()) <= 4
+
+    def test_a_torch_model_comes_back_as_tensors(self, cluster):
+        # before: as numpy arrays (the PS engine and a simulated run gave tensors)
+        torch = pytest.importorskip("torch")
+        job = Job("torch-model", barrier=ASP(), seed=1)
+        job.register_schedule(lambda ctx: ["w"])
+        job.register_push(lambda ctx, values: {"w": torch.ones(3, dtype=torch.float64)})
+        job.register_pull(_add_updates)
+        job.register_stop(lambda ctx: ctx.step >= 4)
+        result = job.run(cluster, peers=2, init={"w": torch.zeros(3, dtype=torch.float64)},
+                         timeout_s=60)
+        assert isinstance(result.model["w"], torch.Tensor)
+        assert result.model["w"].tolist() == [8.0] * 3
 
     def test_the_peers_of_a_finished_job_stop_together_not_leaving_one_by_one(self, cluster,
                                                                               monkeypatch):
