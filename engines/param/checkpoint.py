@@ -259,8 +259,8 @@ def _check_meta(meta: Any, path: str, job: str, shard: int, shards: int) -> None
 
 def _to_numpy(value: Any) -> tuple[np.ndarray, str]:
     fam = family(value)
-    if fam == "numpy":
-        return np.ascontiguousarray(value), fam
+    if fam == "numpy":   # not ascontiguousarray, which makes a 0-d array 1-d
+        return (value if value.flags.c_contiguous else np.ascontiguousarray(value)), fam
     if fam == "torch":
         import torch
 

@@ -35,6 +35,17 @@ class TestCheckpoint:
         assert (back.clocks, back.steps, back.base_step, back.updates, back.pulls) == \
             (snap.clocks, {"w-1": 7}, 5, 40, 9)
 
+    def test_round_trip_of_a_0d_and_a_non_contiguous_key(self, tmp_path):
+        # before: a 0-d key was written as shape (1,) and its own checkpoint was refused as
+        # corrupt ("the shape of key 'z' is [], not its data's")
+        path = str(tmp_path / "c.npz")
+        values = {"z": np.array(5.0), "t": np.arange(6.0).reshape(2, 3).T}
+        checkpoint.save(path, _snap(**values), **KW)
+        back = checkpoint.load(path, like=values, **KW)
+        for key, value in values.items():
+            assert back.values[key].shape == value.shape
+            assert np.array_equal(back.values[key], value)
+
     def test_torch_round_trip(self, tmp_path):
         torch = pytest.importorskip("torch")
         path = str(tmp_path / "t.npz")
