@@ -8,6 +8,7 @@ traceback; a failing handler is logged with its traceback; nothing stops the loo
 """
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import struct
@@ -190,14 +191,28 @@ class Receiver:
             event, value = _EVENT.unpack(frames[0])
             allowed, held = self._throttle.allow(event)
             if allowed:
-                try:
-                    name = zmq.Event(event).name
-                except ValueError:
-                    name = str(event)
-                log.warning("rejected a connection to %s: handshake failed (%s, code 0x%x); "
-                            "the peer is not a member of this cluster or speaks another "
-                            "protocol%s", address, name, value,
+                log.warning("rejected a connection to %s: %s%s", address,
+                            _handshake_failure(event, value),
                             f" ({held} more since the last report)" if held else "")
+
+
+def _handshake_failure(event: int, value: int) -> str:
+    """What a failed handshake says about the other side. Only an AUTH failure is a wrong
+    key (the ZAP handler logs that key too); NO_DETAIL is a connection that broke off or
+    stalled mid-handshake (a member paused for seconds, say), not an outsider."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (f"its key was refused (ZAP status {value}): it is not a member of this "
+                "cluster (wrong or missing secret)")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
+            value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return ("its handshake could not be decrypted: it is not a member of this cluster "
+                "(wrong or missing secret)")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return (f"it broke the protocol in its handshake (code 0x{value:x}): it speaks "
+                "another protocol (not ZMTP with CURVE), or is no actorpy node")
+    reason = errno.errorcode.get(value, f"code 0x{value:x}")
+    return (f"its handshake did not complete ({reason}): it went away, stalled (a paused "
+            "process), or does not speak this protocol")
 
 
 def cause(exc: BaseException) -> str:

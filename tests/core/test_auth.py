@@ -159,6 +159,9 @@ class TestUnauthenticatedPickle:
                                and "rejected a connection" in r.getMessage()
                                for r in caplog.records), 2, "a WARNING about the refusal")
         assert not (tmp_path / "pwned").exists()
+        said = " ".join(r.getMessage() for r in caplog.records)
+        if security is not None:   # before: "...or speaks another protocol", for a member
+            assert "not a member of this cluster (wrong or missing secret)" in said, said
 
     def test_ipc_security_trusts_every_frame_and_curve_needs_the_member_key(self):
         assert Security.ipc().is_trusted(zmq.Frame(b"x"))
