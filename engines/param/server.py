@@ -457,7 +457,12 @@ class ServerCore:
     def _maybe_start(self) -> list[Action]:
         if not self.started and not self._expected:
             self.started = True
-            self._recheck(flush=False)
+            if self.progress.base_step and self._cb.stop is not None and self._should_stop():
+                # a resumed job already past its stop (before: it trained one more step
+                # each time it was resumed, as stop is otherwise checked after a pull)
+                self._halt(Status.FINISH)
+            else:
+                self._recheck(flush=False)
         return self._flush_out()
 
     def _flush_out(self) -> list[Action]:

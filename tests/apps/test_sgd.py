@@ -288,6 +288,11 @@ class TestSGD:
         out = json.loads(capsys.readouterr().out)
         assert resumed == [True]
         assert out["steps_per_worker"] == [40] and out["updates"] == 40
+        # already past --steps: it trains nothing (before: one more step each time)
+        for _ in range(2):
+            assert sgd.main(["--steps", "30", "--resume", *flags]) == 0
+            out = json.loads(capsys.readouterr().out)
+            assert out["steps_per_worker"] == [40] and out["updates"] == 40
 
     def test_a_run_that_diverged_to_finite_numbers_says_so(self, capsys):
         # before: one row at lr 0.1 ended at weight error 1.5e8, loss 2.2e18 after 10 steps,
