@@ -326,9 +326,9 @@ def in_cli_words(exc: ActorpyError) -> None:
                            "run of this command there?); wait for it to end, or give this run "
                            "its own --job-name")
     elif timeout is not None:   # an app has no stop function of the user's to check
-        name, limit = timeout
-        exc.cli_message = (f"job {name!r} did not finish within --timeout {limit:g} s; raise "
-                           "--timeout (or lower --steps)")
+        name, limit, where = timeout
+        exc.cli_message = (f"job {name!r} did not finish within --timeout {limit:g} s{where}; "
+                           "raise --timeout (or lower --steps)")
     elif lost is not None:
         exc.cli_message = (f"{lost}; pass --checkpoint-dir DIR (on every worker's host) to "
                            "survive this")

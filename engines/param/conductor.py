@@ -55,6 +55,7 @@ class Conductor(Service):
         self._halted = False
         self._restarts = 0
         self._warned_empty = False
+        self._asking = False   # timed out, asking where the workers are (``_late``)
         self._grace: Any = None
         self._over = False
         ctx.subscribe(self._membership)
@@ -112,7 +113,8 @@ class Conductor(Service):
                 self._free_slots.append(self._slots[worker])
             else:
                 self._statuses[worker] = "FAILED"
-                self._fail(exc)
+                if not self._asking:   # past the deadline, the timeout is the error told
+                    self._fail(exc)
         else:
             self._results[worker] = result
             self._statuses[worker] = result.status.name
@@ -126,14 +128,44 @@ class Conductor(Service):
         self._check()
 
     def _timed_out(self) -> None:
+        """Out of time: ask the coordinator shard where each worker is, then fail saying so
+        (before: "check the stop function" alone, also when a push or ``data=`` hung)."""
+        if self._ending() or not self.run.shards:
+            self._late(None)
+            return
+        self._asking = True
+        self.ctx.request(self.run.shards[0], ParamKind.STATS, on_reply=self._late,
+                         timeout_s=2.0)
+
+    def _late(self, fut: Any) -> None:
+        self._asking = False
         if not self._ending():
+            try:
+                steps = dict(fut.result(0)["steps"]) if fut is not None else None
+            except Exception:   # the shard is busy or gone: said without the steps
+                steps = None
             limit = self.run.options.timeout_s
-            late = ActorpyTimeout(f"job {self.name!r} did not reach its stop condition within "
-                                  f"timeout_s={limit}; raise it, or check the stop function "
-                                  "and the workers' logs")
-            late.job_timeout = (self.name, limit)   # for a command line to word with its flags
+            where = self._where(steps)
+            late = ActorpyTimeout(
+                f"job {self.name!r} did not reach its stop condition within timeout_s={limit}"
+                f"{where}; raise it, or check the stop function and the workers' logs"
+                + ("; if the steps stopped moving, a push, pull or data= does not return "
+                   "(`py-spy dump` on that worker shows where)" if where else ""))
+            late.job_timeout = (self.name, limit, where)   # for a CLI's wording
             self._fail(late)
         self._check()
+
+    def _where(self, steps: dict[NodeId, int] | None) -> str:
+        """Where the workers still running are: the steps each completed, and a word on one
+        that has not joined the shard's table (stuck in ``data=``: the others wait for it)."""
+        running = sorted(self._running)
+        if steps is None or not running:
+            return ""
+        done = ", ".join(f"{w} {steps.get(w, '-')}" for w in running)
+        absent = [w for w in running if w not in steps]
+        stuck = (f"; {', '.join(absent)} has not joined: its data= has not returned, and the "
+                 "first step waits for every worker" if absent else "")
+        return f" (steps completed: {done}{stuck})"
 
     def _grace_over(self) -> None:
         if not self._over:
@@ -144,7 +176,7 @@ class Conductor(Service):
 
     def _check(self) -> None:
         """After every event: end the job when it is over, or fail it when it cannot go on."""
-        if self._over:
+        if self._over or self._asking:
             return
         if self._ending():
             if not self._running:

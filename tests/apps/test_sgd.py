@@ -188,7 +188,8 @@ class TestSGD:
         with pytest.raises(actorpy.ActorpyTimeout) as info:
             sgd.main(["--timeout", "1", "--steps", str(10**7), "--workers", "1"])
         assert re.fullmatch(r"job 'sgd-linear-[0-9a-f]{6}' did not finish within --timeout 1 "
-                            r"s; raise --timeout \(or lower --steps\)", info.value.cli_message)
+                            r"s(?: \(steps completed: w-\w+ \d+\))?; raise --timeout \(or "
+                            r"lower --steps\)", info.value.cli_message)
 
     def test_an_empty_plot_path_is_refused_before_training(self):
         # before: `--plot "$UNSET"` trained, drew nothing and said nothing (exit 0)
@@ -352,7 +353,7 @@ class TestSGDOnACluster:
         # the PS engine said "--timeout", "--checkpoint-dir", "--resume" and "--job-name"
         # itself, to any caller; it now says what happened and the apps word it
         late = actorpy.ActorpyTimeout("job 'j' ... timeout_s=5")
-        late.job_timeout = ("j", 5.0)
+        late.job_timeout = ("j", 5.0, "")
         lost = param.JobFailed("x; pass checkpoint_dir=")
         lost.shard_lost = "server shard 0 of job 'j' was lost"
         missing = param.CheckpointError("no checkpoint at /c; run once without resume=True")

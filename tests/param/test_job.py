@@ -406,6 +406,26 @@ class TestBadInput:
                 job.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=4)
             assert time.monotonic() - started < 4 + 10
 
+    def test_a_timeout_says_where_the_workers_are(self):
+        # before: "did not reach its stop condition ...; check the stop function", when a
+        # worker's data= never returned
+        def slow_data(ctx):
+            if ctx.slot == 1:
+                threading.Event().wait(12)   # does not return within timeout_s (the scenario)
+            return pb.linear_data(ctx)
+
+        job = param.Job("lin", barrier=ASP(), seed=SEED, data=slow_data)
+        job.register_push(pb.linear_push)
+        job.register_pull(pb.SGDPull(0.1))
+        job.register_stop(pb.StepStop(10**9))
+        with actorpy.connect(workers=2) as cluster:
+            with pytest.raises(actorpy.ActorpyTimeout,
+                               match=r"within timeout_s=3 \(steps completed: w-\w+ [0-]+, "
+                                     r"w-\w+ [0-]+; w-\w+ has not joined: its data= has not "
+                                     r"returned, and the first step waits") as info:
+                job.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=3)
+        assert "py-spy dump" in str(info.value)
+
     def test_a_job_after_one_whose_push_outlived_it_says_the_workers_are_busy(self):
         """A push that outlived its job's timeout_s keeps its worker's one task thread: the
         next job's tasks waited behind it, and that job timed out saying "check the stop
