@@ -194,7 +194,8 @@ class Job:
 
     def register_stop(self, fn: F) -> F:
         """Server: ``fn(store) -> bool``, checked after each pull (and after a step whose
-        push returned ``{}``, which runs no pull); True ends the job. With
+        push returned ``{}``, which runs no pull, and once before a resumed job's first
+        step); True ends the job. With
         several shards each shard checks it, and a shard that does not hold a key the
         function reads does not vote."""
         _function("register_stop", fn)
