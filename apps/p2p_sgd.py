@@ -31,7 +31,7 @@ from apps.sgd import (Pull, data_bytes, generate, gradient, loss, quiet, sample_
                       true_weights)
 from apps.training import (barriers_from_args, check_batch, check_batch_on_workers,
                            check_memory, check_plot_path, default_lr, plot_curves,
-                           warn_if_diverged)
+                           smallest_batch, warn_if_diverged)
 from engines import peer
 from engines.peer.overlay_run import OverlayClient, OverlayRun
 
@@ -135,7 +135,8 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
         members = cluster.members()
     peers = args.peers if members is None else len(members)
     lr = args.lr if args.lr is not None else default_lr(
-        args.model, barrier, peers, averaged=False, features=args.features, batch=args.batch)
+        args.model, barrier, peers, averaged=False, features=args.features,
+        batch=smallest_batch(args, barrier))
     job.register_pull(Pull(lr, args.decay))
     job.register_stop(StopAfter(args.steps, push, args.target))
     trace = Trace(args.seed, args.features, args.model, 0.2) if args.plot else None

@@ -21,7 +21,7 @@ from actorpy import apputil
 from actorpy.errors import ConfigError
 from apps.training import (add_barrier_arguments, add_server_arguments, barriers_from_args,
                            check_batch, check_batch_on_workers, check_memory, default_lr,
-                           job_name, run_barriers, start_options)
+                           job_name, run_barriers, smallest_batch, start_options)
 from engines import param
 
 NOISE = 0.1
@@ -146,7 +146,7 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any) -> tuple[dict[st
     job.register_push(Push(args.model))
     lr = args.lr if args.lr is not None else default_lr(
         args.model, barrier, len(cluster.workers()), averaged=True, features=args.features,
-        batch=args.batch)
+        batch=smallest_batch(args, barrier))
     job.register_pull(Pull(lr, args.decay))
     job.register_stop(Monitor(args.seed, args.features, args.model, args.steps, args.target,
                               max(1, args.steps // 100)))

@@ -137,6 +137,21 @@ def default_lr(model: str, barrier: Any, workers: int, *, averaged: bool,
     return base * min(1.0, CALM_WORKERS / max(1, workers))
 
 
+def smallest_batch(args: argparse.Namespace, barrier: Any) -> int:
+    """The smallest batch a worker may train on, for the default ``--lr``: with ``--balance``
+    under a barrier whose updates land one at a time, a quarter of ``--batch`` (the engines'
+    floor; before, the step was chosen for the whole batch and a shrunk one diverged).
+
+    >>> args = argparse.Namespace(balance=True, batch=32)
+    >>> smallest_batch(args, SSP(staleness=2)), smallest_batch(args, BSP())
+    (8, 32)
+    """
+    synchronous = isinstance(barrier, SSP) and barrier.staleness == 0
+    if getattr(args, "balance", False) and not synchronous:
+        return max(1, args.batch // 4)
+    return args.batch
+
+
 def parse_barrier(spec: str) -> Any:
     """A barrier from a ``--compare`` spec.
 

@@ -197,6 +197,30 @@ def _far(ratio: float, tolerance: float) -> bool:
     return ratio > 1.0 + 2.0 * tolerance or ratio < 1.0 / (1.0 + 2.0 * tolerance)
 
 
+def _with_floor(shares: Mapping[NodeId, float], total: int, floor: int) -> dict[NodeId, float]:
+    """``shares`` scaled to ``total``, none under ``floor``: those below get ``floor`` and
+    the others share the rest in proportion (before, the floor was applied before scaling
+    down, and a worker got less than ``min_batch``: 15 of a floor of 16).
+
+    >>> _with_floor({"a": 1.0, "b": 19.0}, 64, 16)
+    {'a': 16.0, 'b': 48.0}
+    """
+    fixed: list[NodeId] = []
+    free = dict(shares)
+    while free:
+        rest = total - floor * len(fixed)
+        weight = sum(free.values())
+        scaled = {n: v * rest / weight if weight > 0 else rest / len(free)
+                  for n, v in free.items()}
+        low = [n for n, v in scaled.items() if v < floor]
+        if not low:
+            return {**{n: float(floor) for n in fixed}, **scaled}
+        fixed.extend(low)
+        for n in low:
+            del free[n]
+    return {n: total / len(fixed) for n in fixed}   # every share at the floor: even
+
+
 def _round_to_total(shares: Mapping[NodeId, float], total: int) -> dict[NodeId, int]:
     """Integers summing to ``total``, by largest remainder (ties by node id)."""
     floors = {n: int(math.floor(v)) for n, v in shares.items()}
@@ -332,9 +356,9 @@ class LBBSPController:
             if not hopeless:
                 break
             active = [n for n in active if n not in hopeless]
-        shares = {n: max(float(self.min_batch), shares[n]) for n in active}
-        scale = self.global_batch / sum(shares.values())
-        result = _round_to_total({n: s * scale for n, s in shares.items()}, self.global_batch)
+        result = _round_to_total(_with_floor({n: shares[n] for n in active},
+                                             self.global_batch, self.min_batch),
+                                 self.global_batch)
         plan = {n: result.get(n, 0) for n in nodes}
         last = self._last
         if last is not None and last.keys() == plan.keys() and \

@@ -115,7 +115,12 @@ class ServerCore:
         coordinator = config.is_coordinator
         self.gate = Gate(config.policy if coordinator else follower_policy(config.policy),
                          random.Random(config.seed * 1_000_003 + config.shard))
-        self._balancer = Balancer(config.batch) if config.balance and coordinator else None
+        # under an asynchronous policy each update is a step of its own: a worker's batch
+        # goes down to a quarter, not to 1 (a step of a few samples at a learning rate made
+        # for the whole batch diverged); LB-BSP weights each batch in the round's mean
+        floor = max(1, config.batch // 4) if is_asynchronous(config.policy) else 1
+        self._balancer = (Balancer(config.batch, min_batch=floor)
+                          if config.balance and coordinator else None)
         self._stragglers = (StragglerWatch(config.straggler_factor, config.straggler_patience)
                             if config.straggler_factor is not None and coordinator else None)
         self._expected = set(config.expected)

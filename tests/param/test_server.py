@@ -302,12 +302,12 @@ def _lbbsp_round(core, step, batches, compute, updates=None):
     return {a.worker: a.reply.batch for a in out}
 
 
-def _async_run(policy, balance, pushes=120):
+def _async_run(policy, balance, pushes=120, slower=3):
     """Workers A and B (3x slower per sample) on the core, each pushing when its compute of
     its batch is done and going on when answered GO. Returns the final batches, steps, the
     time each waited at the barrier, and the time simulated."""
     core = make_core(policy, [A, B], balance=balance, batch=64)
-    per_sample = {A: 0.001, B: 0.003}
+    per_sample = {A: 0.001, B: 0.001 * slower}
     batch, steps, waited, held_at, due = {A: 64, B: 64}, {A: 0, B: 0}, {A: 0.0, B: 0.0}, {}, {}
     for w in go(_start(core, A, B)):
         due[w] = per_sample[w] * batch[w]
@@ -376,6 +376,12 @@ class TestTuning:
         _, plain_steps, plain_waited, plain_elapsed = _async_run(policy, balance=False)
         assert plain_waited[A] > 0.5 * plain_elapsed      # without: held 2/3 of the time
         assert plain_steps[A] - plain_steps[B] >= 1
+
+    def test_balance_under_bounded_staleness_shrinks_a_batch_to_a_quarter_at_most(self):
+        # each update is a step of its own there: before, a 20x slower worker went down to
+        # 6 of 64 samples, and `actorpy sgd --barrier ssp --balance` diverged now and then
+        batch, _, _, _ = _async_run(SSP(staleness=2), balance=True, slower=20)
+        assert batch[B] == 16 and batch[A] == 112
 
     def test_balance_needs_a_barrier_that_holds_workers(self):
         from engines.param import Job
