@@ -260,6 +260,9 @@ class ServerCore:
 
     def restore(self, snapshot: Snapshot) -> None:
         """Start from a checkpoint (before any worker joined)."""
+        # the steps of workers that will not join again (the one that died with the shard's
+        # host) count as of the checkpoint: before, a run listed 0 steps for them
+        self.history.update({NodeId(w): n for w, n in snapshot.steps.items()})
         self.store.restore(snapshot.values, snapshot.clocks)
         self.progress.base_step = snapshot.base_step
         self.progress.updates = snapshot.updates

@@ -89,6 +89,9 @@ class TestServerFaults:
             assert run.stats.restarts == 1 and run.shards[0].node != host
             assert pb.weight_error(model["w"], SEED) < 0.01
             assert run.stats.statuses[host] == "LOST"
+            # the killed worker took part: its steps as of the checkpoint (before: 0)
+            steps = dict(zip(run.stats.workers, run.stats.steps_per_worker))
+            assert steps[host] >= 10, steps
 
     def test_shard_lost_without_checkpoint_fails_clearly(self):
         with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
