@@ -39,7 +39,29 @@ class Fence:
     def accept_store(self, sender: Contact, store: Any, now: float, eff: Effects) -> bool:
         """The fence (module docstring): refuse an owner's write when we know a peer closer
         to the key than that owner, ourselves included, or when our copy is another
-        writer's and newer than the root of that owner's branch (``Store.base``)."""
+        writer's and newer than the root of that owner's branch (``Store.base``). A copy
+        taken that replaces the one we serve the key from makes us take it over again
+        (``replaced``)."""
+        held = self.node.storage.get(store.key, now)
+        taken = self._admits(sender, store, now, eff)
+        if taken and (held is None or (store.clock, store.writer) > held.version):
+            self.replaced(store.key, now, eff)
+        return taken
+
+    def replaced(self, kid: KadId, now: float, eff: Effects) -> None:
+        """Another copy replaced ours of ``kid`` (a STORE taken, an answer kept as our copy).
+        If we serve the key, what we know of our copy (each pusher's last step folded into
+        it, its stamps; the copies its holders have) is of the one we took over, not this
+        one: the key is taken over again (this copy's stamps with it) before it is served
+        again, and our own updates not confirmed yet are pushed again. (Served from that
+        copy, a push it holds already, which another owner folded, answered late, was
+        folded again: two owners at once, each having evicted the other, on a loaded
+        machine.)"""
+        if kid in self.owned:
+            self.owned.discard(kid)
+            self._unsettled(kid, now, eff)
+
+    def _admits(self, sender: Contact, store: Any, now: float, eff: Effects) -> bool:
         if store.clock == 0 or store.writer != sender.node_id:
             return True             # a seed, a hand-off or a copy passed on: not a new write
         if self._closer_known(store.key, sender.node_id):

@@ -8,8 +8,7 @@ Under a policy with staleness the next steps compute while a step's pushes trave
 (``barrier.pipeline_depth``): their updates wait and go to each owner together, as one
 batch, once those are answered (one batch per key out at most, so owners fold them in order).
 
-The owner side (serving GET / PUSH, running ``pull``, replicating) is ``owner.py``; the calls to
-owners (lookups, retries) are ``calls.py``.
+The owner side (GET / PUSH, ``pull``, replicas): ``owner.py``; calls to owners: ``calls.py``.
 """
 from __future__ import annotations
 
@@ -383,7 +382,7 @@ class PeerRunner(OwnerCalls):
             if status == Status.OK:
                 self.pushed += 1
                 self.values[name] = (value.to_value(), clock)
-                self._keep_copy(name, value, clock, when)
+                self._keep_copy(name, value, clock, when, e)
                 if self._overlap:
                     self._landed(name, when, e)
                     return
@@ -394,16 +393,17 @@ class PeerRunner(OwnerCalls):
                 self._retry(lambda t, ef: self._push(name, pushes, t, ef), status, when, e)
         self._ask_push(name, pushes, acked, now, eff)
 
-    def _keep_copy(self, name: str, value: Blob, clock: int, now: float) -> None:
+    def _keep_copy(self, name: str, value: Blob, clock: int, now: float, eff: Effects) -> None:
         """A holder of a key keeps the value an owner answered its push with (its stamps
-        too): when it is the owner's only other holder, that answer is the write's replica
-        (``owner.py``)."""
+        too): the write's replica when it is the owner's only other holder (``owner.py``);
+        were we serving the key, we take it over again (``Fence.replaced``)."""
         kid = self.owner.kid(name)
         held = self.node.storage.get(kid, now)
         owner = self.owners.get(name)
         if held is not None and owner is not None and clock > held.clock:
             self.node.storage.put(kid, value, now, self.node.config.ttl_s, clock=clock,
                                   writer=owner.node_id)
+            self.owner.replaced(kid, now, eff)
 
     def _step_done(self, now: float, eff: Effects) -> None:
         if self.stopped:

@@ -44,15 +44,17 @@ def lone_owner(run: int = 0) -> Peer:
     return Peer(node, runner)
 
 
-def reply_to(peer: Peer, call: Call) -> Reply:
+def reply_to(peer: Peer, call: Call, settle: bool = False) -> Reply:
     """Send ``call`` from EVIL and return the owner's reply; a push is answered once its
-    write is durable, so EVIL (now in the owner's table) answers the owner's lookups."""
+    write is durable, so EVIL (now in the owner's table) answers the owner's lookups
+    (``settle``: those after the reply too, so the owner's round ends)."""
     wire, frames = encode(call), [bytes(f) for f in value_frames(call)]
     eff = peer.receive("evil", wire, now=1.0, frames=frames)
+    replies: list[Reply] = []
     for _ in range(10):
-        replies = [s.message for s in eff.sends if isinstance(s.message, Reply)]
+        replies += [s.message for s in eff.sends if isinstance(s.message, Reply)]
         asked = [s.message for s in eff.sends if isinstance(s.message, (FindNode, FindValue))]
-        if replies or not asked:
+        if (replies and not settle) or not asked:
             break
         eff = Effects()
         for ask in asked:
@@ -122,6 +124,35 @@ class TestExactlyOnce:
         # a GET's answer leaves the stamps out (they are for the key's holders)
         got = reply_to(peer, Call(2, EVIL, 1, key_id("n"), ("n",)))
         assert got.value is not None and got.value.stamps == ()
+
+
+    def test_a_copy_another_writer_stores_on_an_owner_is_taken_over_before_it_is_served(
+            self) -> None:
+        """Two owners at once (each evicted the other, a loaded machine): W, closer to the
+        key, folded EVIL's step 6 and stored it on us; we took that copy (ours was W's: our
+        take-over's round put our name on it at the same clock, which a higher writer id
+        wins) and, W evicted again, served EVIL's step 6 once more from what we knew when
+        we took the key over (its step 5 last): folded twice (a real 3-peer job under load
+        ended with a key at 91 for 90). An owner whose copy another writer replaced takes
+        the key over again, with that copy's stamps, before serving it."""
+        kid = key_id("n")
+        w = KadId(kid ^ 1)                      # closer to the key than us
+        peer = self.taking_over(((EVIL, 5),))
+        peer.node.storage.put(kid, Blob.of(np.full(1, 5.0)).stamped(((EVIL, 5),)), 0.0,
+                              3600.0, clock=5, writer=w)
+        assert peer.runner is not None
+        got = reply_to(peer, Call(1, EVIL, 1, kid, ("n",)), settle=True)   # we take "n" over
+        assert got.status == Status.OK and kid in peer.runner.owner.owned
+        assert peer.node.storage.get(kid, 1.0).writer == w     # (5, us) < (5, w)
+        store = Store(2, w, kid, Blob.of(np.full(1, 6.0)).stamped(((EVIL, 6),)), 60.0,
+                      clock=6, writer=w, base=5)
+        peer.receive("w", store, now=1.0)
+        assert peer.node.storage.get(kid, 1.0).clock == 6      # taken: ours was W's
+        peer.node.drop_contact("w", 1.0)                        # evicted again
+        reply = reply_to(peer, Call(3, EVIL, 2, kid, ("n", 6), np.ones(1)))
+        assert reply.status == Status.OK and reply.value is not None
+        assert reply.value.to_value().tolist() == [6.0]         # not 7.0
+        assert peer.runner.owner.applied == {}
 
 
 def test_a_peer_knows_the_models_sizes_before_it_reads_a_key() -> None:
