@@ -14,6 +14,10 @@ kept serialized within a byte budget; what does not fit is spilled to files.
   ``delete(prefix)`` costs O(keys removed), not a scan of the store (see keyindex).
 * Thread-safe: tasks, services and the I/O thread (which serves fetches) share it; pickling
   and file writes happen outside the lock.
+* A block put by a task belongs to the node that submitted the task (its ``owner``): when
+  that node leaves or dies, ``drop_owner`` deletes its blocks, and a put for it afterwards
+  (a task of its still finishing) stores nothing. A driver killed, or stopped with Ctrl-C
+  while a map task was storing its buckets, left them on its workers for good.
 
 How a fetch is answered (``serve``): a key (str) gets the whole block — the value, or for a
 stream the list of all its items as a ``serde.JoinedLists`` (segments sent as they are
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -41,6 +46,8 @@ ENTRY_OVERHEAD_BYTES = 256
 DEFAULT_SEGMENT_BYTES = 1 << 20
 #: ``SegmentRequest.index`` asking for the block's ``StreamHead``.
 HEAD = -1
+#: departed owners a store remembers (a task of one may still be finishing its puts)
+MAX_GONE_OWNERS = 4096
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class _Block:
     segments: tuple[_Segment, ...]
     stream: bool
     version: int
+    owner: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -122,23 +130,26 @@ class ObjectStore:
         self._files = 0
         self._segments = 0
         self._closed = False
+        #: owners that left or died (the latest MAX_GONE_OWNERS): their puts store nothing
+        self._gone: OrderedDict[str, None] = OrderedDict()
 
     # ------------------------------------------------------------------ writing
-    def put(self, key: str, value: Any) -> int:
+    def put(self, key: str, value: Any, *, owner: str | None = None) -> int:
         """Store ``value`` (a snapshot) under ``key``, replacing what was there; returns its
-        size in bytes.
+        size in bytes. ``owner``: the node it belongs to (see ``drop_owner``).
 
         Raises:
             SerializationError: ``value`` cannot be pickled.
-            StoreError: it had to spill and the spill file could not be written.
+            StoreError: it had to spill and the spill file could not be written, or its
+                owner is gone.
         """
         _check_key(key)
         segment = self._keep(wm.Encoded.of(value, self._chunk_bytes))
-        self._publish(key, [segment], stream=False)
+        self._publish(key, [segment], stream=False, owner=owner)
         return segment.nbytes
 
     def put_stream(self, key: str, items: Iterable[Any], *,
-                   segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> int:
+                   segment_bytes: int = DEFAULT_SEGMENT_BYTES, owner: str | None = None) -> int:
         """Store the items of ``items`` under ``key`` as a stream, pickled in batches of about
         ``segment_bytes``; each batch is kept or spilled as soon as it is pickled, so the
         items need never be in memory together. The block appears when ``items`` is
@@ -161,7 +172,7 @@ class ObjectStore:
                 doomed = self._uncount(segments)
             _remove_files(doomed)
             raise
-        self._publish(key, segments, stream=True)
+        self._publish(key, segments, stream=True, owner=owner)
         return sum(s.nbytes for s in segments)
 
     def _keep(self, encoded: wm.Encoded) -> _Segment:
@@ -189,20 +200,25 @@ class ObjectStore:
             self._segments += 1
         return _Segment(None, spilled, encoded.has_buffers, size)
 
-    def _publish(self, key: str, segments: list[_Segment], stream: bool) -> None:
+    def _publish(self, key: str, segments: list[_Segment], stream: bool,
+                 owner: str | None) -> None:
         with self._lock:
             closed = self._closed
-            if closed:
+            gone = owner is not None and owner in self._gone
+            if closed or gone:
                 doomed = self._uncount(segments)
             else:
                 old = self._blocks.get(key)
-                self._blocks[key] = _Block(tuple(segments), stream, next(self._versions))
+                self._blocks[key] = _Block(tuple(segments), stream, next(self._versions),
+                                           owner)
                 if old is None:
                     self._index.add(key)
                 doomed = self._uncount(old.segments) if old is not None else []
         _remove_files(doomed)
         if closed:
             raise StoreError(f"the object store of {self.name} is closed")
+        if gone:
+            raise StoreError(f"{key!r} belongs to {owner}, which is gone: not stored")
 
     def _uncount(self, segments: Iterable[_Segment]) -> list[spill.SpillFile]:
         """Take segments off the books (caller holds the lock); returns their files."""
@@ -225,6 +241,21 @@ class ObjectStore:
             keys = self._index.pop_prefix(prefix)
             doomed: list[spill.SpillFile] = []
             for key in keys:
+                doomed.extend(self._uncount(self._blocks.pop(key).segments))
+        _remove_files(doomed)
+        return len(keys)
+
+    def drop_owner(self, owner: str) -> int:
+        """``owner`` left or died: delete its blocks, and store none of its puts from now on.
+        Returns how many were deleted. O(blocks): a node's departure is rare."""
+        with self._lock:
+            self._gone[owner] = None
+            while len(self._gone) > MAX_GONE_OWNERS:
+                self._gone.popitem(last=False)
+            keys = [k for k, b in self._blocks.items() if b.owner == owner]
+            doomed: list[spill.SpillFile] = []
+            for key in keys:
+                self._index.discard(key)
                 doomed.extend(self._uncount(self._blocks.pop(key).segments))
         _remove_files(doomed)
         return len(keys)

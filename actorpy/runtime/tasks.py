@@ -16,11 +16,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from actorpy.errors import ActorpyError, ActorpyTimeout, TaskCancelled
 from actorpy.ids import NodeId
 from actorpy.runtime.context import WorkerContext
+from actorpy.runtime.store import DEFAULT_SEGMENT_BYTES
 from actorpy.runtime.node import Node, NodeEvent, NodeEventKind
 from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
@@ -95,6 +96,17 @@ class TaskContext(WorkerContext):
         self.services = services
         self._state = state
         self._runner = runner
+
+    def put(self, key: str, value: Any) -> int:
+        """As ``WorkerContext.put``; the block belongs to this task's submitter, and goes
+        when it leaves or dies (``ObjectStore.drop_owner``)."""
+        return self.store.put(key, value, owner=self._state.requester)
+
+    def put_stream(self, key: str, items: Iterable[Any], *,
+                   segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> int:
+        """As ``WorkerContext.put_stream``; owned by this task's submitter, as ``put``."""
+        return self.store.put_stream(key, items, segment_bytes=segment_bytes,
+                                     owner=self._state.requester)
 
     @property
     def cancelled(self) -> bool:
@@ -278,6 +290,9 @@ class TaskRunner:
             mine = [s for s in self._tasks.values() if s.requester == event.node_id]
             for state in mine:
                 self._cancel_locked(state, f"its submitter {event.node_id} is gone")
+        dropped = self.store.drop_owner(event.node_id) if self.store is not None else 0
+        if dropped:
+            log.info("dropped %d stored blocks of %s, which is gone", dropped, event.node_id)
 
     def close(self) -> None:
         """Drop queued tasks and flag running ones (they cannot be interrupted)."""

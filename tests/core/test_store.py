@@ -16,6 +16,7 @@ import pytest
 import actorpy
 from actorpy.errors import RemoteError, StoreError
 from actorpy.runtime.keyindex import KeyIndex
+from actorpy.runtime.membership import MANAGER_ID
 from actorpy.runtime.store import (ENTRY_OVERHEAD_BYTES, HEAD, ObjectStore, SegmentRequest,
                                    StreamHead)
 from actorpy.wire import serde
@@ -193,6 +194,22 @@ class TestDelete:
             store.put("k", 1)
 
 
+class TestOwners:
+    def test_an_owner_that_is_gone_takes_its_blocks_and_stores_no_more(self, make_store):
+        store = make_store(4 * KB)
+        store.put("a/1", b"x" * 10_000, owner="d-1")              # spilled
+        store.put_stream("a/2", iter(range(100)), owner="d-1")
+        store.put("b/1", b"y", owner="d-2")
+        store.put("c/1", b"z")
+        assert store.drop_owner("d-1") == 2
+        assert sorted(store.keys()) == ["b/1", "c/1"] and spill_files(store) == []
+        # a task of d-1 still finishing: before, its late put stayed for good
+        with pytest.raises(StoreError, match="belongs to d-1, which is gone"):
+            store.put("a/3", b"late", owner="d-1")
+        assert "a/3" not in store and store.delete("a/") == 0
+        assert store.stats().keys == 2
+
+
 class TestKeyIndex:
     def test_matches_a_brute_force_scan(self):
         rng = random.Random(9)
@@ -329,6 +346,30 @@ class TestCluster:
         assert cluster.submit(len, blob).result(60) == 3 * MB
         rows = [(f"k{i}", i) for i in range(200_000)]  # ~3 MB of pickle
         assert cluster.submit(list, rows).result(60) == rows
+
+
+def store_keys(ctx):
+    return sorted(ctx.store.keys())
+
+
+def test_the_blocks_a_driver_stored_go_when_it_leaves():
+    # before: a driver killed or stopped with Ctrl-C mid-job left its blocks on the workers
+    with actorpy.connect(workers=1) as cluster:
+        [worker] = cluster.workers()
+        other = actorpy.connect(cluster.node.peer(MANAGER_ID).address)
+        try:
+            other.submit_task(Run(put_block, "theirs/1"), worker).result(60)
+            cluster.submit_task(Run(put_block, "mine/1"), worker).result(60)
+            assert cluster.submit_task(Run(store_keys), worker).result(60) == [
+                "mine/1", "theirs/1"]
+        finally:
+            other.terminate()
+        wait_until(lambda: cluster.submit_task(Run(store_keys), worker).result(60)
+                   == ["mine/1"], 30, "the departed driver's block dropped")
+
+
+def put_block(ctx, key):
+    return ctx.put(key, np.ones(1000))
 
 
 def spill_some(ctx, tag):
