@@ -152,7 +152,6 @@ class ClusterRun:
         self.refs: list[Any] = []
         self.addresses: list[str] = []
         self.lost: set[int] = set()
-        self._keys_checked = 0   # lost peers after which every key was found
         #: how the last peer counted lost went ("" while none is)
         self.last_loss = ""
         self.left: set[int] = set()
@@ -318,26 +317,10 @@ class ClusterRun:
             if s["phase"] == Phase.FAILED:
                 kind, message, trace = s["error"] or ("Error", "failed", "")
                 raise RemoteError(kind, message, trace, s["address"])
-        if len(self.lost) > self._keys_checked:
-            self._keys_checked = len(self.lost)
-            self._check_keys()
         done = all(s["phase"] == Phase.DONE for s in live.values())
         if self.on_poll is not None and not done:
             self.on_poll(self, time.monotonic() - self.started)
         return done
-
-    def _check_keys(self) -> None:
-        """After a peer was lost: every key still has a live holder, or the job cannot end
-        (before: with replication=1 it waited for its timeout_s, "waiting for every peer
-        to stop", its peers stuck pushing to an owner that was gone)."""
-        gone = [name for name in self.init if self.read(name) is None]
-        if gone:
-            replication = self.job.config.replication
-            raise ActorpyError(
-                f"P2P job {self.spec.name!r}: key(s) {', '.join(map(repr, gone[:8]))}"
-                f"{' and more' if len(gone) > 8 else ''} are on no live peer: every holder "
-                f"was lost ({self.last_loss or 'a peer died'}); a key survives "
-                f"replication - 1 = {replication - 1} lost holders")
 
     def updates(self) -> int:
         """Pushes folded in so far by every owner (a lost one: up to its last report)."""
