@@ -85,7 +85,9 @@ class Store:
 
 @dataclass(frozen=True)
 class Stored:
-    """The STORE was handled; ``(clock, writer)`` is the version now held."""
+    """The STORE was handled; ``(clock, writer)`` is the version now held, and ``refused``
+    whether the write was refused (the fence: ``(clock, writer)`` alone could not tell, as
+    an owner that dropped a branch writes its clocks again)."""
 
     KIND: ClassVar[Kind] = Kind.STORED
     rpc_id: int
@@ -93,6 +95,7 @@ class Stored:
     clock: int = 0
     writer: KadId = KadId(0)
     step: int = NO_STEP
+    refused: bool = False
 
 
 @dataclass(frozen=True)

@@ -449,13 +449,14 @@ class KademliaNode(NodeOps, GonePeers):
                 self.watchers[sender.node_id] = sender
             return Pong(message.rpc_id, me, step)
         if isinstance(message, Store):
-            if self.accept_store(sender, message, now, eff):
+            taken = self.accept_store(sender, message, now, eff)
+            if taken:
                 self.storage.put(message.key, message.value, now,
                                  min(message.ttl_s, self.config.ttl_s), clock=message.clock,
                                  writer=message.writer)
             held = self.storage.get(message.key, now)
             clock, writer = (held.clock, held.writer) if held is not None else (0, KadId(0))
-            return Stored(message.rpc_id, me, clock, writer, step)
+            return Stored(message.rpc_id, me, clock, writer, step, refused=not taken)
         if isinstance(message, Call):
             answer = self.on_call(sender, message, now, eff)
             return None if answer is None else self._reply(sender, message, answer)

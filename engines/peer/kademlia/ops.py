@@ -244,8 +244,10 @@ class NodeOps:
             op.awaiting -= 1
             op.stored_on.append(sender)
             # (another writer at the same clock: the same copy, e.g. a seed taken over, but
-            # past the clock of a write's base (``Store.base``): another branch)
-            taken = message.clock == op.clock and (
+            # past the clock of a write's base (``Store.base``): another branch. A refused
+            # write is not held whatever the clock: an owner that dropped a branch writes its
+            # clocks again, and a round was counted durable on another branch's copy)
+            taken = not message.refused and message.clock == op.clock and (
                 op.clock <= op.base or message.writer in (op.writer, 0))
             op.confirmed += taken
             if not taken:

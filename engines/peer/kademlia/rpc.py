@@ -69,7 +69,7 @@ def _descriptor(value: Blob | None) -> list[Any] | None:
 _FIELDS: dict[type, Callable[[Any], tuple]] = {
     Store: lambda m: (id_to_bytes(m.key), m.value.descriptor(), float(m.ttl_s), m.clock,
                       id_to_bytes(m.writer), m.base),
-    Stored: lambda m: (m.clock, id_to_bytes(m.writer)),
+    Stored: lambda m: (m.clock, id_to_bytes(m.writer), int(m.refused)),
     FindNode: lambda m: (id_to_bytes(m.target),),
     FindValue: lambda m: (id_to_bytes(m.key),),
     Value: lambda m: (id_to_bytes(m.key), m.value.descriptor(), m.clock,
@@ -248,7 +248,8 @@ _BUILD: dict[Kind, _Build] = {
     Kind.PONG: lambda r, s, t, f, v, m: Pong(r, s, t),
     Kind.LEAVE: lambda r, s, t, f, v, m: Leave(r, s, t),
     Kind.STEP: lambda r, s, t, f, v, m: Step(r, s, t),
-    Kind.STORED: lambda r, s, t, f, v, m: Stored(r, s, _clock(f[0]), id_from_bytes(f[1]), t),
+    Kind.STORED: lambda r, s, t, f, v, m: Stored(r, s, _clock(f[0]), id_from_bytes(f[1]), t,
+                                                 bool(_int(f[2], "refused", 0, 1))),
     Kind.FIND_NODE: lambda r, s, t, f, v, m: FindNode(r, s, id_from_bytes(f[0]), t),
     Kind.FIND_VALUE: lambda r, s, t, f, v, m: FindValue(r, s, id_from_bytes(f[0]), t),
     Kind.NODES: lambda r, s, t, f, v, m: Nodes(r, s, _contacts(f[0], m), t),
@@ -267,7 +268,7 @@ _BUILD: dict[Kind, _Build] = {
 _KINDS = {int(kind): kind for kind in Kind}
 
 
-_ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STEP: 0, Kind.STORED: 2,
+_ARITY = {Kind.PING: 0, Kind.PONG: 0, Kind.LEAVE: 0, Kind.STEP: 0, Kind.STORED: 3,
           Kind.FIND_NODE: 1, Kind.FIND_VALUE: 1, Kind.NODES: 1, Kind.VALUE: 4, Kind.STORE: 6,
           Kind.CALL: 4, Kind.REPLY: 4}
 

@@ -22,7 +22,8 @@ from engines.peer.kademlia.values import Blob
 V = PROTOCOL_VERSION
 A, B = KadId(0xA << 150), KadId(0xB << 150)
 MESSAGES = [
-    Ping(1, A), Pong(2, A, step=7), Stored(3, A, 4, B), FindNode(4, A, B), FindValue(5, A, B),
+    Ping(1, A), Pong(2, A, step=7), Stored(3, A, 4, B), Stored(3, A, 4, B, refused=True),
+    FindNode(4, A, B), FindValue(5, A, B),
     Store(6, A, B, b"\x00" * 100, 60.0, clock=3, writer=A, step=2),
     Store(6, A, B, b"\x00" * 100, 60.0, clock=3, writer=A, step=2, base=1),
     Value(7, A, B, np.arange(6, dtype=np.float64).reshape(2, 3), clock=9, writer=B),
@@ -133,7 +134,9 @@ class TestCodec:
         ((V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], 5.0, 1, bytes(20), -2), "base"),
         ((V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], 5.0, 1, bytes(20), "0"), "base"),
         ((V, 3, 0, bytes(20), -1, bytes(20), [0, "|u1", [1]], 5.0, 1, bytes(20)), "fields"),
-        ((V, 4, 0, bytes(20), -1, 0, b"w"), "20 bytes"),
+        ((V, 4, 0, bytes(20), -1, 0, b"w", 0), "20 bytes"),
+        ((V, 4, 0, bytes(20), -1, 0, bytes(20), 2), r"refused must be an int in \[0, 1\]"),
+        ((V, 4, 0, bytes(20), -1, 0, bytes(20), True), "refused must be an int"),
         ((V, 6, 0, bytes(20), -1, [(bytes(20), "a")] * 2), "duplicate"),
         ((V, 6, 0, bytes(20), -1, [(bytes(20 - 1), "a")]), "20 bytes"),
         ((V, 6, 0, bytes(20), -1, [(bytes(20), "")]), "address"),

@@ -52,6 +52,25 @@ class TestStoreAndFind:
         assert {c.address for c in done.stored_on} == set(closest[2:])
 
 
+    def test_a_refused_write_is_not_durable_even_at_the_clock_it_asked(self) -> None:
+        # before: the holders, refusing, answered the (clock, writer) they held, which an
+        # owner that dropped a branch and wrote its clocks again made equal to the refused
+        # write's; at a clock <= its base that counted as held, and the round as durable
+        net = SimNetwork(KademliaConfig(replication=3, **QUIET), seed=4)
+        net.grow(20)
+        key = key_id("k")
+        writer, *others = [c.address for c in net.true_closest(key, 3)]
+        me = net.contact(writer).node_id
+        for address in others:
+            node = net.nodes[address]
+            node.storage.put(key, b"another branch", net.clock.now(), 3600.0, clock=2,
+                             writer=me)
+            node.accept_store = lambda sender, store, now, eff: False   # the fence says no
+        done = net.run_op(writer, lambda node, now: node.set(key, b"old", now, clock=2,
+                                                             base=2))
+        assert not done.durable and done.refused == 2
+
+
 class TestFailuresAndRepublish:
     def test_keys_survive_25_percent_failures_and_a_republish_round(self) -> None:
         config = KademliaConfig(**QUIET)
