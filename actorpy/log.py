@@ -25,7 +25,7 @@ def env_level() -> str | None:
     if not value:
         return None
     if value.upper() not in LEVELS:
-        raise ConfigError(f"ACTORPY_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or "
+        raise ConfigError("ACTORPY_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or "
                           f"CRITICAL, got {value!r}")
     return value.upper()
 

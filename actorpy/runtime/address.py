@@ -219,4 +219,3 @@ def bind_refused(bind: str, exc: OSError) -> ConfigError:
         text += ("; that host is not an address or interface of this machine "
                  "(tcp://0.0.0.0:PORT listens on every interface)")
     return ConfigError(text)
-

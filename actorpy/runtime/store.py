@@ -132,6 +132,7 @@ class ObjectStore:
         self._closed = False
         #: owners that left or died (the latest MAX_GONE_OWNERS): their puts store nothing
         self._gone: OrderedDict[str, None] = OrderedDict()
+        self._owned: dict[str, set[str]] = {}   # owner -> its keys
 
     # ------------------------------------------------------------------ writing
     def put(self, key: str, value: Any, *, owner: str | None = None) -> int:
@@ -213,6 +214,10 @@ class ObjectStore:
                                            owner)
                 if old is None:
                     self._index.add(key)
+                else:
+                    self._disown(key, old.owner)
+                if owner is not None:
+                    self._owned.setdefault(owner, set()).add(key)
                 doomed = self._uncount(old.segments) if old is not None else []
         _remove_files(doomed)
         if closed:
@@ -241,18 +246,20 @@ class ObjectStore:
             keys = self._index.pop_prefix(prefix)
             doomed: list[spill.SpillFile] = []
             for key in keys:
-                doomed.extend(self._uncount(self._blocks.pop(key).segments))
+                block = self._blocks.pop(key)
+                self._disown(key, block.owner)
+                doomed.extend(self._uncount(block.segments))
         _remove_files(doomed)
         return len(keys)
 
     def drop_owner(self, owner: str) -> int:
         """``owner`` left or died: delete its blocks, and store none of its puts from now on.
-        Returns how many were deleted. O(blocks): a node's departure is rare."""
+        Returns how many were deleted. O(its blocks)."""
         with self._lock:
             self._gone[owner] = None
             while len(self._gone) > MAX_GONE_OWNERS:
                 self._gone.popitem(last=False)
-            keys = [k for k, b in self._blocks.items() if b.owner == owner]
+            keys = self._owned.pop(owner, set())
             doomed: list[spill.SpillFile] = []
             for key in keys:
                 self._index.discard(key)
@@ -260,11 +267,20 @@ class ObjectStore:
         _remove_files(doomed)
         return len(keys)
 
+    def _disown(self, key: str, owner: str | None) -> None:
+        """``key`` no longer belongs to ``owner`` (caller holds the lock)."""
+        keys = self._owned.get(owner) if owner is not None else None
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._owned[owner]   # type: ignore[arg-type]
+
     def close(self) -> None:
         """Drop every block and remove the spill directory (idempotent)."""
         with self._lock:
             self._closed = True
             self._blocks.clear()
+            self._owned.clear()
             self._index = KeyIndex()
             self._memory = self._spilled = self._files = self._segments = 0
         self._spill.close()

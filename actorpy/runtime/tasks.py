@@ -21,8 +21,8 @@ from typing import Any, Iterable
 from actorpy.errors import ActorpyError, ActorpyTimeout, TaskCancelled
 from actorpy.ids import NodeId
 from actorpy.runtime.context import WorkerContext
-from actorpy.runtime.store import DEFAULT_SEGMENT_BYTES
 from actorpy.runtime.node import Node, NodeEvent, NodeEventKind
+from actorpy.runtime.store import DEFAULT_SEGMENT_BYTES
 from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 

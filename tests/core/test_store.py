@@ -208,6 +208,10 @@ class TestOwners:
             store.put("a/3", b"late", owner="d-1")
         assert "a/3" not in store and store.delete("a/") == 0
         assert store.stats().keys == 2
+        store.put("b/1", b"y2")                                 # another put takes it over
+        store.put("b/2", b"w", owner="d-2")
+        assert store.delete("b/2") == 1 and store.drop_owner("d-2") == 0
+        assert sorted(store.keys()) == ["b/1", "c/1"]
 
 
 class TestKeyIndex:
