@@ -280,30 +280,25 @@ class TestBadInput:
         assert np.array_equal(run.model["w"], np.ones(pb.D))
         self._assert_clean(cluster, run)
 
-    def test_a_barrier_that_raises(self, cluster):
+    @pytest.mark.parametrize("barrier, said, where", [
         # before: a bare "ZeroDivisionError: division by zero", naming neither the callback
         # nor the worker
+        (failing_barrier, r"barrier raised ZeroDivisionError: no view on server shard 0, "
+                          r"deciding for worker w-", "failing_barrier"),
+        # before: bool("no") is True, so "no" let every worker go
+        (wordy_barrier, r"barrier raised TypeError: barrier returned a str; it must return a "
+                        r"Decision, True \(advance\) or False \(wait\) on server shard 0",
+         "as_decision"),
+    ], ids=["raises", "answers-a-string"])
+    def test_a_barrier_that_fails_is_a_clear_error(self, cluster, barrier, said, where):
         job = _job(BSP())
-        job.register_barrier(failing_barrier)
+        job.register_barrier(barrier)
         job.register_stop(pb.StepStop(10))
         run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
-        with pytest.raises(RemoteError, match=r"barrier raised ZeroDivisionError: no view on "
-                                              r"server shard 0, deciding for worker w-") as info:
+        with pytest.raises(RemoteError, match=said) as info:
             run.result()
         assert info.value.remote_type == "engines.param.errors.CallbackError"
-        assert "failing_barrier" in info.value.remote_traceback
-        self._assert_clean(cluster, run)
-
-    def test_a_barrier_that_answers_a_string_is_a_clear_error(self, cluster):
-        # before: bool("no") is True, so "no" let every worker go
-        job = _job(BSP())
-        job.register_barrier(wordy_barrier)
-        job.register_stop(pb.StepStop(10))
-        run = job.start(cluster, init={"w": np.ones(pb.D)}, timeout_s=60)
-        with pytest.raises(RemoteError, match=r"barrier raised TypeError: barrier returned a "
-                                              r"str; it must return a Decision, True \(advance\) "
-                                              r"or False \(wait\) on server shard 0"):
-            run.result()
+        assert where in info.value.remote_traceback
         self._assert_clean(cluster, run)
 
     def test_a_second_run_of_a_running_job_is_refused_in_plain_words(self, cluster):
