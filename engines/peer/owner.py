@@ -400,6 +400,10 @@ class KeyOwner(Fence, OwnerWaits):
                 and not (kid in self._awaiting and self._awaits(kid, now)):
             proof = self._proof.get(kid)
             if proof is None or not self._unsure.get(kid):
+                if self._awaiting.pop(kid, None) is not None:
+                    # waited wait_alone_s for a partner: our own updates are safe as they
+                    # can be (before: left unsure, and a peer whose stop said so never DONE)
+                    self._settled(kid, clock)
                 return              # the holders' copies are as new: nothing to send
             if self.pushing(proof[0], now):
                 self._replicate_later(kid, eff)     # its next push will prove its copy

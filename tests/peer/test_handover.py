@@ -219,3 +219,28 @@ def test_two_peers_cut_apart_for_seconds_lose_no_acknowledged_update(
             check(sim, sim.run())
     else:
         check(sim, sim.run())
+
+
+def test_with_one_copy_a_killed_owner_does_not_hold_the_others_forever() -> None:
+    """replication=1: the survivors' own updates, folded as owners of keys whose other
+    holder died, stayed unsure for good once wait_alone_s had passed, so a peer whose stop
+    said so was never DONE and the job ran into its timeout (3 of 3 on a real cluster)."""
+    job = Job("one-copy", barrier=PSP(1, 2), replication=1, seed=1)
+    job.register_schedule(lambda ctx: KEYS)
+    job.register_push(lambda ctx, values: {k: np.ones(2) for k in KEYS})
+
+    @job.register_pull
+    def pull(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
+        for name, update in updates.items():
+            store.set(name, store.get(name)[0] + update)
+    job.register_stop(lambda ctx: ctx.step >= STEPS)
+
+    def kill_an_owner(sim: SimRun) -> None:   # not peer 0, which seeded every key
+        owner = next(o for o in (owner_of(sim, n) for n in KEYS) if o != sim.order[0])
+        sim.kill(sim.order.index(owner))
+    sim = SimRun(job, 3, {k: np.zeros(2) for k in KEYS}, events=[(0.05, kill_an_owner)],
+                 max_s=60)
+    result = sim.run()
+    live = [a for a in sim.order if a in sim.net.alive]
+    assert len(live) == 2 and all(result.steps[a] == STEPS for a in live)
+    assert set(result.model) == set(KEYS)
