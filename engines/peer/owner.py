@@ -8,12 +8,10 @@ survives the owner's death while one of those holders lives; the owner's own pus
 at once (*own updates*, below; with ``durable=False`` every push does: its write on the
 holders within ``replicate_s``). When the pusher is the only other holder (and holds a
 copy), the answer itself is its copy: it keeps the value it is answered with. The owner
-remembers the clock each holder has (from durable rounds and those answers) and sends no
-round that would tell them nothing new; a write nobody waits on (its own push's) goes with
-a round within ``replicate_s``, or with such an answer sooner. A round sends no STORE to a
-holder whose push it answers (it keeps the answer, counted at the clock answered) or that
-holds the round's clock already, but always to one holder at least, so a holder's fence
-judges every round; a pusher judges the answer as its fence would the STORE (``fenced``).
+remembers the clock each holder has and sends no round that would tell them nothing new;
+a write nobody waits on (its own push's) goes with a round within ``replicate_s``. A round
+sends no STORE to a holder whose push it answers or that holds the round's clock, but always
+to one (a holder's fence judges every round; a pusher judges its answer so: ``fenced``).
 
 Owner changes are serialised:
 
@@ -34,19 +32,15 @@ Owner changes are serialised:
   writes since the take-over are dropped (a branch the holders did not take; with
   ``durable``: the copy taken over stays, the last replica of acknowledged writes maybe),
   and the key is taken over again before this peer serves it again, with no memory of the
-  copies given in the lost branch. A holder answering with a newer copy this owner gave
-  it (the answer to its own push, overtaking the round's STORE) is no refusal.
-- **Exactly once.** A copy's stamps name every pusher's last step folded into it (steps
-  come in order from each pusher); an owner takes them over with the copy, so a push that
-  comes again (its answer lost, its round refused) is applied only if the copy lacks it.
-- **Waits** (``waits.py``). After a refused round the key is taken over again only once the
-  closer peer the holders know is found or gone; a peer alone keeps its own updates
-  unsettled for ``wait_alone_s``, its partners maybe cut off rather than dead.
+  copies given in the lost branch (a newer copy we gave a holder is no refusal).
+- **Exactly once.** A copy's stamps name each pusher's last step folded into it; an owner
+  takes them with the copy, so a push that comes again is applied only if the copy lacks it.
+- **Waits** (``waits.py``). A refused round's key is taken over again once the closer peer
+  is found or gone; a peer alone keeps its own updates unsettled for ``wait_alone_s``.
 - **Own updates.** The owner's own pushes, acknowledged at once, are kept until a durable
-  round covers them, or an answer that is the one other holder's copy once that holder
-  echoes the answer's token in a push (it holds that copy); if their copy loses
-  (a refused round, a newer copy fetched or stored) they go to the key's owner again, with
-  their steps and before our later pushes of it. Its runner ends once none are left.
+  round covers them (or the one other holder echoes the token of the answer it kept); if
+  their copy loses they go to the key's owner again, with their steps and before our later
+  pushes of it. Its runner ends once none are left.
 """
 from __future__ import annotations
 
@@ -394,6 +388,13 @@ class KeyOwner(Fence, OwnerWaits):
             return
         record = self.node.storage.get(kid, now)
         if record is None:
+            return
+        if kid not in self.owned and kid not in self._adopting \
+                and record.writer != self.node.node_id:
+            # a round due after the key moved on: ``set`` would relabel the owner's copy as
+            # ours, and lose its writes when refused (docs/peer.md, item 7)
+            for _, _, later in self._waiting.pop(kid, []):
+                later((Status.NOT_OWNER, (), None), now, eff)
             return
         clock = record.clock
         if not self._waiting.get(kid) and self._covered(kid, clock, now) \

@@ -369,3 +369,26 @@ def test_a_watcher_is_told_our_step_before_our_next_step_computes() -> None:
     assert told.address == "evil" and told.message.step == 1
     assert computed == []                           # not yet: from the timer, after the STEP
     assert [(t.kind, t.delay_s) for t in eff.timers] == [(Timer.BEGIN, 0.0)]
+
+
+def test_a_round_due_after_the_key_moved_on_leaves_the_new_owners_copy_alone() -> None:
+    """Two survivors of a SIGKILLed peer evicted each other for a moment (a loaded machine):
+    we took the key over, our rounds found nobody and were set to go again, then the closer
+    owner W came back and stored its copy on us (taken: the key is W's again). The round
+    due next ran anyway: it put our name on W's copy, sent it as our write, and W's own
+    round, refused by that copy, and ours, refused by W, dropped it: W's own updates its
+    round had made durable on us were lost (a real 3-peer job: a key at 598 for 600). A
+    round is for a key we serve, or a write of ours: another writer's copy is left alone."""
+    peer = lone_owner()
+    assert peer.runner is not None
+    owner, kid = peer.runner.owner, key_id("n")
+    eff = Effects()
+    owner._replicate_later(kid, eff)                # our round, due later
+    (timer,) = eff.timers
+    w = KadId(kid ^ 1)                              # closer to the key than us
+    store = Store(2, w, kid, Blob.of(np.full(1, 6.0)), 60.0, clock=6, writer=w, base=0)
+    peer.receive("w", store, now=1.0)
+    assert peer.node.storage.get(kid, 1.0).writer == w and kid not in owner.owned
+    due = owner.on_timer(timer.token, 1.1)
+    assert not due.sends and not due.timers                 # no round (before: a lookup)
+    assert peer.node.storage.get(kid, 1.1).version == (6, w)
