@@ -415,7 +415,8 @@ class TestBadInput:
         job.register_stop(pb.StepStop(10**9))
         with actorpy.connect(workers=2) as cluster:
             with pytest.raises(actorpy.ActorpyTimeout,
-                               match=r"within timeout_s=3 \(steps completed: w-\w+ [0-]+, "
+                               # the other worker's task may have ended on its own deadline
+                               match=r"within timeout_s=3 \(steps completed: (w-\w+ [0-]+, )?"
                                      r"w-\w+ [0-]+; w-\w+ has not joined: its data= has not "
                                      r"returned, and the first step waits") as info:
                 job.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=3)
