@@ -289,8 +289,11 @@ def test_a_push_that_hangs_ends_the_job_at_its_timeout(cluster):
     job.register_pull(lambda store, updates: store.set("w", store.get("w")[0] + updates["w"]))
     job.register_stop(lambda ctx: ctx.step >= 2)   # the second step's push takes 4 s
     started = time.monotonic()
+    # under load the STATUS answer can miss the 1.5 s, and the driver says which peer did
+    # not answer instead (a fresh-clone CI run saw it): either is the job's timeout
     with pytest.raises(ActorpyTimeout,
-                       match=r"timed out waiting for every peer to stop; steps: \[1\]"):
+                       match=r"timed out waiting for every peer to stop; steps: \[1\]|did not "
+                             r"answer within the job's timeout_s=1.5 \(is a callback still"):
         job.run(cluster, peers=1, init={"w": np.zeros(2)}, timeout_s=1.5)
     assert time.monotonic() - started < 8.0   # the peer's leave waits for the push
 
