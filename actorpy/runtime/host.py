@@ -259,10 +259,8 @@ class ServiceHost:
         if quiet:
             log.debug("dropped a cast of kind %d from %s: %s", msg.kind, msg.sender, exc)
             return
-        allowed, held = self._throttle.allow((sid, type(exc)))
-        if allowed:
-            log.warning("dropped a cast of kind %d from %s: %s%s", msg.kind, msg.sender, exc,
-                        f" ({held} more since the last report)" if held else "")
+        self._throttle.log(log, (sid, type(exc)), "dropped a cast of kind %d from %s: %s",
+                           msg.kind, msg.sender, exc)
 
     def running(self) -> list[ServiceRef]:
         """The services running here now."""

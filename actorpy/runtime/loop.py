@@ -228,11 +228,8 @@ class SocketLoop:
         return min(max(0, int((due - time.monotonic()) * 1000) + 1), MAX_POLL_MS)
 
     def _report(self, exc: Exception) -> None:
-        allowed, held = self._throttle.allow(type(exc))
-        if allowed:
-            log.error("the I/O loop hit %s: %s; carrying on%s", type(exc).__name__, exc,
-                      f" ({held} more since the last report)" if held else "",
-                      exc_info=not held)
+        self._throttle.log(log, type(exc), "the I/O loop hit %s: %s; carrying on",
+                           type(exc).__name__, exc, level=logging.ERROR, exc_info=True)
 
     def _give_up(self, reason: str) -> None:
         log.critical("%s; this node stops (restart it)", reason)

@@ -189,11 +189,8 @@ class Receiver:
             if len(frames[0]) != _EVENT.size:
                 continue
             event, value = _EVENT.unpack(frames[0])
-            allowed, held = self._throttle.allow(event)
-            if allowed:
-                log.warning("rejected a connection to %s: %s%s", address,
-                            _handshake_failure(event, value),
-                            f" ({held} more since the last report)" if held else "")
+            self._throttle.log(log, event, "rejected a connection to %s: %s", address,
+                               _handshake_failure(event, value))
 
 
 def _handshake_failure(event: int, value: int) -> str:
