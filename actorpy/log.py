@@ -48,6 +48,28 @@ def configure(level: str | None = None) -> None:
     )
 
 
+def brief(value: object, limit: int = 40) -> str:
+    """A short description of a received value for error messages; never raises.
+
+    A hostile peer chooses what we describe: ``repr`` of an int of more than 4 300 digits
+    raises ``ValueError``, of a deeply nested list ``RecursionError``, and of a huge list it
+    costs time, so only plain scalars are shown and containers by type and length.
+
+    >>> brief(10 ** 5000), brief([[[]]]), brief(b"x" * 100, 8)
+    ('an int of 16610 bits', 'list of length 1', "b'xxxxxx")
+    """
+    kind = type(value)
+    if kind is int and value.bit_length() > 64:  # type: ignore[attr-defined]
+        return f"an int of {value.bit_length()} bits"  # type: ignore[attr-defined]
+    if kind in (int, float, bool, type(None)):
+        return repr(value)[:limit]
+    if kind in (bytes, str):
+        return repr(value[:limit])[:limit]  # type: ignore[index]
+    if kind in (list, tuple, dict, set, frozenset, bytearray):
+        return f"{kind.__name__} of length {len(value)}"  # type: ignore[arg-type]
+    return f"a {kind.__name__}"
+
+
 class Throttle:
     """Let a repeated warning through at most once per ``interval_s`` per key, counting the
     ones held back (a misconfigured peer retrying every 100 ms must not flood the log).

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from actorpy.config import MAX_TASK_THREADS, Config
 from actorpy.errors import ConfigError, NodeLost
 from actorpy.ids import NodeId
+from actorpy.log import Throttle, brief
 from actorpy.runtime.address import is_endpoint
 from actorpy.runtime.liveness import LivenessTimes, StallGuard, judge
 from actorpy.runtime.membership import MANAGER_ID
@@ -31,6 +32,9 @@ from actorpy.wire.auth import Security
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 log = logging.getLogger(__name__)
+#: a member's malformed requests: one line per sender and cause per 10 s (a buggy client
+#: looping on one must not flood the log)
+_DROPS = Throttle()
 
 #: records of dead or departed nodes kept for `actorpy status` (oldest dropped first)
 MAX_GONE_RECORDS = 1000
@@ -125,19 +129,22 @@ class Manager:
     def _register(self, msg: wm.Message) -> None:
         info = decode_payload(msg, "a registration")
         if not isinstance(info, dict) or not is_endpoint(info.get("address")):
-            log.warning("ignored a registration from %s: no valid address in %r", msg.sender,
-                        info if not isinstance(info, dict) else info.get("address"))
+            _DROPS.log(log, (msg.sender, "registration address"), "ignored a registration "
+                       "from %s: no valid address in %s", msg.sender,
+                       brief(info if not isinstance(info, dict) else info.get("address")))
             return
         node_id = NodeId(msg.sender)
         slots = info.get("slots", 1)
         if not isinstance(slots, int) or not 1 <= slots <= MAX_TASK_THREADS:
-            log.warning("ignored a registration from %s: bad slots %r", msg.sender, slots)
+            _DROPS.log(log, (msg.sender, "registration slots"), "ignored a registration "
+                       "from %s: bad slots %s", msg.sender, brief(slots))
             return
         role = str(info.get("role", "worker"))
         try:
             self.node.add_peer(node_id, info["address"], role, slots, watch=True)
         except ConfigError as exc:
-            log.warning("ignored a registration from %s: %s", msg.sender, exc)
+            _DROPS.log(log, (msg.sender, "registration refused"),
+                       "ignored a registration from %s: %s", msg.sender, exc)
             return
         pid = info.get("pid", 0)
         rec = NodeRecord(node_id, role, info["address"], str(info.get("host", "")),
@@ -185,12 +192,14 @@ class Manager:
         visitor = msg.sender not in self.records
         if visitor:  # e.g. `actorpy status`: reachable for this one reply only
             if not isinstance(info, dict) or not is_endpoint(info.get("address")):
-                log.warning("ignored a node list request from %s: no valid address", msg.sender)
+                _DROPS.log(log, (msg.sender, "list address"), "ignored a node list request "
+                           "from %s: no valid address", msg.sender)
                 return
             try:
                 self.node.add_peer(NodeId(msg.sender), info["address"], "client")
             except ConfigError as exc:
-                log.warning("ignored a node list request from %s: %s", msg.sender, exc)
+                _DROPS.log(log, (msg.sender, "list refused"),
+                           "ignored a node list request from %s: %s", msg.sender, exc)
                 return
         now = time.monotonic()
         rows = []

@@ -16,6 +16,7 @@ from collections import defaultdict
 
 from actorpy.errors import ServiceError, ServiceNameTaken
 from actorpy.ids import NodeId
+from actorpy.log import Throttle
 from actorpy.runtime.context import ServiceRef
 from actorpy.runtime.mailbox import MAX_SERVICE_ID
 from actorpy.runtime.node import Node, NodeEvent, NodeEventKind
@@ -23,6 +24,7 @@ from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 log = logging.getLogger(__name__)
+_DROPS = Throttle()     # malformed requests: a line per sender per 10 s
 
 
 class NameRegistry:
@@ -69,7 +71,7 @@ class NameRegistry:
         try:
             name, sid = msg.payload()
         except (TypeError, ValueError):
-            log.warning("dropped a malformed NAME_UNBIND from %s", msg.sender)
+            _DROPS.log(log, msg.sender, "dropped a malformed NAME_UNBIND from %s", msg.sender)
             return
         ref = self._refs.get(name)
         if ref is not None and ref.node == msg.sender and ref.service == sid:
