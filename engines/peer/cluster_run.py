@@ -179,12 +179,12 @@ class ClusterRun:
         failed = True
         try:
             self.start_peers()
-            self.cluster.call(self.refs[0], PeerKind.SEED, self.init, timeout_s=CALL_S)
+            self._setting_up(PeerKind.SEED, self.init, first=True)
             for name in self.init:      # the seed is on its holders before anyone reads it
                 self._wait(lambda n=name: self.read(n) is not None, deadline, f"seed {name}")
             started = self.started = time.monotonic()
-            for i in range(len(self.refs)):  # a peer owning its keys runs its first step in START
-                self._call_by_deadline(i, PeerKind.START, False)
+            # a peer owning its keys runs its first step in START
+            self._setting_up(PeerKind.START, False)
             self._wait(self._finished, deadline, "every peer to stop")
             seconds = time.monotonic() - started
             # The round that saw every peer done asked the owners before the last pushers
@@ -276,11 +276,31 @@ class ClusterRun:
             except _TimeUp:
                 raise
             except (NodeLost, RemoteError, TimeoutError) as exc:
-                where = self.addresses[i] if self.addresses else i
-                log.warning("peer %s is gone (%s); the job goes on without it", where, exc)
-                self.lost.add(i)
-                self.last_loss = f"the last, {where}: {exc}"
+                self.lose(i, exc)
         return {i: self.last[i] for i in self._live() if i in self.last}
+
+    def _setting_up(self, kind: PeerKind, *payload: Any, first: bool = False) -> None:
+        """Send ``kind`` to every live peer (``first``: to the first one that answers). A
+        peer lost meanwhile is left out, as one lost while training is: before, one killed
+        between the overlay's listing and START failed the whole job with ``NodeLost``."""
+        for i in self._live():
+            try:
+                self._call_by_deadline(i, kind, *payload)
+            except NodeLost as exc:
+                self.lose(i, exc)
+                continue
+            if first:
+                return
+        if not self._live() or first:
+            raise ActorpyError(f"P2P job {self.spec.name!r}: every peer was lost before the "
+                               f"job started ({self.last_loss})")
+
+    def lose(self, i: int, exc: BaseException) -> None:
+        """Peer ``i`` is gone: the job goes on without it."""
+        where = self.addresses[i] if i < len(self.addresses) else i
+        log.warning("peer %s is gone (%s); the job goes on without it", where, exc)
+        self.lost.add(i)
+        self.last_loss = f"the last, {where}: {exc}"
 
     def _call_by_deadline(self, i: int, kind: PeerKind, *payload: Any) -> Any:
         """Call peer ``i``, waiting no longer than the job's deadline.

@@ -151,10 +151,13 @@ class OverlayRun(ClusterRun):
     def start_peers(self) -> None:
         for index, member in enumerate(self.members):
             ref = ServiceRef(member.node_id, PEER_SERVICE)
-            self.cluster.call(ref, PeerKind.JOB, (self.spec, self.job.config, index,
-                                                  self.data), timeout_s=CALL_S)
             self.refs.append(ref)
             self.addresses.append(member.address)
+            try:
+                self.cluster.call(ref, PeerKind.JOB, (self.spec, self.job.config, index,
+                                                      self.data), timeout_s=CALL_S)
+            except NodeLost as exc:     # before: the whole job failed
+                self.lose(index, exc)
 
     def stop(self, wait_s: float = 10.0) -> None:
         """The job is over: each live peer drops its runner and goes on serving the

@@ -173,6 +173,39 @@ class TestKill:
                 p.close()
 
 
+#: the peer ``_shard_losing_a_peer`` closes while the job is being set up
+VICTIM: list[StandalonePeer] = []
+
+
+def _shard_losing_a_peer(index: int):
+    if index == 0 and VICTIM:     # peer 0's JOB: the victim goes, as on SIGKILL
+        threading.Thread(target=VICTIM.pop().close, daemon=True).start()
+    return shard(index)
+
+
+class TestLostAtSetUp:
+    def test_a_peer_lost_while_the_job_is_set_up_is_left_out(self):
+        """A peer gone after the driver listed the overlay, before START (an OOM kill while
+        its data loaded): before, the whole job failed with ``NodeLost``; now it runs on
+        the others, as it does when a peer dies while training."""
+        peers = [_peer()]
+        try:
+            peers += [_peer(peers[0].endpoint) for _ in range(4)]
+            VICTIM[:] = [peers[4]]
+            job = linreg(PSP(sample=2, staleness=1), steps=30)
+            result = job.run_overlay(peers[0].endpoint, init(), secret=SECRET,
+                                     data=_shard_losing_a_peer, timeout_s=60)
+            assert not VICTIM and len(result.lost) == 1
+            assert set(result.model) == set(init())
+            assert weight_error(result.model) < 0.05
+            live = [s for a, s in result.steps.items() if a not in result.lost]
+            assert sorted(live) == [30] * 4
+        finally:
+            VICTIM.clear()
+            for p in peers:
+                p.close()
+
+
 class TestDeadLinks:
     def test_a_peer_whose_link_stays_down_is_forgotten(self, overlay):
         late = _peer(overlay[0].endpoint, forget_after_s=0.3)
