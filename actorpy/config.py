@@ -16,8 +16,10 @@ from actorpy.errors import ConfigError
 
 #: Task slots a worker may offer; the manager ignores a registration with more.
 MAX_TASK_THREADS = 4096
-#: the default ``max_frame_bytes``: the most a connection may make a node buffer before
-#: its handshake proved the secret (the senders' chunks are 8 MiB under CURVE, 64 over ipc)
+#: ``max_frame_bytes`` over ipc (the senders' chunks there); under CURVE it is 8 MiB, the
+#: chunk size there: the most a connection may make a node buffer before its handshake
+#: proved the secret (``Node``; before 64 MiB everywhere: 30 connections without the secret
+#: held 1.8 GB of a manager's memory for the 10 s of their handshake)
 MAX_FRAME_BYTES = 64 << 20
 
 
@@ -45,14 +47,14 @@ class Config:
         chunk_bytes: buffers and pickled bodies larger than this travel as several frames
             (None: 8 MiB under CURVE, 64 MiB over ipc, the faster choice for each in
             bench/transport.py, and never more than max_frame_bytes).
-        max_frame_bytes: a received frame larger than this is refused (default 64 MiB).
+        max_frame_bytes: a received frame larger than this is refused (None: the chunk
+            size, 8 MiB under CURVE and 64 MiB over ipc, or ``chunk_bytes`` if larger).
             libzmq checks it before keeping any byte (``ZMQ_MAXMSGSIZE``, also during the
-            CURVE handshake, so an outsider cannot make a node buffer more: before, the
-            default of 1 GiB let one connection without the secret hold 1 GiB of a node's
-            memory until the handshake timed out); a frame a little over it from a member is
-            dropped with a WARNING naming the sender, a much bigger one closes the
-            connection. Senders split what they send so no frame exceeds it, so a value of
-            any size still travels.
+            CURVE handshake, so an outsider cannot make a node buffer more than this per
+            connection); a frame a little over it from a member is dropped with a WARNING
+            naming the sender, a much bigger one closes the connection. Senders split what
+            they send so no frame exceeds it, so a value of any size still travels. Set it
+            (and ``chunk_bytes``) alike on every node of a cluster.
         linger_ms: how long closing sockets may flush pending messages.
         local_transport: "auto" (ipc where available), "ipc", or "tcp" (127.0.0.1 with
             CURVE and a fresh secret) for the embedded local cluster.
@@ -80,7 +82,7 @@ class Config:
     start_timeout_s: float = 30.0
     task_threads: int = 1
     chunk_bytes: int | None = None
-    max_frame_bytes: int = MAX_FRAME_BYTES
+    max_frame_bytes: int | None = None
     linger_ms: int = 500
     local_transport: str = "auto"
     local_start: str = "auto"
@@ -108,13 +110,13 @@ class Config:
         if self.manager_timeout_s <= self.heartbeat_interval_s:
             raise ConfigError("need manager_timeout_s > heartbeat_interval_s")
         # Unset, chunk_bytes follows the transport, never above max_frame_bytes (see Node).
-        chunk = (min(64 << 20, self.max_frame_bytes) if self.chunk_bytes is None
-                 else self.chunk_bytes)
+        limit = MAX_FRAME_BYTES if self.max_frame_bytes is None else self.max_frame_bytes
+        chunk = min(64 << 20, limit) if self.chunk_bytes is None else self.chunk_bytes
         # more threads than MAX_TASK_THREADS: the manager would ignore the registration
         if not 1 <= self.task_threads <= MAX_TASK_THREADS:
             raise ConfigError(f"task_threads (--threads) must be 1 to {MAX_TASK_THREADS}, "
                               f"got {self.task_threads}")
-        if chunk < 1 or self.max_frame_bytes < chunk:
+        if chunk < 1 or (self.max_frame_bytes is not None and self.max_frame_bytes < chunk):
             raise ConfigError(f"need 1 <= chunk_bytes <= max_frame_bytes, got chunk_bytes="
                               f"{chunk} and max_frame_bytes={self.max_frame_bytes}")
         if min(self.service_inbox_items, self.service_inbox_bytes, self.stream_window_items,

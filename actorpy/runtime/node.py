@@ -29,7 +29,7 @@ from typing import Callable
 
 import zmq
 
-from actorpy.config import MAX_FRAME_BYTES, Config
+from actorpy.config import Config
 from actorpy.errors import ConfigError, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime.address import bind_refused, refuse_served_ipc
@@ -75,7 +75,7 @@ class Node(NodePeers, NodeMessaging):
     """
 
     def __init__(self, node_id: NodeId, bind: str, security: Security, *,
-                 chunk_bytes: int | None = None, max_frame_bytes: int = MAX_FRAME_BYTES,
+                 chunk_bytes: int | None = None, max_frame_bytes: int | None = None,
                  linger_ms: int = 500, liveness: LivenessTimes | None = None,
                  send_hwm: int = SEND_HWM, recv_hwm: int = RECV_HWM,
                  handover: bool = False) -> None:
@@ -84,6 +84,8 @@ class Node(NodePeers, NodeMessaging):
         self._sender = hdr.sender_bytes(node_id)
         self.security = security
         chunk = security.chunk_bytes if chunk_bytes is None else chunk_bytes
+        if max_frame_bytes is None:     # the senders' chunks: 8 MiB under CURVE (Config)
+            max_frame_bytes = max(chunk, security.chunk_bytes)
         self.chunk_bytes = max(1, min(chunk, max_frame_bytes))  # no frame over the limit
         self.max_frame_bytes = max_frame_bytes
         self.linger_ms = linger_ms

@@ -72,6 +72,40 @@ def test_a_huge_handshake_frame_from_an_outsider_is_refused_before_it_is_buffere
         server.close()
 
 
+def test_under_curve_a_connection_without_the_secret_is_cut_past_the_chunk_size():
+    """By default a CURVE node refuses a frame over its senders' chunk size (8 MiB), so a
+    connection that has not proved the secret makes it buffer at most that: before it was
+    64 MiB, and 30 outsiders' connections held 1.8 GB of a manager for the 10 s of their
+    handshake. A member's 20 MB array still travels (split into chunks)."""
+    import numpy as np
+
+    security = Security.curve(SECRET)
+    server = Node.from_config(NodeId("srv"), "tcp://127.0.0.1:*", security, Config()).start()
+    client = Node.from_config(NodeId("cli"), "tcp://127.0.0.1:*", security, Config()).start()
+    try:
+        server.on(9, 1, lambda msg: server.reply(msg, msg.payload()))
+        client.add_peer(NodeId("srv"), server.address, "worker")
+        server.add_peer(NodeId("cli"), client.address, "driver")
+        port = int(server.address.rsplit(":", 1)[1])
+        sent, chunk = 0, b"\0" * (1 << 20)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as outsider:
+            outsider.sendall(GREETING + b"\x06" + struct.pack("!Q", 32 << 20))
+            try:
+                for _ in range(32):
+                    outsider.sendall(chunk)
+                    sent += len(chunk)
+                outsider.recv(1)
+            except OSError:  # reset or broken pipe: the receiver hung up on us
+                pass
+        # what the kernel's buffers took before the hang-up was seen, at most
+        assert sent < 16 << 20, f"the receiver took {sent >> 20} MiB of a 32 MiB frame"
+        big = np.arange(5 << 20, dtype=np.float32)             # 20 MiB
+        assert np.array_equal(client.call(NodeId("srv"), 9, 1, big, timeout_s=60), big)
+    finally:
+        client.close()
+        server.close()
+
+
 def test_an_outsider_that_never_finishes_its_handshake_is_cut_off(monkeypatch):
     # before: libzmq's default of 30 s, what it sent held all along
     monkeypatch.setattr(node_module, "HANDSHAKE_S", 0.5)
