@@ -109,7 +109,7 @@ class Envelope:
         handler's return value is then ignored.
 
         Raises:
-            ActorpyError: the message is a cast.
+            ProtocolError: the message is a cast (the sender's mistake).
         """
         if self._reply is None:
             self._reply = self._ctx.defer(self.message)

@@ -18,7 +18,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from actorpy.errors import ActorpyError, ActorpyTimeout
+from actorpy.errors import ActorpyError, ActorpyTimeout, ProtocolError
 from actorpy.ids import NodeId
 from actorpy.runtime import remote
 from actorpy.runtime.context import ServiceRef, WorkerContext
@@ -304,9 +304,9 @@ class ServiceContext(WorkerContext):
 
     def defer(self, msg: wm.Message) -> Reply:
         """Keep ``msg``'s answer for later (see ``Reply``); ``msg`` must be a request."""
-        if not msg.header.request_id:
-            raise ActorpyError(f"kind {msg.kind} from {msg.sender} is a cast: it has no reply "
-                               "to defer")
+        if not msg.header.request_id:   # the sender's mistake: dropped with a WARNING
+            raise ProtocolError(f"kind {msg.kind} from {msg.sender} is a cast: it has no "
+                                "reply to defer")
         reply = Reply(self, msg)
         self._runner.add_reply(reply)
         return reply

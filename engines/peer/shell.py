@@ -97,12 +97,9 @@ def ref_of(address: str) -> ServiceRef:
 ANSWER_KINDS = frozenset().union(*REPLY_KINDS.values())
 
 
-#: A standalone peer's job is leased to its driver (the sender of its JOB), from JOB to END:
-#: the lease holds while the peer's link to the driver is up, and lapses once that link has
-#: been down this long (a killed driver's at once, a stopped or cut off one's after the ZMTP
-#: ping timeout); the peer then ends the job on its own. Twice the driver's own patience
-#: with a peer (``overlay_run.GONE_S``): a peer drops its job only after its driver has
-#: given up on it.
+#: A standalone peer's job is leased to its driver (the sender of its JOB), from JOB to END,
+#: while the peer's link to the driver is up; once that link is down this long the peer ends
+#: the job on its own. Twice the driver's own patience with a peer (``overlay_run.GONE_S``).
 DRIVER_LEASE_S = 3.0
 #: how many times per lease a peer looks at its driver's link (the bound is lease * 7/6)
 LEASE_CHECKS = 6
@@ -251,10 +248,11 @@ class PeerService(Service):
             return   # a timer of a job this standalone peer has ended
         self.perform(self.peer.on_timer(kind, token, self.clock.now()))
 
-    def _op(self, env: Envelope, started: tuple[int, Effects],
+    def _op(self, env: Envelope, start: Callable[[], tuple[int, Effects]],
             answer: Callable[[Done], Any]) -> None:
-        op_id, eff = started
-        self._waiting[op_id] = (env.defer(), answer)
+        reply = env.defer()     # first: a cast raises, nothing begun (a LEAVE began leaving)
+        op_id, eff = start()
+        self._waiting[op_id] = (reply, answer)
         self.perform(self.peer.route(eff, self.clock.now()))
 
     # ------------------------------------------------------------------ overlay
@@ -283,14 +281,12 @@ class PeerService(Service):
             if on_io_thread:
                 assert runner is not None
                 runner.on_io_thread = True
-                try:
-                    eff = self.peer.receive(sender, payload[0], self.clock.now(), payload[1],
-                                            perform=self.perform)
-                finally:
-                    runner.on_io_thread = False
-            else:
+            try:
                 eff = self.peer.receive(sender, payload[0], self.clock.now(), payload[1],
                                         perform=self.perform)
+            finally:
+                if on_io_thread:
+                    runner.on_io_thread = False
         except ProtocolError as exc:
             if str(exc).startswith("unsolicited"):
                 # most often an answer that came after its rpc timeout: not an attack
@@ -314,16 +310,15 @@ class PeerService(Service):
 
     @handles(PeerKind.JOIN)
     def join(self, contact: tuple[int, str], env: Envelope) -> None:
-        # checked before the routing table keeps it: a float id there failed every later
-        # job of the peer ("unsupported operand type(s) for ^: 'float' and 'int'")
-        self._op(env, self.peer.node.join([rpc.check_contact(contact)], self.clock.now()),
-                 lambda done: len(done.contacts))
+        # checked first: a float id kept in the table failed every later job of the peer
+        self._op(env, functools.partial(self.peer.node.join, [rpc.check_contact(contact)],
+                                        self.clock.now()), lambda done: len(done.contacts))
 
     @handles(PeerKind.SET)
     def set(self, item: tuple[str, Any], env: Envelope) -> None:
         name, value = rpc.check_pair(item, "SET takes (key name, value)")
-        self._op(env, self.peer.node.set(key_id(rpc.check_name(name)), value, self.clock.now()),
-                 lambda done: done.clock)
+        self._op(env, functools.partial(self.peer.node.set, key_id(rpc.check_name(name)), value,
+                                        self.clock.now()), lambda done: done.clock)
 
     @handles(PeerKind.SEED)
     def seed(self, init: dict[str, Any], env: Envelope) -> int:
@@ -338,16 +333,19 @@ class PeerService(Service):
         def answer(done: Done) -> tuple[Any, int] | None:   # a copy; a tensor stays one
             return None if done.blob is None else (own_copy(done.value), done.clock)
         key = key_id(rpc.check_name(name))
-        self._op(env, self.peer.node.get(key, self.clock.now(), newest=True), answer)
+        self._op(env, functools.partial(self.peer.node.get, key, self.clock.now(), newest=True),
+                 answer)
 
     @handles(PeerKind.FIND)
     def find(self, target: int, env: Envelope) -> None:
-        self._op(env, self.peer.node.find_node(rpc.check_id(target), self.clock.now()),
+        self._op(env, functools.partial(self.peer.node.find_node, rpc.check_id(target),
+                                        self.clock.now()),
                  lambda done: (len(done.contacts), done.rounds, done.elapsed_s))
 
     @handles(PeerKind.LOOKUP)
     def lookup(self, name: str, env: Envelope) -> None:
-        self._op(env, self.peer.node.get(key_id(rpc.check_name(name)), self.clock.now()),
+        self._op(env, functools.partial(self.peer.node.get, key_id(rpc.check_name(name)),
+                                        self.clock.now()),
                  lambda done: (done.blob is not None, done.rounds, done.elapsed_s))
 
     @handles(PeerKind.START)
@@ -372,7 +370,8 @@ class PeerService(Service):
 
     @handles(PeerKind.LEAVE)
     def leave(self, _: Any, env: Envelope) -> None:
-        self._op(env, self.peer.leave(self.clock.now()), lambda done: len(done.stored_on))
+        self._op(env, functools.partial(self.peer.leave, self.clock.now()),
+                 lambda done: len(done.stored_on))
 
     # ------------------------------------------------------------------ standalone
     @handles(PeerKind.HELLO)

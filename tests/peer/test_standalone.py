@@ -374,6 +374,35 @@ class TestErrors:
         assert f"dropped a HELLO from {me}: not (token, endpoint)" in said[1]
         assert not any(r.exc_info for r in caplog.records)
 
+    def test_a_request_kind_sent_as_a_cast_begins_nothing(self, caplog):
+        """A LEAVE cast made a peer begin leaving (its answer then had nowhere to go), and
+        every later job whose keys it owned hung to its timeout; SET, GET, FIND, LOOKUP and
+        JOIN casts each left an operation begun and never ended (3 000 SETs of 100 kB:
+        +310 MB). Now the cast is refused before anything begins."""
+        peers = [_peer()]
+        try:
+            peers += [_peer(peers[0].endpoint) for _ in range(2)]
+            with OverlayClient(peers[0].endpoint, secret=SECRET) as client:
+                client.members()
+                with caplog.at_level(logging.WARNING):
+                    for peer in peers:
+                        client.node.send(peer.node_id, PEER_SERVICE, PeerKind.LEAVE, None)
+                        for kind, payload in ((PeerKind.SET, ("k", np.zeros(8))),
+                                              (PeerKind.GET, "k"), (PeerKind.LOOKUP, "k")):
+                            client.node.send(peer.node_id, PEER_SERVICE, kind, payload)
+                    client.members()   # answered after the casts: they were all handled
+            job = linreg(PSP(sample=1, staleness=1), steps=10)
+            result = job.run_overlay(peers[1].endpoint, init(), secret=SECRET, data=shard,
+                                     timeout_s=30)
+            assert sorted(result.steps.values()) == [10] * 3 and result.lost == []
+            assert all(c >= 3 * 10 for c in result.clocks.values())
+            # a WARNING (the sender's mistake), not an ERROR with a traceback
+            said = [r for r in caplog.records if "is a cast" in r.getMessage()]
+            assert said and all(r.levelno == logging.WARNING and not r.exc_info for r in said)
+        finally:
+            for p in peers:
+                p.close()
+
     def test_malformed_hints_drop_the_message_and_teach_nothing(self, overlay):
         dialer = overlay[0].dialer
         me, other = overlay[1].node_id, overlay[2].node_id
