@@ -356,6 +356,12 @@ class ServerCore:
             if not isinstance(raw, Mapping):
                 raise CallbackError(f"schedule returned {type(raw).__name__}; it must return "
                                     "a dict of worker -> list of keys")
+            strangers = [k for k in raw if k not in self.history]   # ever joined
+            if strangers:   # before: ignored, so {0: [...], 1: [...]} trained nothing
+                raise CallbackError(f"schedule keyed its plan by {strangers!r}, not by the worker "
+                                    f"ids it was given ({list(workers)!r})")
+            if any(isinstance(raw.get(w), (str, bytes)) for w in workers):
+                raise CallbackError("schedule gave a worker a str: give each a list of keys")
             plan = {w: tuple(raw.get(w, ())) for w in workers}
             for keys in plan.values():
                 for k in keys:

@@ -89,6 +89,16 @@ class TestReleases:
         keys = sorted(k for a in out for k in a.reply.values)
         assert keys == ["x", "y", "z"]                   # "z" went to someone else
 
+    @pytest.mark.parametrize("plan, words", [
+        (lambda workers: {i: ["w"] for i in range(len(workers))}, "keyed its plan by [0, 1]"),
+        (lambda workers: {w: "w" for w in workers}, "gave a worker a str")])
+    def test_a_schedule_not_keyed_by_worker_ids_is_an_error(self, plan, words):
+        # before: a plan keyed by worker indexes was ignored (every worker got no key and
+        # the job returned init untrained), and a str of keys was split into characters
+        core = make_core(BSP(), [A, B], schedule=lambda store, workers: plan(workers))
+        with pytest.raises(CallbackError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            _start(core, A, B)
+
     def test_joiner_starts_at_the_slowest_step(self):
         core = make_core(BSP(), [A])
         _start(core, A)
