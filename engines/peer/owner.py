@@ -437,15 +437,15 @@ class KeyOwner(Fence, OwnerWaits):
                 self._dirty.discard(kid)
                 for _, _, later in waiting:
                     later((Status.NOT_OWNER, (), None), when, e)
-                if self.spec.durable:
-                    # our writes since the take-over are a branch the holders did not take:
-                    # every one acknowledged is on them (durable) or pushed again (below),
-                    # so they are dropped, and the take-over fetches theirs, never ours
-                    # instead. The copy taken over stays: it may be the last replica of
-                    # the last owner's acknowledged writes (a round that skipped us, its
-                    # other holders dead since), and a refusal from a holder that still
-                    # knows a dead peer closer than us would otherwise lose them
-                    adopted = self._adopted.pop(kid, None)
+                adopted, held = self._adopted.pop(kid, None), self.node.storage.get(kid, when)
+                if self.spec.durable and (held is None or held.writer == self.node.node_id):
+                    # our writes since the take-over are a branch the holders did not take: every
+                    # one acknowledged is on them (durable) or pushed again (below), so they are
+                    # dropped, and the take-over fetches theirs, never ours instead. The copy taken
+                    # over stays: it may be the last replica of the last owner's acknowledged writes
+                    # (a round that skipped us, its other holders dead since), and a refusal from a
+                    # holder that still knows a dead peer closer than us would otherwise lose them.
+                    # Another owner's copy, STOREd on us since, is none of our branch: it stays
                     self.node.storage.drop(kid)
                     if adopted is not None:
                         self.node.storage.put(kid, adopted.value, when, self.node.config.ttl_s,

@@ -14,7 +14,7 @@ from actorpy.barrier import ASP
 from actorpy.errors import ProtocolError
 from engines.peer import Job, Peer
 from engines.peer.kademlia.ids import KadId, key_id
-from engines.peer.kademlia.events import Effects, TimerKind
+from engines.peer.kademlia.events import Done, Effects, OpKind, TimerKind
 from engines.peer.kademlia.messages import Call, FindNode, FindValue, Nodes, Reply, Step, Store
 from engines.peer.kademlia.node import KademliaNode
 from engines.peer.kademlia.rpc import PROTOCOL_VERSION, decode, encode, value_frames
@@ -392,3 +392,31 @@ def test_a_round_due_after_the_key_moved_on_leaves_the_new_owners_copy_alone() -
     due = owner.on_timer(timer.token, 1.1)
     assert not due.sends and not due.timers                 # no round (before: a lookup)
     assert peer.node.storage.get(kid, 1.1).version == (6, w)
+
+
+def test_a_refused_round_keeps_a_closer_owners_copy_stored_on_us_meanwhile() -> None:
+    """Our round (a write of ours since the take-over) was in flight when the closer owner W
+    STOREd a newer copy on us (taken: our branch loses to it); then a holder refused our
+    round. The refusal dropped whatever we held and put back the copy we had taken over:
+    W's copy, which W's round counted as durable on us, was gone, older writes in its place.
+    Only our own branch is dropped now."""
+    peer = lone_owner()
+    assert peer.runner is not None
+    owner, node, kid = peer.runner.owner, peer.node, key_id("n")
+    owner._adopted[kid] = node.storage.get(kid, 0.0)            # taken over at (0, none)
+    node.storage.put(kid, Blob.of(np.ones(1)), 0.5, 3600.0, is_origin=True, clock=1,
+                     writer=node.node_id)                       # our write since
+    answers: list = []
+    owner._waiting[kid] = [(1, EVIL, lambda answer, now, e: answers.append(answer[0]))]
+    rounds: list = []
+    owner._start_op = lambda op, then, eff: rounds.append(then)
+    owner._replicate(kid, 0.5, Effects())                       # our round, in flight
+    w = KadId(kid ^ 1)                                          # closer to the key than us
+    peer.receive("w", Store(2, w, kid, Blob.of(np.full(1, 6.0)), 60.0, clock=6, writer=w,
+                            base=1), now=1.0)
+    assert node.storage.get(kid, 1.0).version == (6, w)
+    (replicated,) = rounds
+    holder = Contact(KadId(kid ^ 2), "h")
+    replicated(Done(0, OpKind.STORE, kid, refusals=((holder, 6, w),), asked=1), 1.1, Effects())
+    assert answers == [Status.NOT_OWNER]
+    assert node.storage.get(kid, 1.1).version == (6, w)         # before: (0, 0)
