@@ -29,10 +29,10 @@ Owner changes are serialised:
   durable only for a peer that knows no other (``KademliaNode.alone``).
 - **Stale owner.** A round refused by a holder means a closer peer has taken over: the pushes
   waiting on it are answered NOT_OWNER (their pushers look the owner up again), the local
-  writes since the take-over are dropped (a branch the holders did not take; with
-  ``durable``: the copy taken over stays, the last replica of acknowledged writes maybe),
-  and the key is taken over again before this peer serves it again, with no memory of the
-  copies given in the lost branch (a newer copy we gave a holder is no refusal).
+  writes since its last durable round (or the take-over) are dropped (a branch the holders
+  did not take; with ``durable`` that round's copy stays, the last replica of acknowledged
+  writes maybe), and the key is taken over again before this peer serves it again, with no
+  memory of the copies given in the lost branch (a newer copy we gave a holder is no refusal).
 - **Exactly once.** A copy's stamps name each pusher's last step folded into it; an owner
   takes them with the copy, so a push that comes again is applied only if the copy lacks it.
 - **Waits** (``waits.py``). A refused round's key is taken over again once the closer peer
@@ -97,7 +97,7 @@ class KeyOwner(Fence, OwnerWaits):
         self._looking: set[int] = set()             # keys refused, looked up before adopting
         # key -> when its own updates began to wait for a partner (``_awaits_partner``)
         self._awaiting: dict[int, float] = {}
-        # key -> the copy fetched when we took it over (a replica of the last owner's writes)
+        # key -> what a refused round goes back to: the copy taken over, or our last durable one
         self._adopted: dict[int, Any] = {}
         self.owned: set[int] = set()                # keys taken over (newest copy fetched)
         self._queued: dict[int, list[tuple[Callable[[float, Effects], None], Later]]] = {}
@@ -439,21 +439,21 @@ class KeyOwner(Fence, OwnerWaits):
                     later((Status.NOT_OWNER, (), None), when, e)
                 adopted, held = self._adopted.pop(kid, None), self.node.storage.get(kid, when)
                 if self.spec.durable and (held is None or held.writer == self.node.node_id):
-                    # our writes since the take-over are a branch the holders did not take: every
-                    # one acknowledged is on them (durable) or pushed again (below), so they are
-                    # dropped, and the take-over fetches theirs, never ours instead. The copy taken
-                    # over stays: it may be the last replica of the last owner's acknowledged writes
-                    # (a round that skipped us, its other holders dead since), and a refusal from a
-                    # holder that still knows a dead peer closer than us would otherwise lose them.
-                    # Another owner's copy, STOREd on us since, is none of our branch: it stays
+                    # our writes since our last durable round are a branch the holders did not
+                    # take: the acknowledged ones (our own) are pushed again (below), so they are
+                    # dropped, and the take-over fetches theirs, never ours instead. We go back to
+                    # that round's copy (else the one taken over), never further: it may be the last
+                    # replica of acknowledged writes (its other holders dead since). Another
+                    # owner's copy, STOREd on us since, is none of our branch: it stays
                     self.node.storage.drop(kid)
                     if adopted is not None:
                         self.node.storage.put(kid, adopted.value, when, self.node.config.ttl_s,
-                                              is_origin=True, clock=adopted.clock,
-                                              writer=adopted.writer)
+                                              True, adopted.clock, adopted.writer)
                 self._unsettled(kid, when, e)
                 return
             if durable:
+                if answered:            # on another peer: its writes are never dropped
+                    self._adopted[kid] = record
                 copies = self._copies.setdefault(kid, {})
                 for holder in done.stored_on:
                     copies[holder.node_id] = max(clock, copies.get(holder.node_id, -1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actorpy.barrier import ASP, PSP
+from actorpy.barrier import ASP, PSP, SSP
 from engines.peer import Job, OwnerStore, PeerContext, SimRun
 from engines.peer.kademlia.events import Effects
 from engines.peer.kademlia.ids import key_id
@@ -21,8 +21,8 @@ KEYS = [f"k{i}" for i in range(8)]
 STEPS, MAX_PEERS = 40, 12
 
 
-def tally(barrier: object, overlap: int = 1) -> Job:
-    job = Job("tally", barrier=barrier, seed=5, overlap=overlap)
+def tally(barrier: object, overlap: int = 1, replication: int = 3) -> Job:
+    job = Job("tally", barrier=barrier, seed=5, overlap=overlap, replication=replication)
     job.register_schedule(lambda ctx: KEYS)
 
     @job.register_push
@@ -90,9 +90,9 @@ def churn() -> list:
 
 
 def run(barrier: object, events: list, seed: int | None = None,
-        overlap: int = 1) -> tuple[SimRun, object]:
-    sim = SimRun(tally(barrier, overlap), 8, {n: np.zeros(MAX_PEERS * STEPS) for n in KEYS},
-                 events=events, seed=seed)
+        overlap: int = 1, replication: int = 3) -> tuple[SimRun, object]:
+    sim = SimRun(tally(barrier, overlap, replication), 8,
+                 {n: np.zeros(MAX_PEERS * STEPS) for n in KEYS}, events=events, seed=seed)
     return sim, sim.run()
 
 
@@ -132,6 +132,23 @@ class TestHandOver:
         twice before stamps (``check``): re-pushes of other peers' and owners' own updates
         after a take-over or a refused round."""
         sim, result = run(ASP(), churn(), seed=seed, overlap=3 if seed % 2 else 1)
+        check(sim, result)
+
+    def test_a_refused_round_goes_back_to_its_last_durable_copy_not_the_one_taken_over(self):
+        """replication=2, SSP(2), network seed 2: a peer joins next to k5, and 6 ms later
+        k5's old owner n0, k4's other holder, dies. k4's owner had its round refused by n0
+        (which knew the joiner, closer to k4 too) just before: it dropped its copy for the
+        one it took over at the start (clock 0), though its rounds up to clock 82 were
+        durable on n0 and itself. n0 died with the only other copy, and the joiner took
+        clock 0 over: every update acknowledged before (peer 0's steps 0-9 first) lost to
+        one death. Now a refused round goes back to the copy of its last durable round."""
+        def kill_k5s_old_owner(sim: SimRun) -> None:
+            live = [a for a in sim.order if a in sim.net.alive]
+            sim.kill(sim.order.index(sorted(
+                live, key=lambda a: sim.net.nodes[a].node_id ^ key_id("k5"))[1]))
+        events = [(0.10, lambda s: s.add_peer(key_id("k5") ^ 1)), (0.106, kill_k5s_old_owner)]
+        sim, result = run(SSP(2), events, seed=2, replication=2)
+        assert sum(a not in sim.net.alive for a in sim.order) == 1
         check(sim, result)
 
     def test_under_psp_too(self):
