@@ -74,14 +74,17 @@ class PacedLink:
 
 class CutLink:
     """Wraps a live simulated peer: every message it sends from ``start`` until ``end``
-    (virtual seconds) is lost, as through a cut cable; attach one to each side of a cut."""
+    (virtual seconds) is lost, as through a cut cable; attach one to each side of a cut.
+    ``to``: only its sends to these peers are lost (a partition: one side's link each)."""
 
-    def __init__(self, net: SimNetwork, inner: Any, start: float, end: float) -> None:
-        self.net, self.inner, self.start, self.end = net, inner, start, end
+    def __init__(self, net: SimNetwork, inner: Any, start: float, end: float,
+                 to: frozenset[str] | None = None) -> None:
+        self.net, self.inner, self.start, self.end, self.to = net, inner, start, end, to
 
     def _cut(self, effects: Effects) -> Effects:
         if self.start <= self.net.clock.now() < self.end:
-            effects.sends = []
+            effects.sends = [] if self.to is None else \
+                [s for s in effects.sends if s.address not in self.to]
         return effects
 
     def receive(self, sender: str, message: Any, now: float, frames: Any = ()) -> Effects:
