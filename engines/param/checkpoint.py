@@ -124,6 +124,7 @@ def save(path: str, snapshot: Snapshot, *, job: str, shard: int, shards: int) ->
     if not os.path.isdir(directory):
         raise ConfigError(f"checkpoint_dir {directory!r} does not exist; create it first")
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    _drop_stale(directory, os.path.basename(path), os.path.basename(tmp))
     try:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
@@ -143,6 +144,17 @@ def save(path: str, snapshot: Snapshot, *, job: str, shard: int, shards: int) ->
     finally:
         os.close(fd)
     return size
+
+
+def _drop_stale(directory: str, name: str, ours: str) -> None:
+    """Remove the temporary files of ``name`` that other processes left (a shard killed while
+    it wrote: a model-sized file each, kept for good before). One shard writes ``name``."""
+    for entry in os.listdir(directory):
+        if entry.startswith(f".{name}.") and entry.endswith(".tmp") and entry != ours:
+            try:
+                os.unlink(os.path.join(directory, entry))
+            except OSError:
+                pass
 
 
 def load(path: str, *, job: str, shard: int, shards: int,

@@ -35,6 +35,16 @@ class TestCheckpoint:
         assert (back.clocks, back.steps, back.base_step, back.updates, back.pulls) == \
             (snap.clocks, {"w-1": 7}, 5, 40, 9)
 
+    def test_a_killed_writers_temporary_file_is_removed_by_the_next_save(self, tmp_path):
+        # before: a shard killed while it wrote left a model-sized .tmp file for good
+        path = checkpoint.path_for(str(tmp_path), "lin", 0, 1)
+        stale = tmp_path / f".{os.path.basename(path)}.999999.tmp"
+        stale.write_bytes(b"half a model")
+        other = tmp_path / ".other.npz.999999.tmp"      # another shard's: not ours to touch
+        other.write_bytes(b"x")
+        checkpoint.save(path, _snap(w=np.zeros(3)), **KW)
+        assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(path), other.name])
+
     def test_round_trip_of_a_0d_and_a_non_contiguous_key(self, tmp_path):
         # before: a 0-d key was written as shape (1,) and its own checkpoint was refused as
         # corrupt ("the shape of key 'z' is [], not its data's")
