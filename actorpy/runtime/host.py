@@ -203,8 +203,8 @@ class ServiceHost:
     def _on_died(self, msg: wm.Message) -> None:
         died = msg.payload()
         if not isinstance(died, ServiceDied) or died.ref.node != msg.sender:
-            log.warning("dropped a SERVICE_DIED from %s: it names a service it does not host",
-                        msg.sender)
+            self._throttle.log(log, (msg.sender, "SERVICE_DIED"), "dropped a SERVICE_DIED "
+                               "from %s: it names a service it does not host", msg.sender)
             return
         log.error("%s", died.reason)
         self._publish_died(died)

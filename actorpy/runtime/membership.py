@@ -20,6 +20,7 @@ from typing import Any, Callable
 from actorpy.config import Config
 from actorpy.errors import ActorpyError, ActorpyTimeout, AuthError, NodeLost, ProtocolError
 from actorpy.ids import NodeId
+from actorpy.log import Throttle
 from actorpy.runtime.address import secret_error
 from actorpy.runtime.liveness import StallGuard, Verdict
 from actorpy.runtime.node import Node, decode_payload
@@ -27,6 +28,7 @@ from actorpy.wire import message as wm
 from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 log = logging.getLogger(__name__)
+_DROPS = Throttle()   # a line per sender and kind per 10 s
 
 MANAGER_ID = NodeId("manager")
 #: how a stop reason starts when this node's own I/O loop gave up (exit non-zero)
@@ -146,8 +148,8 @@ class Membership:
         """Membership news counts only when the manager says it."""
         def guarded(msg: wm.Message) -> None:
             if msg.sender != MANAGER_ID:
-                log.warning("dropped a %s from %r: only the manager may send it",
-                            Kind(msg.kind).name, msg.sender)
+                _DROPS.log(log, (msg.sender, msg.kind), "dropped a %s from %r: only the manager "
+                           "may send it", Kind(msg.kind).name, msg.sender)
                 return
             handler(msg)
         return guarded

@@ -194,7 +194,9 @@ class ServiceRunner:
             assert self.ctx is not None
             self.ctx.reply_error(msg, exc)
         except Exception as again:  # e.g. an exception whose __str__ raises
-            log.exception("service %s could not send its error to %s", self.label, msg.sender)
+            _FAILURES.log(log, (self.label, "error reply", msg.sender), "service %s could not "
+                          "send its error to %s", self.label, msg.sender, level=logging.ERROR,
+                          exc_info=True)
             self._quiet_error(msg, ActorpyError(
                 f"service {self.label} failed on kind {msg.kind} with {type(exc).__name__}, "
                 f"and that error could not be sent ({type(again).__name__})"))
