@@ -413,11 +413,11 @@ class PeerService(Service):
             raise ActorpyError(f"peer {self.address} does not know where driver {env.sender} "
                                "listens, so it could not tell when it is gone: a driver says "
                                "hello first (OverlayClient.members)")
-        # Another run's job, running or handed here and not started yet, keeps the peer
-        # while its driver holds the lease: a second driver would drop its model and take
-        # over its runner.
-        if runner is not None and runner.spec.run != spec.run \
-                and runner.phase not in (Phase.DONE, Phase.FAILED):
+        # Another run's job keeps the peer until its END while its driver holds the lease,
+        # started or not; over here too while that driver is connected (DONE: owns keys).
+        if runner is not None and runner.spec.run != spec.run and not (
+                runner.phase in (Phase.DONE, Phase.FAILED)
+                and (env.sender == self._driver or dialer.node.link_down_for(self._driver))):
             gone = self._driver_gone(asker=env.sender)
             if gone is None:
                 down = dialer.node.link_down_for(self._driver) or 0.0
