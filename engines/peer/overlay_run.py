@@ -144,7 +144,11 @@ class OverlayRun(ClusterRun):
     def __init__(self, job: Any, client: OverlayClient, members: list[Welcome],
                  init: dict[str, Any], **options: Any) -> None:
         super().__init__(job, client, len(members), init, **options)
-        self.members = members
+        # every driver takes the peers in one order (their node ids), so of drivers that
+        # submit at once the first to reach the first peer gets them all and the others
+        # are refused there, holding none: in the order each found them (its bootstrap's
+        # first), each took some, was refused by another, and none ran its job
+        self.members = sorted(members, key=lambda m: m.node_id)
         # the peers ran other jobs before: this run's calls carry a token of their own
         self.spec = dataclasses.replace(self.spec, run=secrets.randbits(62) + 1)
 

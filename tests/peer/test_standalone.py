@@ -159,7 +159,8 @@ class TestKill:
 
             def kill_the_bootstrap(run, seconds):
                 if not killed and min(s["step"] for s in run.last.values()) >= 10:
-                    killed.append(run.addresses[0])
+                    killed.append(next(a for a in run.addresses   # the bootstrap peer
+                                       if a.startswith(f"{peers[0].node_id}/")))
                     peers[0].close()            # gone without a goodbye, as on SIGKILL
             job = linreg(PSP(sample=2, staleness=1), steps=60)
             result = job.run_overlay(peers[0].endpoint, init(), secret=SECRET, data=shard,

@@ -1,5 +1,5 @@
 """Several drivers on one overlay of standalone peers (in this process): a job's peers are
-its driver's from JOB to END."""
+its driver's from JOB to END, and of drivers that submit at once one runs its job."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from actorpy.barrier import ASP
-from actorpy.errors import RemoteError
+from actorpy.barrier import ASP, PSP
+from actorpy.errors import ActorpyError, RemoteError
 from actorpy.runtime.context import ServiceRef
+from engines.peer.cluster_run import RunResult
 from engines.peer.dialer import PEER_SERVICE
 from engines.peer.overlay_run import OverlayClient
 from engines.peer.runner import Phase
@@ -37,6 +38,22 @@ HOLD = threading.Event()
 
 def _held_stop(ctx):
     return ctx.step >= 2 and (ctx.index != 0 or HOLD.is_set())
+
+
+#: the drivers whose first JOB has got to its ``data`` (``_met``)
+FIRST: list[int] = []
+MET = threading.Condition()
+
+
+def _met(index):
+    """Each driver's first JOB waits (at most 2.5 s, under the driver's 5 s for an answer)
+    for the other drivers' first JOBs: all reach their first peer before any goes on."""
+    if index == 0:
+        with MET:
+            FIRST.append(index)
+            MET.notify_all()
+            MET.wait_for(lambda: len(FIRST) >= 4, 2.5)
+    return shard(index)
 
 
 def test_a_peer_done_with_its_steps_stays_its_drivers_until_the_job_ends(overlay):
@@ -71,3 +88,27 @@ def test_a_peer_done_with_its_steps_stays_its_drivers_until_the_job_ends(overlay
     assert "is running job 'linreg' for another driver" in str(tried[0])
     assert result.lost == [] and len(result.steps) == 4
 
+
+def test_of_drivers_at_once_one_runs_its_job_and_the_others_are_refused(overlay):
+    # before: each driver took the peer it found first (its bootstrap) first; each got one,
+    # was refused at another's and ended its own job: none ran (4 CLI drivers: in 5 of 8)
+    FIRST.clear()
+    outcome: dict[int, Any] = {}
+
+    def drive(i):
+        job = linreg(PSP(sample=1, staleness=1), steps=5)
+        try:
+            outcome[i] = job.run_overlay(overlay[i].endpoint, init(), secret=SECRET,
+                                         data=_met, timeout_s=60)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            outcome[i] = exc
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    ran = [o for o in outcome.values() if isinstance(o, RunResult)]
+    refused = [o for o in outcome.values() if isinstance(o, ActorpyError)
+               and "is running job 'linreg' for another driver" in str(o)]
+    assert len(ran) == 1 and len(refused) == 3, outcome
+    assert sorted(ran[0].steps.values()) == [5] * 4
