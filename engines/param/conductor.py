@@ -54,6 +54,7 @@ class Conductor(Service):
         self._stopped = False
         self._halted = False
         self._restarts = 0
+        self._restarted: set[int] = set()   # the shards restarted from their checkpoint
         self._warned_empty = False
         self._asking = False   # timed out, asking where the workers are (``_late``)
         self._grace: Any = None
@@ -141,11 +142,12 @@ class Conductor(Service):
         self._asking = False
         if not self._ending():
             try:
-                steps = dict(fut.result(0)["steps"]) if fut is not None else None
+                stats = fut.result(0) if fut is not None else None
+                table = (dict(stats["steps"]), dict(stats["history"])) if stats else None
             except Exception:   # the shard is busy or gone: said without the steps
-                steps = None
+                table = None
             limit = self.run.options.timeout_s
-            where = self._where(steps)
+            where = self._where(table)
             late = ActorpyTimeout(
                 f"job {self.name!r} did not reach its stop condition within timeout_s={limit}"
                 f"{where}; raise it, or check the stop function and the workers' logs"
@@ -155,16 +157,27 @@ class Conductor(Service):
             self._fail(late)
         self._check()
 
-    def _where(self, steps: dict[NodeId, int] | None) -> str:
-        """Where the workers still running are: the steps each completed, and a word on one
-        that has not joined the shard's table (stuck in ``data=``: the others wait for it)."""
+    def _where(self, table: tuple[dict[NodeId, int], dict[NodeId, int]] | None) -> str:
+        """Where the workers still running are (``table``: the coordinator shard's steps
+        table and the steps of every worker it ever had): the steps each completed, and a
+        word on one that is not in the table (never joined: stuck in ``data=``, and the
+        others wait for it; joined before: it has not rejoined the restarted shard)."""
         running = sorted(self._running)
-        if steps is None or not running:
+        if table is None or not running:
             return ""
-        done = ", ".join(f"{w} {steps.get(w, '-')}" for w in running)
-        absent = [w for w in running if w not in steps]
+        steps, history = table
+        done = ", ".join(f"{w} {steps.get(w, history.get(w, '-'))}" for w in running)
+        absent = [w for w in running if w not in steps and w not in history]
         stuck = (f"; {', '.join(absent)} has not joined: its data= has not returned, and the "
                  "first step waits for every worker" if absent else "")
+        # its data= returned (a restarted shard's history is its checkpoint's table): before,
+        # it was said not to have
+        gone = [w for w in running if w not in steps and w in history]
+        if gone:
+            since = ("rejoined it since it was restarted" if 0 in self._restarted
+                     else "come back to it")
+            stuck += (f"; {', '.join(gone)} trained with server shard 0 but is not in its "
+                      f"table now, and has not {since}")
         return f" (steps completed: {done}{stuck})"
 
     def _grace_over(self) -> None:
@@ -231,6 +244,7 @@ class Conductor(Service):
             return
         run.hosts[i] = spare[0]
         self._restarts += 1
+        self._restarted.add(i)
         self._generation += 1
         self._answer_parked()
 

@@ -120,7 +120,8 @@ class _Loop:
         self.generation = task.generation
         self.deadline = time.monotonic() + task.timeout_s
         self.t0 = time.perf_counter()
-        self._sent: dict[cf.Future, tuple[int, Any]] = {}   # (kind, payload) in flight
+        # the requests in flight: (kind, payload, the shard ref it went to)
+        self._sent: dict[cf.Future, tuple[int, Any, Any]] = {}
 
     def run(self) -> WorkerResult:
         t = self.task
@@ -213,13 +214,15 @@ class _Loop:
     def _collect(self, futures: dict[cf.Future, int], step: int) -> list[tuple]:
         """Wait for every reply (raw reply tuples, by shard), or for the first reply that
         ends this worker (alone in the list). A lost shard is looked up again at the
-        conductor and rejoined at ``step``.
+        conductor and rejoined at ``step``, and so is every shard the directory the
+        conductor sent names anew (its host died too: a reply it gave before is dropped).
 
         The requests are direct (``Node.request(..., direct=True)``): a remote shard's reply
         comes to this thread's own socket and this thread reads it while it waits, with no
         other thread in between (a lost shard still fails the future from the I/O thread,
         which wakes this one)."""
         replies: list[Any] = [None] * len(futures)
+        sources: list[Any] = [None] * len(futures)   # the shard ref each reply came from
         later: list[tuple[float, int, tuple[int, Any]]] = []   # refused as overloaded
         refusals = 0
         while futures or later:
@@ -241,7 +244,9 @@ class _Loop:
                     # the driver gone, or this node closing (its shard went with it)
                     if exc.node_id in (self.task.conductor.node, self.ctx.node_id):
                         raise
-                    futures[self._rejoin(i, step)] = i
+                    if sent is None or sent[2] == self.refs[i]:   # else: replaced already
+                        self._lookup(i)
+                    futures[self._join(i, step)] = i
                     continue
                 except (ServiceOverloaded, RemoteError) as exc:
                     if sent is not None and _overloaded(exc):
@@ -250,7 +255,7 @@ class _Loop:
                         # that doubles, 1 ms to 0.1 s (before, the job failed)
                         refusals += 1
                         pause = min(0.1, 0.001 * 2 ** min(refusals - 1, 7))
-                        later.append((time.monotonic() + pause, i, sent))
+                        later.append((time.monotonic() + pause, i, sent[:2]))
                         continue
                     if isinstance(exc.__cause__, UpdateError):   # our update was refused
                         raise UpdateError(str(exc.__cause__)) from None
@@ -260,16 +265,30 @@ class _Loop:
                         self._sent.pop(other, None)
                         self.ctx.node.forget(other)
                     return [raw]
-                replies[i] = raw
+                replies[i], sources[i] = raw, sent[2] if sent is not None else self.refs[i]
+            for i, ref in enumerate(sources):
+                if ref is not None and ref != self.refs[i]:
+                    # both shards' hosts died at once: this one answered before its host
+                    # died, and the directory the other's lookup brought names its
+                    # replacement. It joins that now: before, its next push went there
+                    # unjoined, was answered RELEASED ("a persistent straggler"), or it
+                    # asked for a directory newer than the one it had, and the job timed out
+                    replies[i] = sources[i] = None
+                    futures[self._join(i, step)] = i
         return replies
 
     def _send(self, shard: int, kind: int, payload: Any) -> cf.Future:
-        fut = self.ctx.call_async(self.refs[shard], kind, payload, direct=True)
-        self._sent[fut] = (kind, payload)
+        ref = self.refs[shard]
+        fut = self.ctx.call_async(ref, kind, payload, direct=True)
+        self._sent[fut] = (kind, payload, ref)
         return fut
 
-    def _rejoin(self, shard: int, step: int) -> cf.Future:
-        """Shard ``shard`` was lost: ask the conductor for its replacement, then join it."""
+    def _join(self, shard: int, step: int) -> cf.Future:
+        """Join (the replacement of) a lost shard at ``step``."""
+        return self._send(shard, ParamKind.JOIN, (step, self.task.slot))
+
+    def _lookup(self, shard: int) -> None:
+        """Shard ``shard`` was lost: ask the conductor for a newer shard directory."""
         log.info("worker %s: server shard %d lost; asking the conductor for its replacement",
                  self.ctx.node_id, shard)
         left = max(0.0, self.deadline - time.monotonic())
@@ -283,4 +302,3 @@ class _Loop:
             raise JobFailed(f"server shard {shard} was lost and could not be restarted "
                             "(see the driver's error)")
         self.generation, self.refs = generation, list(refs)
-        return self._send(shard, ParamKind.JOIN, (step, self.task.slot))

@@ -93,6 +93,23 @@ class TestServerFaults:
             steps = dict(zip(run.stats.workers, run.stats.steps_per_worker))
             assert steps[host] >= 10, steps
 
+    def test_both_shard_hosts_killed_at_once_the_third_worker_trains_on(self, tmp_path):
+        # servers=2, 3 workers: both shards restart on the third. Before, it timed out in 2
+        # runs of 3 (its worker asked for a directory newer than the one naming both
+        # replacements, or pushed to one it had not joined; test_rejoin.py has the cases)
+        with actorpy.connect(workers=3, dead_after_s=1.0) as cluster:
+            job = _job("restart2", SSP(2))
+            job.register_stop(pb.SlowErrorStop(SEED, 0.01, min_step=300))
+            run = job.start(cluster, init={"w": np.zeros(pb.D)}, batch=16, timeout_s=30,
+                            servers=2, checkpoint_dir=str(tmp_path), checkpoint_every=10)
+            hosts = list(run.hosts)
+            wait_until(lambda: _pulls(run) >= 30, 30, "30 pulls")
+            for host in hosts:
+                os.kill(_pid(cluster, host), signal.SIGKILL)
+            model = run.result()
+            assert run.stats.restarts == 2 and not set(run.hosts) & set(hosts)
+            assert pb.weight_error(model["w"], SEED) < 0.01
+
     def test_shard_lost_without_checkpoint_fails_clearly(self):
         with actorpy.connect(workers=2, dead_after_s=1.0) as cluster:
             job = _job("nockpt")
