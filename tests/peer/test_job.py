@@ -263,7 +263,9 @@ class TestMembership:
         (a cut link, not a death, would bring it back), with every push acknowledged to it
         in the model. (A first cut of the rule that a write no other peer took is not
         durable while a peer knows others waited ``dead_for_s``, 60 s, here.)"""
-        job = Job("two", barrier=ASP(), seed=1, wait_alone_s=wait_s)
+        # the 0.1 s rpc timeout the bound below was measured with (the default is 0.5 s:
+        # alone 10 of them after the kill, the job ends ~5 s + wait_s after it)
+        job = Job("two", barrier=ASP(), seed=1, wait_alone_s=wait_s, rpc_timeout_s=0.1)
         job.register_schedule(lambda ctx: ["w"])
         job.register_push(lambda ctx, values: {"w": np.ones_like(values["w"])})
         job.register_pull(lambda store, up: store.set("w", store.get("w")[0] - up["w"]))
