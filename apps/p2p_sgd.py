@@ -171,6 +171,18 @@ def train(cluster: Any, args: argparse.Namespace, barrier: Any,
 PROG = "actorpy p2p-sgd"
 
 
+def warn_if_short(label: str, result: dict[str, Any]) -> None:
+    """One line on stderr when w holds fewer updates than the peers completed steps (each
+    step pushes once to w): a killed peer's last ones, or pushes lost when live peers took
+    each other for dead (a host too busy for --rpc-timeout: docs/peer.md). Before, the
+    JSON's ``updates`` alone said it (105 of 200 at --rpc-timeout 0.001), with exit 0."""
+    steps = sum(result["steps_per_worker"])
+    if result["updates"] < steps:
+        print(f"{PROG}: {label}: w holds {result['updates']} updates of {steps} completed "
+              f"steps: {steps - result['updates']} were lost (a peer killed, or peers that took "
+              "each other for dead: raise --rpc-timeout)", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG,
                                      description=apputil.summary(__doc__))
@@ -286,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "s; raise --timeout (or lower --steps or --peers)")
             raise
     warn_if_diverged(PROG, label, result)
+    warn_if_short(label, result)
     if args.json:
         apputil.print_json(result)
     else:

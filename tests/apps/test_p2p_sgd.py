@@ -43,6 +43,15 @@ class TestCli:
         assert out["updates"] == 4 * 150            # each push folded into w once
         assert out["weight_error"] < 0.05 and out["seconds"] > 0
 
+    def test_updates_short_of_the_completed_steps_are_said(self, capsys):
+        # before: only the JSON's updates said it (105 of 200 at --rpc-timeout 0.001), exit 0
+        p2p_sgd.warn_if_short("pssp", {"updates": 195, "steps_per_worker": [50] * 4})
+        assert capsys.readouterr().err == (
+            "actorpy p2p-sgd: pssp: w holds 195 updates of 200 completed steps: 5 were lost "
+            "(a peer killed, or peers that took each other for dead: raise --rpc-timeout)\n")
+        p2p_sgd.warn_if_short("pssp", {"updates": 200, "steps_per_worker": [50] * 4})
+        assert capsys.readouterr().err == ""
+
     def test_a_huge_w_is_measured_without_numpy_warnings(self):
         """A diverging run's w (finite, huge) is reported once, by ``warn_if_diverged``;
         before, the driver's weight error (and a peer's, with --target) printed numpy's
