@@ -17,19 +17,8 @@ from engines.peer.overlay_run import OverlayClient
 from engines.peer.runner import Phase
 from engines.peer.shell import PeerKind
 from tests.peer.linreg import init, linreg, shard
-from tests.peer.test_standalone import SECRET, _peer
-
-
-@pytest.fixture(scope="module")
-def overlay():
-    peers = [_peer()]
-    try:
-        for _ in range(3):
-            peers.append(_peer(peers[0].endpoint))
-        yield peers
-    finally:
-        for p in peers:
-            p.close()
+# overlay: test_standalone's fixture (4 peers), one of its own for this module
+from tests.peer.test_standalone import SECRET, overlay  # noqa: F401
 
 
 #: peer 0 of a job with ``_held_stop`` steps on until set (the other peers stop at step 2)
