@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 #: a peer's link down this long, or a call unanswered this long: the peer is gone (the
 #: peers' lease on this driver, ``shell.DRIVER_LEASE_S``, is longer)
 GONE_S = 1.5
+#: how long a peer taken as lost is given to hear its job's END
+LOST_END_S = 1.0
 ANSWER_S = 5.0
 
 
@@ -165,13 +167,15 @@ class OverlayRun(ClusterRun):
 
     def stop(self, wait_s: float = 10.0) -> None:
         """The job is over: each live peer drops its runner and goes on serving the
-        overlay (never stopped, never leaving: the overlay outlives its jobs)."""
+        overlay (never stopped, never leaving: the overlay outlives its jobs). A peer taken
+        as lost is told too, briefly: one that was only paused or slow trained on, and held
+        the job until its driver's lease lapsed (the next job was refused meanwhile)."""
         for i, ref in enumerate(self.refs):
-            if i not in self.lost:
-                try:
-                    self.cluster.call(ref, PeerKind.END, self.spec.run, timeout_s=wait_s)
-                except ActorpyError as exc:
-                    log.debug("ending the job on peer %d: %s", i, exc)
+            try:
+                self.cluster.call(ref, PeerKind.END, self.spec.run,
+                                  timeout_s=min(wait_s, LOST_END_S) if i in self.lost else wait_s)
+            except ActorpyError as exc:
+                log.debug("ending the job on peer %d: %s", i, exc)
 
     def add_peer(self, node: Any = None) -> str:
         raise ActorpyError("a job on standalone peers cannot grow: start the job again "

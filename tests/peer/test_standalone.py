@@ -207,6 +207,31 @@ class TestLostAtSetUp:
                 p.close()
 
 
+class TestLostButAlive:
+    def test_a_peer_taken_as_lost_that_lives_on_is_told_the_job_ended(self):
+        """A peer the driver took as lost (its STATUS unanswered: paused 3 s by SIGSTOP) but
+        alive trained on, was never sent END, and held the job until the driver's lease
+        lapsed: the next job, at once, was refused. Here the driver takes one as lost."""
+        peers = [_peer()]
+        try:
+            peers += [_peer(peers[0].endpoint) for _ in range(2)]
+            taken: list[str] = []
+
+            def take_one_as_lost(run, seconds):
+                if not taken:
+                    i = run._live()[-1]
+                    taken.append(run.addresses[i])
+                    run.lose(i, ActorpyTimeout("no STATUS answer (as if paused)"))
+            job = linreg(PSP(sample=1, staleness=1), steps=20)
+            result = job.run_overlay(peers[0].endpoint, init(), secret=SECRET, data=shard,
+                                     timeout_s=60, on_poll=take_one_as_lost)
+            assert result.lost == taken
+            assert [p.status()["phase"] for p in peers] == [int(Phase.IDLE)] * 3
+        finally:
+            for p in peers:
+                p.close()
+
+
 class TestDeadLinks:
     def test_a_peer_whose_link_stays_down_is_forgotten(self, overlay):
         late = _peer(overlay[0].endpoint, forget_after_s=0.3)
