@@ -99,7 +99,9 @@ class ServiceHost:
             except ActorpyError as exc:
                 log.warning("could not answer the start request of %s: %s", msg.sender, exc)
         try:
-            self._launch(msg.payload, NodeId(msg.sender), started)
+            # (released as decoded: the start request's arguments, a model's init values
+            # say, are not held twice while the service starts)
+            self._launch(lambda: msg.payload(release=True), NodeId(msg.sender), started)
         except ActorpyError as exc:
             self.node.reply_error(msg, exc)
 

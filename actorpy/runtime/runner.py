@@ -30,6 +30,14 @@ Spec = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str]
 _STOP = object()
 
 
+def _no_spec() -> Spec:
+    raise ActorpyError("a service's start request is used once")
+
+
+def _no_outcome(outcome: ServiceRef | BaseException) -> None:
+    """What a runner holds once its start was reported (nothing more to report)."""
+
+
 class ServiceRunner:
     """One service's thread: constructs it, then feeds it its inbox one item at a time."""
 
@@ -155,8 +163,13 @@ class ServiceRunner:
         self._finish(self.host.gone_error(self.reason or f"service {self.label} was stopped"))
 
     def _construct(self) -> bool:
+        # The start request is let go of once used: kept, its frames (a model's init values:
+        # hundreds of MB on a parameter server's shard) lived as long as the service.
+        spec, self._spec = self._spec, _no_spec
+        started, self._started = self._started, _no_outcome
         try:
-            factory, args, kwargs, name = self._spec()
+            factory, args, kwargs, name = spec()
+            del spec
             if name:
                 self.host.bind_name(name, self.sid)
                 self.bound_name = name
@@ -167,10 +180,10 @@ class ServiceRunner:
             log.info("service %s failed to start: %s: %s", self.label, type(exc).__name__, exc)
             self.host.runner_failed(self)
             self._finish(ServiceDead(f"service {self.label} failed to start"))
-            self._started(exc)
+            started(exc)
             return False
         log.info("service %s started for %s", self.label, self.owner)
-        self._started(self.ref)
+        started(self.ref)
         return True
 
     def _handle(self, msg: wm.Message) -> None:

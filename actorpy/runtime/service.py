@@ -161,7 +161,8 @@ class Service:
             if name is None:
                 result = self.on_unknown(msg, env)
             else:
-                result = getattr(self, name)(msg.payload(), env)
+                # (released: a large payload's frames are not held while the handler runs)
+                result = getattr(self, name)(msg.payload(release=True), env)
             if env.deferred:
                 if result is not None:
                     log.warning("%s.%s returned a value after defer(); it is dropped: answer "

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actorpy.errors import ProtocolError, SerializationError
+from actorpy.errors import ActorpyError, ProtocolError, SerializationError
 from actorpy.wire import header as hdr
 from actorpy.wire import serde
 
@@ -121,6 +121,10 @@ def _check_sizes(frames: list[Any], max_frame_bytes: int) -> None:
                 "max_frame_bytes (ACTORPY_MAX_FRAME_BYTES) on every node of the cluster")
 
 
+#: A message's frames once ``payload(release=True)`` took them.
+_RELEASED: list[Any] = []
+
+
 @dataclass(slots=True)
 class Message:
     """A received, validated message. ``payload()`` unpickles on demand (in the caller's
@@ -149,10 +153,26 @@ class Message:
     def has_payload(self) -> bool:
         return bool(self.frames)
 
-    def payload(self) -> Any:
-        if not self.frames:
+    def payload(self, release: bool = False) -> Any:
+        """The decoded payload (None if the message has none).
+
+        With ``release`` the message lets go of its frames, each as soon as it is decoded
+        (a buffer split over several frames is joined with one copy: each piece is freed
+        once copied), so a large payload is not held twice while its handler runs. The
+        payload cannot be read again then.
+
+        Raises:
+            ActorpyError: the payload was released already.
+        """
+        frames = self.frames
+        if frames is _RELEASED:
+            raise ActorpyError(f"the payload of a message of kind {self.kind} from "
+                               f"{self.sender} was read with release=True already")
+        if release:
+            self.frames = _RELEASED
+        if not frames:
             return None
-        return serde.decode(self.frames, bool(self.header.flags & hdr.FLAG_BUFFERS))
+        return serde.decode(frames, bool(self.header.flags & hdr.FLAG_BUFFERS), release)
 
     @classmethod
     def parse(cls, frames: list[Any], max_frame_bytes: int) -> Message:

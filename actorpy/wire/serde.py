@@ -304,11 +304,13 @@ def _aligned(view: memoryview) -> memoryview:
     return view
 
 
-def decode(frames: Sequence[Any], has_layout: bool) -> Any:
+def decode(frames: Sequence[Any], has_layout: bool, release: bool = False) -> Any:
     """Rebuild an object from payload frames produced by ``encode``.
 
     A body split over several frames is unpickled straight from them (no joined copy); a
-    buffer split over several frames is joined with one copy.
+    buffer split over several frames is joined with one copy. With ``release`` (``frames``
+    a list the caller gives up) each piece of a split buffer is dropped from ``frames`` once
+    copied, so the received pieces and the joined copy are not all held at once.
 
     Raises:
         ProtocolError: the frame layout does not add up.
@@ -336,12 +338,16 @@ def decode(frames: Sequence[Any], has_layout: bool) -> Any:
         else:
             import numpy as np
 
-            parts = [np.frombuffer(_buffer(f), dtype=np.uint8) for f in frames[i:i + count]]
-            joined = np.empty(sum(p.nbytes for p in parts), dtype=np.uint8)
+            pieces = range(i, i + count)
+            joined = np.empty(sum(_buffer(frames[j]).nbytes for j in pieces), dtype=np.uint8)
             offset = 0
-            for part in parts:  # the one copy on receive: numpy's memcpy, no temporaries
+            for j in pieces:  # the one copy on receive: numpy's memcpy, no temporaries
+                part = np.frombuffer(_buffer(frames[j]), dtype=np.uint8)
                 joined[offset:offset + part.nbytes] = part
                 offset += part.nbytes
+                if release:
+                    del part
+                    frames[j] = None   # type: ignore[index]  # copied: freed now
             buffers.append(memoryview(joined))
         i += count
     if len(body_frames) == 1:

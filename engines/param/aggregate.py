@@ -89,5 +89,23 @@ def _mean(parts: list[tuple[Any, int]]) -> Any:
     terms = [(u, w / total) for (u, _), w in zip(parts, weights) if w > 0]
     acc = terms[0][0] * terms[0][1]
     for u, c in terms[1:]:
-        acc += u * c
+        acc = _add_scaled(acc, u, c)
+    return acc
+
+
+#: elements per block of a large array's ``acc += u * c`` (512 kB of float64 products)
+_BLOCK = 1 << 16
+
+
+def _add_scaled(acc: Any, u: Any, c: float) -> Any:
+    """``acc += u * c`` (``acc`` may be a numpy scalar: the sum is returned); for large
+    numpy arrays block by block, so that the products are not one more model-sized array
+    (the same operations on each element: the same result)."""
+    if (type(acc) is np.ndarray and type(u) is np.ndarray and acc.size > _BLOCK
+            and acc.shape == u.shape and acc.flags.c_contiguous and u.flags.c_contiguous):
+        a, b = acc.reshape(-1), u.reshape(-1)
+        for i in range(0, a.size, _BLOCK):
+            a[i:i + _BLOCK] += b[i:i + _BLOCK] * c
+        return acc
+    acc += u * c
     return acc

@@ -381,19 +381,25 @@ class ServerCore:
             return
         pending = sorted(self._pending, key=lambda p: (p[0], p[1]))
         self._pending = []
+        count = len(pending)
         saved = (self.store.values(), self.store.clocks())
         try:
+            # Each update is let go of once folded (or combined), before pull makes the
+            # new values: a large model is not held once more per update buffered.
             if self._each:
-                for _, _, updates, _, _ in pending:
-                    self._call("pull", self._cb.pull, self.store, dict(updates))
+                pending.reverse()
+                while pending:
+                    self._call("pull", self._cb.pull, self.store, dict(pending.pop()[2]))
             else:
-                self._call("pull", self._cb.pull, self.store,
-                           combine(pending, self.config.aggregate))
+                combined = combine(pending, self.config.aggregate)
+                pending.clear()
+                self._call("pull", self._cb.pull, self.store, combined)
+                del combined
         except BaseException:
             self.store.restore(*saved)   # a pull that raised halfway leaves no half-update
             raise
-        calls = len(pending) if self._each else 1
-        self.progress.updates += len(pending)
+        calls = count if self._each else 1
+        self.progress.updates += count
         self.progress.pulls += calls
         self._pulls_since_checkpoint += calls
         every = self.config.checkpoint_every
