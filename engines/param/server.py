@@ -56,8 +56,7 @@ class ShardConfig:
     checkpoint_every: int = 0          # pulls between checkpoints; 0: never
     seed: int = 0
     #: 1 when workers compute their next step while their push travels (``overlap``): a
-    #: worker is released once it may start the step after the next, which it computes
-    #: before the reply comes
+    #: worker is released once it may start the step after the next (computed meanwhile)
     lookahead: int = 0
 
     @property
@@ -115,9 +114,8 @@ class ServerCore:
         coordinator = config.is_coordinator
         self.gate = Gate(config.policy if coordinator else follower_policy(config.policy),
                          random.Random(config.seed * 1_000_003 + config.shard))
-        # under an asynchronous policy each update is a step of its own: a worker's batch
-        # goes down to a quarter, not to 1 (a step of a few samples at a learning rate made
-        # for the whole batch diverged); LB-BSP weights each batch in the round's mean
+        # asynchronous: each update is a step of its own, a batch goes down to a quarter, not
+        # 1 (a few samples at a rate made for the batch diverged); LB-BSP weighs each batch
         floor = max(1, config.batch // 4) if is_asynchronous(config.policy) else 1
         self._balancer = (Balancer(config.batch, min_batch=floor)
                           if config.balance and coordinator else None)
@@ -260,8 +258,8 @@ class ServerCore:
 
     def restore(self, snapshot: Snapshot) -> None:
         """Start from a checkpoint (before any worker joined)."""
-        # the steps of workers that will not join again (the one that died with the shard's
-        # host) count as of the checkpoint: before, a run listed 0 steps for them
+        # workers that will not join again (died with the shard's host) count as of the
+        # checkpoint: before, a run listed 0 steps for them
         self.history.update({NodeId(w): n for w, n in snapshot.steps.items()})
         self.store.restore(snapshot.values, snapshot.clocks)
         self.progress.base_step = snapshot.base_step
@@ -363,11 +361,10 @@ class ServerCore:
             if any(isinstance(raw.get(w), (str, bytes)) for w in workers):
                 raise CallbackError("schedule gave a worker a str: give each a list of keys")
             plan = {w: tuple(raw.get(w, ())) for w in workers}
-            for keys in plan.values():
-                for k in keys:
-                    if self.store.shard_of(k) is None:
-                        raise CallbackError(f"schedule named unknown key {k!r}; the model's "
-                                            f"keys are {self.store.keys()}")
+            unknown = [k for keys in plan.values() for k in keys if self.store.shard_of(k) is None]
+            if unknown:
+                raise CallbackError(f"schedule named unknown key {unknown[0]!r}; the model's "
+                                    f"keys are {self.store.keys()}")
         if self._orphaned and workers:
             taken = {k for keys in plan.values() for k in keys}
             extra = tuple(dict.fromkeys(k for k in self._orphaned if k not in taken))
