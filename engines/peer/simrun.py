@@ -22,10 +22,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from actorpy.errors import ActorpyTimeout, RemoteError
+from actorpy.errors import ActorpyTimeout, ProtocolError, RemoteError
 
 from .barrier import CheckRecord
 from .context import check_run
+from .kademlia.events import Effects
 from .kademlia.ids import KadId, key_id
 from .kademlia.sim import SimNetwork
 from .peer import Peer
@@ -245,3 +246,32 @@ class SimRun:
         """Store ``value`` under ``name`` from a live peer; returns its clock."""
         address = via or sorted(self.net.alive)[0]
         return self.net.set(address, key_id(name), value).clock
+
+
+class BusyInbox:
+    """A ``SimRun`` link (``link=lambda net, a, p: BusyInbox(net, a, p, 0.0003)``): the
+    peer handles its messages in arrival order, ``service_s`` each (its timers at once), as
+    one thread on a busy host does; a burst of requests waits in its inbox
+    (``bench/peer_keys.py``)."""
+
+    def __init__(self, net: SimNetwork, address: str, inner: Peer, service_s: float) -> None:
+        self.net, self.address, self.inner, self.service_s = net, address, inner, service_s
+        self.free_at = 0.0
+
+    def receive(self, sender: str, message: Any, now: float, frames: Any = ()) -> Effects:
+        self.free_at = max(self.free_at, now) + self.service_s
+
+        def handle() -> None:
+            if self.address not in self.net.alive:
+                return
+            try:
+                eff = self.inner.receive(sender, message, self.net.clock.now(), frames)
+            except ProtocolError:       # an answer after its request's end: dropped
+                self.net.rejected += 1
+                return
+            self.net.apply(self.address, eff)
+        self.net.clock.call_later(self.free_at - now, handle)
+        return Effects()
+
+    def on_timer(self, kind: Any, token: int, now: float) -> Effects:
+        return self.inner.on_timer(kind, token, now)

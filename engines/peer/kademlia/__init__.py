@@ -15,6 +15,7 @@ Files:
     rtt.py       adaptive timeouts of PING / FIND_NODE from measured round trips
     sizes.py     the wait of STORE / FIND_VALUE / CALL: an allowance per MB of their values
     ops.py       requests, retries, lookups, the STORE phase, liveness (under node.py)
+    window.py    requests in flight per contact, capped (the rest queued); busy contacts
     node.py      KademliaNode: messages and timers in, Effects out (the protocol)
     upkeep.py    republish, re-replication when a holder dies, hand-off on graceful leave
     sim.py       SimNetwork: N nodes in memory on a virtual clock, seeded latency/loss/failures

@@ -68,6 +68,8 @@ class KademliaConfig:
             (0: only when some request to it fails).
         gossip_steps: how many of the steps it heard most recently a node adds to each REPLY
             it sends (0: none); a peer many others call spreads their progress for free.
+        max_in_flight: the most requests a node has out to one contact, CALLs and the rest
+            each (``window.py``); more wait in order, their timeouts not started (0: no cap).
     """
 
     ksize: int = 20
@@ -87,6 +89,7 @@ class KademliaConfig:
     holders_cache_s: float = 0.0
     replica_check_s: float = 0.0
     gossip_steps: int = 16
+    max_in_flight: int = 32
 
     def __post_init__(self) -> None:
         # (one over rpc_timeout_s is cut to it: the timeouts are then fixed)

@@ -30,7 +30,7 @@ from .ids import KadId, random_id_in_range, short
 from .messages import (MESSAGE_TYPES, NO_STEP, REPLY_KINDS, REQUEST_KINDS, Call, FindNode,
                        FindValue, Leave, Message, Nodes, Ping, Pong, Reply, Step, Store,
                        Stored, Value)
-from .ops import NodeOps, _Op, _Pending
+from .ops import NodeOps, _Op
 from .routing import Contact, RoutingTable
 from .rtt import ADAPTIVE_KINDS, RttEstimator
 from .rpc import decode
@@ -41,6 +41,7 @@ from .steps import StepTable
 from .storage import MemoryStorage, Storage
 from .upkeep import Upkeep
 from .values import Blob
+from .window import Window, _Pending
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class KademliaNode(NodeOps, GonePeers):
         self._rng = rng if rng is not None else random.Random(node_id)
         self._pending: dict[int, _Pending] = {}
         self._late: dict[int, _Pending] = {}    # timed out early, answer still taken
+        self.window = Window(self, self.config.max_in_flight)   # per contact (window.py)
         self._rtt = RttEstimator(min(self.config.min_rpc_timeout_s, self.config.rpc_timeout_s),
                                  self.config.rpc_timeout_s)
         self.sizes = ValueSizes()   # per key, for request timeouts (an engine notes some ahead)
@@ -371,6 +373,7 @@ class KademliaNode(NodeOps, GonePeers):
             raise ProtocolError(f"{message.KIND.name} does not answer {pending.kind.name}")
         if isinstance(message, Value) and message.key != pending.key:
             raise ProtocolError("VALUE for a key that was not asked for")
+        self.window.heard(sender.node_id, now)      # it answers us: alive (window.py)
         # the size of a value it brings (the CALL's key for a REPLY), the link's pace
         self.sizes.answered(pending.key, sender.node_id, message, now - pending.sent_s)
         if isinstance(message, Reply):
@@ -382,6 +385,7 @@ class KademliaNode(NodeOps, GonePeers):
             self._on_late(pending, sender, message, now, eff)
             return eff
         del self._pending[message.rpc_id]
+        self.window.done(message.rpc_id, now, eff)
         if pending.kind in ADAPTIVE_KINDS:
             self._rtt.observe(sender.node_id, now - pending.sent_s)
         self._answered(pending, sender, message, now, eff)
@@ -395,6 +399,7 @@ class KademliaNode(NodeOps, GonePeers):
         if kind == TimerKind.RPC_TIMEOUT:
             pending = self._pending.pop(token, None)
             if pending is not None:
+                self.window.done(token, now, eff)
                 self._on_timeout(token, pending, now, eff)
             elif token in self._late:
                 self._expire_late(token, now, eff)

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .events import PUBLIC_OPS, Done, Effects, KademliaConfig, NodeStats, OpKind, Send, SetTimer, \
+from .events import PUBLIC_OPS, Done, Effects, KademliaConfig, NodeStats, OpKind, SetTimer, \
     TimerKind
 from .ids import KadId, random_id_in_range, shared_prefix_len, short
 from .lookup import Lookup
@@ -26,22 +26,9 @@ from .steps import StepTable
 from .storage import Storage
 from .upkeep import STORE_OPS, Upkeep
 from .values import Blob
+from .window import Window, _Pending
 
 log = logging.getLogger("engines.peer.kademlia.node")
-
-
-@dataclass
-class _Pending:
-    contact: Contact
-    kind: Kind
-    op_id: int | None
-    make: Callable[[int], Message]
-    key: int = 0
-    sent_s: float = 0.0
-    limit_s: float = 0.0        # the longest wait: rpc_timeout_s (+ a value's allowance)
-    first_s: float = 0.0        # when its first try was sent (it may be a retry)
-    retry: int | None = None    # timed out (kept in ``_late``): the rpc id of its retry
-    final: bool = False         # ... its last try: no answer by limit_s evicts
 
 
 @dataclass
@@ -88,6 +75,7 @@ class NodeOps:
     _pending: dict[int, _Pending]
     _late: dict[int, _Pending]
     _rtt: RttEstimator
+    window: Window
     sizes: ValueSizes
     _ops: dict[int, _Op]
     _dead: dict[int, float]
@@ -167,6 +155,7 @@ class NodeOps:
         self.routing.remove(node_id)
         self.subtrees.forget(node_id)
         self.steps.forget(node_id)
+        self.window.forget(node_id, now, eff)   # its queued requests are given up now
         if keys:
             self._keys_at_risk(node_id, now, eff)
 
@@ -205,8 +194,7 @@ class NodeOps:
             op.in_flight += 1
             if op.lookup is not None and op.awaiting == 0:
                 self.stats.max_in_flight = max(self.stats.max_in_flight, op.in_flight)
-        eff.sends.append(Send(contact.address, message))
-        eff.timers.append(SetTimer(timeout, TimerKind.RPC_TIMEOUT, rpc_id))
+        self.window.send(contact, rpc_id, message, timeout, eff)     # or queued (window.py)
         return rpc_id
 
     def _begin(self, kind: OpKind, target: KadId, now: float, eff: Effects | None = None,
@@ -280,7 +268,10 @@ class NodeOps:
     def _on_timeout(self, rpc_id: int, pending: _Pending, now: float, eff: Effects) -> None:
         node_id = pending.contact.node_id
         self.stats.timeouts += 1
-        failures = self._failures.get(node_id, 0) + 1
+        # a first try to a contact that answered us since it was sent is no miss: its answer
+        # waits in the contact's inbox behind others (a step of many keys; window.py)
+        busy = pending.first_s == pending.sent_s and self.window.busy(node_id, pending.sent_s)
+        failures = self._failures.get(node_id, 0) + (not busy)
         self._failures[node_id] = failures
         if pending.kind == Kind.PING:
             self._probing.discard(node_id)
@@ -299,7 +290,7 @@ class NodeOps:
             # (the paper's LRS PING rule, made tolerant of loss); meanwhile it is not handed
             # out. A running operation keeps waiting for the retry, so loss costs it time, not
             # exactness.
-            if node_id in self.routing:
+            if node_id in self.routing and not busy:
                 self._suspects.add(node_id)
             if op is not None:
                 retry = self._request(pending.contact, pending.make, op, now, eff,
@@ -318,8 +309,11 @@ class NodeOps:
             # without the contact and its keys are stored again now (as the eviction did
             # before: extra copies at worst), but the eviction (out of the table, the steps,
             # the samples) and the end of a PING wait until ``_late_until`` passed with no
-            # answer (``_expire_late``), so a live peer that is only slow keeps its place
-            if failures == self.config.max_failures:
+            # answer (``_expire_late``), so a live peer that is only slow keeps its place.
+            # One that answered us since the first try is busy, not dead: its keys wait for
+            # its eviction (each give-up of a loaded peer stored every key again: window.py)
+            if failures == self.config.max_failures \
+                    and not self.window.busy(node_id, pending.first_s):
                 self._keys_at_risk(node_id, now, eff)
             if op is not None and op.lookup is not None:
                 self._give_up(pending, op, now, eff)
@@ -365,8 +359,9 @@ class NodeOps:
             return
         node_id = pending.contact.node_id
         if self._failures.get(node_id, 0) >= self.config.max_failures:
-            # no answer since its last miss: dead (or gone); its keys were seen to
-            self._evict(node_id, now, eff, keys=False)
+            # no answer since its last miss: dead (or gone); its keys were seen to at the
+            # give-up, unless it was busy then (``_on_timeout``)
+            self._evict(node_id, now, eff, keys=self.window.busy(node_id, pending.first_s))
         op = self._ops.get(pending.op_id) if pending.op_id is not None else None
         if op is not None and op.lookup is None:
             self._give_up(pending, op, now, eff)      # a PING that was never answered
@@ -398,6 +393,7 @@ class NodeOps:
             return
         assert pending.retry is not None
         del self._pending[pending.retry]
+        self.window.done(pending.retry, now, eff)
         self._keep_late(pending.retry, retry, None, now, eff)
         self._answered(retry, sender, message, now, eff)
 
