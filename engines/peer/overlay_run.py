@@ -30,7 +30,7 @@ from actorpy.runtime.context import ServiceRef
 from actorpy.runtime.node import Node
 from actorpy.wire import message as wm
 
-from .cluster_run import CALL_S, ClusterRun, RunResult, check_timeout
+from .cluster_run import CALL_S, STOP_MIN_S, ClusterRun, RunResult, check_timeout
 from .dialer import PEER_SERVICE, Dialer, Welcome, check_endpoint
 from .shell import PeerKind
 
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 #: a peer's link down this long, or a call unanswered this long: the peer is gone (the
 #: peers' lease on this driver, ``shell.DRIVER_LEASE_S``, is longer)
 GONE_S = 1.5
-#: how long a peer taken as lost is given to hear its job's END
+#: how long the peers taken as lost are given, together, to hear their job's END
 LOST_END_S = 1.0
 ANSWER_S = 5.0
 
@@ -169,11 +169,13 @@ class OverlayRun(ClusterRun):
         """The job is over: each live peer drops its runner and goes on serving the
         overlay (never stopped, never leaving: the overlay outlives its jobs). A peer taken
         as lost is told too, briefly: one that was only paused or slow trained on, and held
-        the job until its driver's lease lapsed (the next job was refused meanwhile)."""
+        the job until its driver's lease lapsed (the next job was refused meanwhile). The lost
+        share ``LOST_END_S`` between them, as ``ClusterRun.stop``'s peers share its wait."""
+        lost_until = time.monotonic() + min(wait_s, LOST_END_S)
         for i, ref in enumerate(self.refs):
+            left = max(lost_until - time.monotonic(), STOP_MIN_S) if i in self.lost else wait_s
             try:
-                self.cluster.call(ref, PeerKind.END, self.spec.run,
-                                  timeout_s=min(wait_s, LOST_END_S) if i in self.lost else wait_s)
+                self.cluster.call(ref, PeerKind.END, self.spec.run, timeout_s=left)
             except ActorpyError as exc:
                 log.debug("ending the job on peer %d: %s", i, exc)
 
