@@ -222,7 +222,8 @@ def demo() -> None:
     """`actorpy demo`: the same regression under three barriers."""
     import actorpy
 
-    print("\nparameter server: linear regression, 2 workers, 100 features, 300 steps each")
+    print("\nparameter server: linear regression, 2 workers, 100 features, 300 steps "
+          "(the slower worker's; under ASP the faster one takes more)")
     args = build_parser().parse_args(["--steps", "300", "--rows", "20000"])
     args.lr, args.decay = 0.1, None
     with actorpy.connect(workers=2) as cluster:
