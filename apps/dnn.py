@@ -53,9 +53,16 @@ def read_idx(path: str) -> np.ndarray:
                           f"{ndim} dimensions in {len(raw)} bytes")
     shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != math.prod(shape):
-        raise ConfigError(f"{path} is truncated: {data.size} values for shape {shape}")
-    return data.reshape(shape)
+    shown = str(shape) if ndim <= 4 else f"of {ndim} dimensions {shape[:4]}..."
+    if data.size < math.prod(shape):
+        raise ConfigError(f"{path} is truncated: {data.size} values for shape {shown}")
+    if data.size > math.prod(shape):
+        raise ConfigError(f"{path} holds {data.size} values, more than its header's shape "
+                          f"{shown} takes ({math.prod(shape)}): not a whole idx file")
+    try:
+        return data.reshape(shape)
+    except ValueError:   # no values, and dimensions whose product numpy cannot index
+        raise ConfigError(f"{path} is not an idx file numpy can hold: shape {shown}") from None
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:
@@ -206,8 +213,11 @@ class Data:
             check_device(device)
             device = f"cuda:{ctx.slot % torch.cuda.device_count()}"   # a worker per GPU
         x, y = load("train", self.data_dir)
+        # every slot-th image from this worker's slot; with fewer images than workers (a
+        # tiny --data), one of them each (before: none, and the first step failed)
         part = ctx.slot % ctx.slots
-        return Local(x[part::ctx.slots], y[part::ctx.slots], self.hidden, self.kind, device)
+        rows = np.arange(part, max(len(y), ctx.slots), ctx.slots) % len(y)
+        return Local(x[rows], y[rows], self.hidden, self.kind, device)
 
 
 def check_device(device: str) -> None:

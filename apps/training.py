@@ -101,6 +101,10 @@ def check_checkpoint_dir(args: argparse.Namespace) -> None:
         return
     if getattr(args, "resume", False) and getattr(args, "compare", None):
         raise ConfigError("--resume goes on from one run's checkpoint: it takes no --compare")
+    if getattr(args, "compare", None):   # before: each run moved the one before it (the
+        # user's own checkpoint first) to .earlier, and only the last two were left
+        raise ConfigError("--checkpoint-dir keeps one run's checkpoint: it takes no --compare "
+                          "(each run would replace the one before)")
     if not path:
         raise ConfigError("--checkpoint-dir '': name a directory")
     if not args.manager and not os.path.isdir(path):

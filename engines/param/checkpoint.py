@@ -175,6 +175,9 @@ def load(path: str, *, job: str, shard: int, shards: int,
         if not others:   # for a command line to word with its flags
             missing.checkpoint_missing = path
         raise missing
+    if not os.path.isfile(path):   # a FIFO's open waits for a writer for ever
+        raise CheckpointError(f"checkpoint {path} is not a regular file (a pipe, a device, a "
+                              "directory); delete it or resume from another directory")
     try:
         with np.load(path, allow_pickle=False) as npz:
             meta = json.loads(bytes(npz["meta"]).decode("utf-8"))
@@ -184,7 +187,11 @@ def load(path: str, *, job: str, shard: int, shards: int,
         raise
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile,
             UnicodeDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint ({exc}); "
+        # numpy's own words for a pickled file advise loading it unsafely: not for a file
+        # that should hold none (and may be anyone's)
+        why = ("reading it would need unpickling, which a checkpoint never does"
+               if "allow_pickle" in str(exc) else str(exc))
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint ({why}); "
                               "delete it or resume from another directory") from None
     try:
         return _snapshot(path, meta, arrays, like)

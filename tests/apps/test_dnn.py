@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -70,8 +71,39 @@ class TestDNN:
         (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(_idx(labels)[:-2])
         with pytest.raises(ConfigError, match="truncated"):
             dnn.load("test", str(tmp_path))
+        # before: "is truncated" for a file longer than its header says
+        (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(_idx(labels) + b"\0\0")
+        with pytest.raises(ConfigError, match="holds 7 values, more than its header's shape "
+                                              "\\(5,\\) takes \\(5\\)"):
+            dnn.load("test", str(tmp_path))
+        # no values, dimensions numpy cannot index: before, a ValueError traceback
+        huge = bytes([0, 0, 0x08, 3]) + b"".join(d.to_bytes(4, "big")
+                                                 for d in (2**32 - 1, 2**32 - 1, 0))
+        (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(huge)
+        with pytest.raises(ConfigError, match="not an idx file numpy can hold"):
+            dnn.load("test", str(tmp_path))
+        many = bytes([0, 0, 0x08, 200]) + b"\0\0\0\1" * 200 + b"\7"
+        for data, words in ((many, "numpy can hold"), (many[:-1], "truncated")):
+            (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(data)   # 200 dims, numpy's max 64
+            with pytest.raises(ConfigError, match=words) as err:
+                dnn.read_idx(str(tmp_path / "t10k-labels-idx1-ubyte"))
+            # before: all 200 dimensions in the line (a traceback for the first)
+            assert "of 200 dimensions (1, 1, 1, 1)..." in str(err.value)
+            assert len(str(err.value)) < 250
         with pytest.raises(ConfigError, match="train-images-idx3-ubyte"):
             dnn.load("train", str(tmp_path))
+
+    def test_every_worker_gets_images_when_there_are_fewer_than_workers(self, tmp_path):
+        # before: a worker past the images got none, and its first step failed on the
+        # worker ("ValueError: high <= 0")
+        rng = np.random.default_rng(0)
+        (tmp_path / "train-images-idx3-ubyte").write_bytes(_idx(rng.integers(0, 256, (3, 4, 4))))
+        (tmp_path / "train-labels-idx1-ubyte").write_bytes(_idx(np.array([0, 1, 2])))
+        data = dnn.Data(str(tmp_path), hidden=4)
+        got = [data(SimpleNamespace(slot=slot, slots=5)).y.tolist() for slot in range(5)]
+        assert got == [[0], [1], [2], [0], [1]]
+        got = [data(SimpleNamespace(slot=slot, slots=2)).y.tolist() for slot in range(2)]
+        assert got == [[0, 2], [1]]      # as before with enough images
 
     @pytest.mark.parametrize("case, words", [
         ("fewer labels", "images of shape \\(20, 28, 28\\) and train-labels-idx1-ubyte labels "

@@ -285,6 +285,11 @@ class TestSGD:
             sgd.main(["--checkpoint-every", "5", "--workers", "0"])    # before: ignored
         with pytest.raises(ConfigError, match="it takes no --compare"):
             sgd.main(["--resume", "--compare", "bsp", "asp", *flags])
+        # before: each run of the comparison moved the one before to .earlier, the user's
+        # own checkpoint first, and only the last two were left
+        with pytest.raises(ConfigError, match="keeps one run's checkpoint: it takes no "
+                                              "--compare"):
+            sgd.main(["--compare", "bsp", "asp", *flags])
         assert sgd.main(["--steps", "30", *flags]) == 0
         assert json.loads(capsys.readouterr().out)["updates"] == 30
         resumed = spy_on_start(monkeypatch, "resume")

@@ -86,8 +86,16 @@ class TestCheckpoint:
         else:
             data = bytearray(b"not a checkpoint at all")
         open(path, "wb").write(bytes(data))
-        with pytest.raises(CheckpointError, match="corrupt|not a checkpoint|digest"):
+        with pytest.raises(CheckpointError, match="corrupt|not a checkpoint|digest") as err:
             checkpoint.load(path, like=values, **KW)
+        # before: garbage came with numpy's advice to load the file unpickled
+        assert "allow_pickle" not in str(err.value) and "pickle.load" not in str(err.value)
+
+    def test_a_checkpoint_path_that_is_no_regular_file_is_refused_not_opened(self, tmp_path):
+        path = str(tmp_path / "c.npz")
+        os.mkfifo(path)    # before: np.load's open waited for a writer for ever
+        with pytest.raises(CheckpointError, match="is not a regular file"):
+            checkpoint.load(path, like={"w": np.zeros(3)}, **KW)
 
     @pytest.mark.parametrize("like, kw, words", [
         ({"w": np.zeros(3)}, dict(job="other", shard=0, shards=1), "belongs to job 'lin'"),
@@ -119,8 +127,9 @@ class TestCheckpoint:
         with zipfile.ZipFile(path, "w") as z:
             for name, data in members.items():
                 z.writestr(name, data)
-        with pytest.raises(CheckpointError, match="corrupt or not a checkpoint"):
+        with pytest.raises(CheckpointError, match="corrupt or not a checkpoint") as err:
             checkpoint.load(path, like={"w": np.zeros(2)}, **KW)
+        assert "would need unpickling" in str(err.value) and "allow_pickle" not in str(err.value)
 
     @pytest.mark.parametrize("tamper", [
         lambda m: m["keys"][0].pop("sha256"),
