@@ -160,12 +160,6 @@ class Run:
         self.key_map = plan_shards(init, options.servers)
         self.checkpoint_dir = (os.path.abspath(options.checkpoint_dir)
                                if options.checkpoint_dir is not None else None)
-        if self.checkpoint_dir is not None and not options.resume:
-            first = checkpoint.path_for(self.checkpoint_dir, job.name, 0, options.servers)
-            if os.path.isfile(first):   # seen from here when the directory is shared
-                log.warning("job %r: %s holds an earlier run's checkpoint; this run starts "
-                            "from init and keeps it as %s%s (resume=True goes on from a "
-                            "checkpoint instead)", job.name, first, first, checkpoint.EARLIER)
         #: the shards' refs, by shard index (a restarted shard replaces its entry)
         self.shards: list[Any] = []
         #: the nodes hosting them
@@ -189,6 +183,14 @@ class Run:
         if self.cluster.lookup_async(f"{self.job.name}/shard0").result(
                 self.cluster.config.start_timeout_s) is not None:
             raise self.name_taken()
+        if self.checkpoint_dir is not None and not o.resume:   # (said once the name is ours:
+            # a run refused for a taken name moves nothing)
+            first = checkpoint.path_for(self.checkpoint_dir, self.job.name, 0, o.servers)
+            if os.path.isfile(first):   # seen from here when the directory is shared
+                log.warning("job %r: %s holds an earlier run's checkpoint; this run starts "
+                            "from init and keeps it as %s%s (resume=True goes on from a "
+                            "checkpoint instead)", self.job.name, first, first,
+                            checkpoint.EARLIER)
         live = self.cluster.workers()
         servers_on = o.server_nodes or ()
         if o.server_nodes is not None:

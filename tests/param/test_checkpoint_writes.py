@@ -111,6 +111,32 @@ def test_a_run_without_resume_keeps_an_earlier_runs_checkpoint(tmp_path, caplog)
                and checkpoint.EARLIER in r.getMessage() for r in caplog.records)
 
 
+def test_a_run_refused_for_a_taken_name_says_nothing_of_the_running_jobs_checkpoint(
+        tmp_path, caplog):
+    # before: the second run warned it kept the running job's checkpoint as .earlier (it
+    # did not: it was refused for the name before moving anything)
+    job = param.Job("taken", barrier=BSP(), seed=0)
+    job.register_push(_push)
+    job.register_pull(_pull)
+    job.register_stop(lambda store: False)
+    path = checkpoint.path_for(str(tmp_path), "taken", 0, 1)
+    with actorpy.connect(workers=2) as cluster:
+        first = job.start(cluster, init={"w": np.zeros(100)}, timeout_s=120,
+                          checkpoint_dir=str(tmp_path), checkpoint_every=10)
+        try:
+            wait_until(lambda: os.path.isfile(path), 30, "the first run's checkpoint")
+            with caplog.at_level(logging.WARNING, logger="engines.param.driver"):
+                with pytest.raises(actorpy.ConfigError, match="already running"):
+                    job.run(cluster, init={"w": np.zeros(100)}, timeout_s=60,
+                            checkpoint_dir=str(tmp_path), checkpoint_every=10)
+        finally:
+            first.cancel()
+            with pytest.raises(param.JobFailed):
+                first.result()
+    assert not any("earlier run's checkpoint" in r.getMessage() for r in caplog.records)
+    assert not os.path.exists(path + checkpoint.EARLIER)
+
+
 def _drawing_push(ctx, values):   # step k's draw lands in slot k of w
     return {"w": np.eye(6)[ctx.step] * ctx.rng.random()}
 
