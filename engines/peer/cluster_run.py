@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError
+from actorpy.errors import (ActorpyError, ActorpyTimeout, ConfigError, NodeLost, RemoteError,
+                            ServiceError)
 from actorpy.runtime.membership import MANAGER_ID
 from actorpy.values import QUICK_MODEL_BYTES, nbytes
 
@@ -255,13 +256,27 @@ class ClusterRun:
         return [i for i in range(len(self.refs)) if i not in self.lost and i not in self.left]
 
     def read(self, name: str) -> tuple[Any, int] | None:
-        """``(value, clock)`` of key ``name`` read through a live peer, or None."""
+        """``(value, clock)`` of key ``name`` read through a live peer, or None.
+
+        Raises:
+            ConfigError: ``name`` is not a str (no key is).
+            RemoteError: every live peer refused the read (the last one's error)."""
+        if not isinstance(name, str):   # before: every peer's refusal marked it lost, the
+            # job failed and the peers went on training, stopped by nobody
+            raise ConfigError(f"read({name!r}): keys are named by str, not "
+                              f"{type(name).__name__}")
+        refused: RemoteError | None = None
         for i in self._live():
             try:
                 return self.cluster.call(self.refs[i], PeerKind.GET, name, timeout_s=CALL_S)
-            except (NodeLost, RemoteError) as exc:
+            except (NodeLost, ServiceError) as exc:
                 log.info("reading %r through peer %d failed (%s); trying another", name, i, exc)
                 self.lost.add(i)
+            except RemoteError as exc:   # it answered: alive, whatever stopped its read
+                log.info("peer %d could not read %r (%s); trying another", i, name, exc)
+                refused = exc
+        if refused is not None:
+            raise refused
         raise ActorpyError(f"no live peer left to read {name!r} from")
 
     def status(self) -> dict[int, dict[str, Any]]:
@@ -360,7 +375,9 @@ class ClusterRun:
         stops together (a peer hung in a callback on its node's I/O thread holds its
         own until then)."""
         until = time.monotonic() + wait_s
-        for i in reversed(self._live()):
+        # the live peers, then those taken for lost: one that timed out may still run (its
+        # node's death stops the others; a stop to a dead node fails at once)
+        for i in [*reversed(self._live()), *sorted(self.lost - self.left)]:
             try:
                 self.cluster.stop_service(self.refs[i], timeout_s=max(until - time.monotonic(),
                                                                       STOP_MIN_S))
