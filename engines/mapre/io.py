@@ -98,6 +98,9 @@ def list_inputs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         found = _matches(path) if _GLOB_CHARS & set(path) else []
         files.extend(found or _named(path))
     for path in files:
+        if not os.access(path, os.R_OK):   # before: found by its worker, the others' work
+            # done and thrown away
+            raise InputNotFound(f"input file {path!r} cannot be read (permission denied)")
         if os.path.getsize(path) == 0 and _has_bytes(path):
             raise InputNotFound(f"input path {path!r} reports a size of 0 but holds data (a "
                                 "/proc or /sys file): it cannot be cut into byte ranges; copy "
@@ -129,6 +132,14 @@ def _named(path: str) -> list[str]:
                             "(a pipe, a device or a socket cannot be cut into byte ranges)")
     if os.path.islink(path):
         raise InputNotFound(f"input path {path!r} is a symbolic link to nothing (or a loop)")
+    try:
+        os.stat(path)
+    except PermissionError:   # a directory on its way that cannot be entered: exists() says
+        # False, and "does not exist" sent the user looking for a file that is there
+        raise InputNotFound(f"input path {path!r} cannot be reached: a directory on its way "
+                            "cannot be entered (permission denied)") from None
+    except OSError:
+        pass
     raise InputNotFound(f"input path {path!r} does not exist")
 
 
@@ -136,6 +147,18 @@ def _matches(pattern: str) -> list[str]:
     """The files ``pattern`` matches, sorted; "**" spans directories, as in the shell's
     globstar and pathlib."""
     found = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+    # glob passes over a directory it cannot list, as the shell does; a count short of
+    # that directory's files with no word of it is worse than an error
+    head = os.path.dirname(pattern) or os.curdir
+    if "**" in pattern:   # every directory below the "**": any could hold matches
+        dirs = glob.glob(os.path.join(pattern.split("**")[0] + "**", ""), recursive=True)
+    else:
+        dirs = (glob.glob(os.path.join(head, "")) if _GLOB_CHARS & set(head) else [head])
+    for folder in dirs:
+        if os.path.isdir(folder) and not os.access(folder, os.R_OK | os.X_OK):
+            raise InputNotFound(f"the pattern {pattern!r} reaches directory "
+                                f"{folder.rstrip(os.sep) or folder!r}, which cannot be read "
+                                "(permission denied): its files would be left out")
     return _once_each(found) if "**" in pattern else sorted(found)
 
 

@@ -222,6 +222,54 @@ class TestInputs:
         with pytest.raises(InputNotFound, match="loop' is a symbolic link to nothing"):
             io.list_inputs(str(tmp_path / "loop"))
 
+    @staticmethod
+    def _deny(monkeypatch, *denied):
+        """``os.access`` says no for ``denied`` (as chmod 000 does for a user who is not
+        root; these tests run as root too, which chmod does not stop)."""
+        allowed = os.access
+        names = {os.fspath(d) for d in denied}
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+            os.fspath(path).rstrip(os.sep) not in names and allowed(path, mode, **kw)))
+
+    def test_an_unreadable_input_file_is_refused_before_the_job(self, tmp_path, monkeypatch):
+        # before: found by the worker reading it, after the other splits were counted
+        for name in ("a.txt", "b.txt"):
+            (tmp_path / name).write_text("x\n")
+        self._deny(monkeypatch, tmp_path / "b.txt")
+        with pytest.raises(InputNotFound, match="b.txt' cannot be read \\(permission denied"):
+            io.list_inputs(str(tmp_path))
+
+    @pytest.mark.parametrize("pattern", ["**/*.txt", "*/*.txt", "sub/*.txt", "**"])
+    def test_a_pattern_through_an_unreadable_directory_is_refused(self, tmp_path, monkeypatch,
+                                                                  pattern):
+        # before: glob passed over it, as the shell does, and the count came out short with
+        # exit status 0
+        for name in ("a.txt", "sub/b.txt"):
+            (tmp_path / name).parent.mkdir(exist_ok=True)
+            (tmp_path / name).write_text("x\n")
+        assert len(io.list_inputs(str(tmp_path / pattern))) >= 1
+        self._deny(monkeypatch, tmp_path / "sub")
+        with pytest.raises(InputNotFound, match="sub', which cannot be read"):
+            io.list_inputs(str(tmp_path / pattern))
+        assert io.list_inputs(str(tmp_path / "*.txt")) == [str(tmp_path / "a.txt")]
+
+    def test_a_file_behind_a_directory_that_cannot_be_entered_is_not_called_missing(
+            self, tmp_path, monkeypatch):
+        (tmp_path / "sub").mkdir()
+        (tmp_path / "sub" / "b.txt").write_text("x\n")
+        inside = str(tmp_path / "sub" / "b.txt")
+        stat = os.stat
+
+        def no_entry(path, *args, **kwargs):   # what chmod 000 on sub does to a user
+            if os.fspath(path) == inside:
+                raise PermissionError(13, "Permission denied", inside)
+            return stat(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", no_entry)
+        with pytest.raises(InputNotFound, match="b.txt' cannot be reached: a directory on its "
+                                                "way cannot be entered"):
+            io.list_inputs(inside)      # before: "does not exist"
+
     @pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="needs Linux's /proc")
     def test_a_kernel_file_of_size_0_is_refused_not_counted_empty(self, tmp_path):
         with pytest.raises(InputNotFound, match="status' reports a size of 0 but holds data"):
