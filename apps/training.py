@@ -316,6 +316,10 @@ def plot_curves(path: str, runs: Sequence[tuple[str, list[dict[str, float]]]], m
         plt.close(fig)
 
 
+#: the cross-entropy of a uniform guess over 10 classes, ln 10: an untrained network's
+CHANCE_LOSS = math.log(10)
+
+
 def warn_if_diverged(prog: str, name: str, result: dict[str, Any]) -> None:
     """One line on stderr when the run diverged (too large a learning rate, for one): its
     loss is not finite, which ``null`` in the JSON alone would not say, or its weight error
@@ -328,6 +332,11 @@ def warn_if_diverged(prog: str, name: str, result: dict[str, Any]) -> None:
     elif isinstance(error, float) and error > 1:
         print(f"{prog}: {name}: training diverged (weight error {error:.3g}, farther from w* "
               "than the zeros it started from); try a smaller --lr", file=sys.stderr)
+    elif "accuracy" in result and isinstance(value, float) and value > 2 * CHANCE_LOSS:
+        # a classifier's cross-entropy; before: a loss of 569677 went without a word
+        print(f"{prog}: {name}: training diverged (loss {value:.3g}, where a uniform guess "
+              f"over the 10 digits scores {CHANCE_LOSS:.2f}); try a smaller --lr",
+              file=sys.stderr)
 
 
 def in_cli_words(exc: ActorpyError) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 from types import SimpleNamespace
 
@@ -30,6 +31,15 @@ class TestDNN:
         result = json.loads(capsys.readouterr().out)
         assert set(result) == {"accuracy", "loss", "steps_per_worker", "updates", "seconds"}
         assert result["accuracy"] > 0.8 and min(result["steps_per_worker"]) >= 150
+        assert "diverged" not in capsys.readouterr().err
+
+    def test_a_diverged_run_says_so(self, capsys):
+        # before: a loss of 12.9 (569677 at --lr 1e6) went without a word, as sgd's does not
+        assert dnn.main(["--lr", "50", "--steps", "30", "--json"]) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out)["loss"] > 2 * math.log(10)
+        assert "actorpy dnn: bsp: training diverged (loss " in captured.err
+        assert "try a smaller --lr" in captured.err
 
     def test_trains_a_cnn(self, capsys):
         assert dnn.main(["--model", "cnn", "--steps", "150", "--json"]) == 0
