@@ -142,7 +142,8 @@ class Job:
             raise ConfigError(f"a job name has at most {MAX_NAME_CHARS} characters (it names "
                               f"the job's services), not {len(name):,}: {name[:40]!r}...")
         barrier = BSP() if barrier is None else barrier
-        if not callable(getattr(barrier, "decide", None)):
+        if isinstance(barrier, type) or not callable(getattr(barrier, "decide", None)):
+            # (a class, BSP for BSP(), has a decide too: it failed in the shard)
             raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "
                               f"or have decide(me_step, view); got {barrier!r}")
         if not isinstance(seed, numbers.Integral) or seed < 0:   # as numpy's seeds are

@@ -128,8 +128,10 @@ class Job:
         if len(name) > MAX_NAME_CHARS:   # its peers' service names hold it, as the PS's do
             raise ConfigError(f"a job name has at most {MAX_NAME_CHARS} characters (it names "
                               f"the job's services), not {len(name):,}: {name[:40]!r}...")
-        if barrier is not None and not callable(getattr(barrier, "decide", None)):
-            # a str here failed in every peer's first barrier check, as an AttributeError
+        if barrier is not None and (isinstance(barrier, type)
+                                    or not callable(getattr(barrier, "decide", None))):
+            # a str here failed in every peer's first barrier check, as an AttributeError,
+            # and a class (BSP for BSP(), whose decide is there too) in every peer's
             raise ConfigError(f"barrier must be BSP(), SSP(s), ASP(), PSP(b, s), DSSP(lo, hi) "
                               f"or have decide(me_step, view); got {barrier!r}")
         if not is_int(replication) or not 1 <= replication <= ksize:
@@ -211,24 +213,23 @@ class Job:
         sizes go too), the only ones ``schedule`` may name.
 
         Raises:
-            ConfigError: schedule, push or stop is missing.
+            ConfigError: schedule, push, pull or stop is missing (before, a missing pull
+                failed at the first push an owner folded).
         """
         missing = [n for n, f in (("schedule", self._schedule), ("push", self._push),
-                                  ("stop", self._stop)) if f is None]
+                                  ("pull", self._pull), ("stop", self._stop)) if f is None]
         if missing:
             raise ConfigError(f"job {self.name!r} has no {', '.join(missing)}: register "
                               f"{'it' if len(missing) == 1 else 'them'} with "
                               + ", ".join(f"job.register_{n}(fn)" for n in missing))
-        assert self._schedule is not None and self._push is not None and self._stop is not None
-        kwargs: dict[str, Any] = {}
-        if self._pull is not None:
-            kwargs["pull"] = self._pull
-        return JobSpec(self.name, self._schedule, self._push, stop=self._stop,
+        assert (self._schedule is not None and self._push is not None and self._pull is not None
+                and self._stop is not None)
+        return JobSpec(self.name, self._schedule, self._push, pull=self._pull, stop=self._stop,
                        policy=self.policy, seed=self.seed, poll_s=self.poll_s,
                        replicate_s=self.replicate_s, durable=self.durable,
                        batch=self.batch, balance=self.balance, overlap=self.overlap,
                        wait_alone_s=self.wait_alone_s, keys=frozenset(keys),
-                       sizes=_sizes(keys), **kwargs)
+                       sizes=_sizes(keys))
 
     def simulate(self, peers: int, init: dict[str, Any], **options: Any) -> Any:
         """Run the job on ``peers`` in-process peers (``simrun.SimRun``; options there) and

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import actorpy
+from actorpy.barrier import BSP
 from engines import param
 from tests.param import problems as pb
 
@@ -27,6 +28,13 @@ def test_a_callback_that_is_no_function_is_refused():
             getattr(job, f"register_{role}")(5)
     with pytest.raises(actorpy.ConfigError, match="^data must be a function, got a tuple$"):
         param.Job("x", data=(1, 2))
+
+
+def test_a_barrier_class_for_its_instance_is_refused():
+    # before: BSP (the class, whose decide is there too) was taken, and failed in the shard
+    with pytest.raises(actorpy.ConfigError, match="barrier must be BSP.*got <class"):
+        param.Job("x", barrier=BSP)
+    assert isinstance(param.Job("x", barrier=BSP()).barrier, BSP)
 
 
 def test_a_name_too_long_for_the_services_it_names_is_refused():

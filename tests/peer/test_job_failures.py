@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actorpy.barrier import ASP
+from actorpy.barrier import ASP, BSP
 from actorpy.errors import RemoteError
 from engines.peer import Job, OwnerStore
 
@@ -184,10 +184,19 @@ class TestFailures:
     def test_missing_callbacks_are_a_config_error(self) -> None:
         from actorpy.errors import ConfigError
         # before: "register them with job.register_<name>", the placeholder as it is
-        with pytest.raises(ConfigError, match=r"schedule, push, stop: register them with "
-                                              r"job.register_schedule\(fn\), job.register_"
-                                              r"push\(fn\), job.register_stop\(fn\)$"):
+        with pytest.raises(ConfigError, match=r"schedule, push, pull, stop: register them "
+                                              r"with job.register_schedule\(fn\), job.register_"
+                                              r"push\(fn\), job.register_pull\(fn\), "
+                                              r"job.register_stop\(fn\)$"):
             Job("empty").spec()
+        # before: a job with no pull started, and failed at the first push an owner folded
+        unpulled = Job("unpulled")
+        unpulled.register_schedule(lambda ctx: ["w"])
+        unpulled.register_push(lambda ctx, values: {"w": values["w"]})
+        unpulled.register_stop(lambda ctx: True)
+        with pytest.raises(ConfigError, match=r"has no pull: register it with "
+                                              r"job.register_pull\(fn\)$"):
+            unpulled.simulate(peers=2, init={"w": np.zeros(2)})
         # before: taken, then every peer failed with "'int' object is not callable"
         job = linreg(ASP(), steps=1)
         for role in ("schedule", "push", "pull", "stop"):
@@ -229,6 +238,8 @@ class TestFailures:
         assert Job("x" * 150).name == "x" * 150
         with pytest.raises(ConfigError, match="barrier must be BSP"):
             Job("x", barrier="ssp")
+        with pytest.raises(ConfigError, match="barrier must be BSP.*got <class"):
+            Job("x", barrier=BSP)    # the class: before, taken, and failed on every peer
         with pytest.raises(ConfigError, match="replication must be an int"):
             Job("x", replication=True)
         with pytest.raises(ConfigError, match="alpha must be an int >= 1"):
