@@ -99,7 +99,8 @@ class OwnerStore:
         return value, clock
 
     def set(self, key: str, value: Any) -> None:
-        """Replace ``key``'s value (its clock goes up by one).
+        """Replace ``key``'s value (its clock goes up by one). A numpy scalar of a 0-d key's
+        dtype is taken as its 0-d array (``w + u`` on 0-d arrays gives one), as on a PS server.
 
         Raises:
             KeyError: this peer holds no such key.
@@ -109,6 +110,7 @@ class OwnerStore:
         if found is None:
             raise KeyError(f"this peer holds no key {key!r}: pull runs on a key's owner and "
                            "may only set the keys it holds")
+        value = zero_d(value, found[0])
         problem = misfit(value, found[0])
         if problem:
             raise TypeError(f"pull set key {key!r} to {problem}: use values of the same "
@@ -117,6 +119,19 @@ class OwnerStore:
 
 
 _BYTES = (bytes, bytearray, memoryview)
+
+
+def zero_d(value: Any, like: Any) -> Any:
+    """``value`` as a 0-d array if it is a numpy scalar and ``like`` a 0-d array (numpy's
+    arithmetic on 0-d arrays gives scalars; the PS engine's ``check_update`` takes them
+    too), else ``value`` itself; ``misfit`` then judges the dtype.
+
+    >>> zero_d(np.float64(1.0), np.array(0.0)).shape, type(zero_d(1.0, np.array(0.0)))
+    ((), <class 'float'>)
+    """
+    if isinstance(value, np.generic) and type(like) is np.ndarray and like.shape == ():
+        return np.asarray(value)
+    return value
 
 
 def misfit(value: Any, like: Any) -> str | None:
@@ -367,7 +382,7 @@ def scheduled_keys(keys: Any, model: frozenset[str]) -> list[str]:
 def checked_updates(updates: Any, values: dict[str, Any], peer: str) -> dict[str, Any]:
     """``push``'s answer on ``peer``, checked before anything is sent: a dict with an update
     for some of this step's keys (``{}``: none this step), each of the type, shape and dtype
-    of the value pushed from.
+    of the value pushed from (a numpy scalar of a 0-d key's dtype: as its 0-d array).
 
     Raises:
         TypeError: not a dict (None: a missing ``return``), or an update that does not fit
@@ -381,12 +396,14 @@ def checked_updates(updates: Any, values: dict[str, Any], peer: str) -> dict[str
     if not isinstance(updates, Mapping):
         raise TypeError(f"push returned {type(updates).__name__}; it must return a dict of "
                         "key -> update")
+    updates = dict(updates)
     for key, update in updates.items():
         if key not in values:
             raise KeyError(f"push returned an update for {key!r}, which is not one of this "
                            f"step's keys {sorted(values)} (schedule names them)")
+        update = updates[key] = zero_d(update, values[key])
         problem = misfit(update, values[key])
         if problem:
             raise TypeError(f"push returned for key {key!r} {problem}: return updates of "
                             "the same type, shape and dtype as the values")
-    return dict(updates)
+    return updates

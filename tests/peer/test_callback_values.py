@@ -1,0 +1,51 @@
+"""What a P2P job's callbacks are handed and may hand back, on simulated peers: the values'
+kinds (a 0-d key's numpy scalars), their protection (read-only), and the keys ``pull`` may
+set."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from actorpy.barrier import ASP
+from actorpy.errors import RemoteError
+from engines.peer import Job, OwnerStore, PeerContext
+
+
+def counting(name: str, steps: int = 3) -> Job:
+    """Each peer pushes ones into ``name`` every step; ``pull`` adds them."""
+    job = Job("counting", barrier=ASP())
+    job.register_schedule(lambda ctx: [name])
+    job.register_push(lambda ctx, values: {name: np.ones_like(values[name])})
+    job.register_pull(lambda store, u: store.set(name, store.get(name)[0] + u[name]))
+    job.register_stop(lambda ctx: ctx.step >= steps)
+    return job
+
+
+class TestZeroDimensionalKey:
+    def test_a_numpy_scalar_of_the_keys_dtype_is_taken_as_its_0d_array(self) -> None:
+        # before: numpy's 0-d arithmetic gives a scalar, refused both ways ("pull set key
+        # 'lr' to a float64, where the model holds a float64 array of shape ()"), where the
+        # PS engine takes it (engines/param/store.py check_update)
+        job = counting("lr")
+        result = job.simulate(peers=3, init={"lr": np.array(0.0)})
+        assert result.model["lr"].shape == () and float(result.model["lr"]) == 9.0
+
+        @job.register_push
+        def push(ctx: PeerContext, values: dict[str, np.ndarray]) -> dict[str, object]:
+            assert type(values["lr"]) is np.ndarray     # pull and push get 0-d arrays
+            return {"lr": values["lr"] * 0 + 1}          # an np.float64
+
+        @job.register_pull
+        def pull(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
+            assert type(updates["lr"]) is np.ndarray and updates["lr"].shape == ()
+            store.set("lr", store.get("lr")[0] + updates["lr"])
+
+        result = job.simulate(peers=3, init={"lr": np.array(0.0)})
+        assert type(result.model["lr"]) is np.ndarray and result.model["lr"].shape == ()
+        assert float(result.model["lr"]) == 9.0
+
+    def test_a_scalar_of_another_dtype_is_still_refused(self) -> None:
+        job = counting("lr")
+        job.register_pull(lambda store, u: store.set("lr", np.float32(1.0)))
+        with pytest.raises(RemoteError, match="pull set key 'lr' to a float32"):
+            job.simulate(peers=2, init={"lr": np.array(0.0)})
