@@ -22,6 +22,7 @@ from actorpy.barrier import ASP, PSP, SSP, Policy
 from actorpy.errors import ConfigError
 from actorpy.values import as_like, check_model, describe, family, fits, is_int
 
+from .kademlia.rpc import MAX_ARG_CHARS
 from .kademlia.values import unstorable
 
 
@@ -157,7 +158,8 @@ def check_run(peers: int, init: Mapping[str, Any]) -> None:
     store (``actorpy.values.check_model``, as the PS engine checks its ``init``).
 
     Raises:
-        ConfigError: no peer, an empty ``init``, or a value of it the overlay cannot store.
+        ConfigError: no peer, an empty ``init``, a key over ``MAX_ARG_CHARS`` (256)
+            characters, or a value of it the overlay cannot store.
     """
     if not is_int(peers) or peers < 1:
         raise ConfigError(f"a P2P job needs an int number of peers >= 1, got {peers!r}")
@@ -165,6 +167,11 @@ def check_run(peers: int, init: Mapping[str, Any]) -> None:
     if not init:
         raise ConfigError("init must name at least one key")
     for key, value in init.items():   # a str or structured array failed in the overlay
+        if len(key) > MAX_ARG_CHARS:
+            # GET and PUSH carry the key as an rpc arg: its owner dropped every one of them
+            # (and evicted the sender), and the run hung until its timeout
+            raise ConfigError(f"init key {key[:40]!r}... has {len(key):,} characters, over the "
+                              f"limit of {MAX_ARG_CHARS} (a key travels as an rpc argument)")
         why = unstorable(value)
         if why is not None:
             raise ConfigError(f"init[{key!r}] is {why}: the overlay cannot store it")

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from actorpy.barrier import ASP
-from actorpy.errors import RemoteError
+from actorpy.errors import ConfigError, RemoteError
 from engines.peer import Job, OwnerStore, PeerContext
+from engines.peer.kademlia.rpc import MAX_ARG_CHARS
 
 
 def counting(name: str, steps: int = 3) -> Job:
@@ -49,3 +50,19 @@ class TestZeroDimensionalKey:
         job.register_pull(lambda store, u: store.set("lr", np.float32(1.0)))
         with pytest.raises(RemoteError, match="pull set key 'lr' to a float32"):
             job.simulate(peers=2, init={"lr": np.array(0.0)})
+
+
+class TestKeys:
+    def test_a_key_longer_than_a_wire_arg_is_refused_up_front(self) -> None:
+        # before: taken; a non-owner's GET and PUSH carry the key as an rpc arg, which the
+        # owner dropped (evicting the sender) every time: the run hung until its timeout
+        job = counting("k" * (MAX_ARG_CHARS + 1))
+        for start in (lambda **kw: job.simulate(peers=2, **kw),
+                      lambda **kw: job.run(None, peers=2, timeout_s=5, **kw)):
+            with pytest.raises(ConfigError, match=rf"^init key 'k+'\.\.\. has "
+                                                  rf"{MAX_ARG_CHARS + 1} characters, over "
+                                                  rf"the limit of {MAX_ARG_CHARS}"):
+                start(init={"k" * (MAX_ARG_CHARS + 1): np.zeros(2)})
+        key = "é" * MAX_ARG_CHARS           # the limit counts characters, not UTF-8 bytes
+        result = counting(key).simulate(peers=3, init={key: np.zeros(2)}, wire=True, max_s=60)
+        assert result.model[key].tolist() == [9.0, 9.0]
