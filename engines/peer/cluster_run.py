@@ -90,18 +90,21 @@ def start_peers(cluster: Any, n: int, config: KademliaConfig, seed: int = 0,
         raise ActorpyError("the cluster has no workers: add some (cluster.add_workers)")
     refs = [] if refs is None else refs
 
-    def call_s(done: int) -> float:
+    def call_s(done: int, why: str = "") -> float:
         left = deadline - time.monotonic()
         if left <= 0:
             raise ActorpyTimeout(f"the job's timeout ran out with {done} of {n} peers started "
-                                 "and joined: give it a longer timeout_s or fewer peers")
+                                 f"and joined{why}: give it a longer timeout_s or fewer peers")
         return min(CALL_S, left)
 
-    for i in range(n):
-        call_s(i)
-        refs.append(cluster.start_service(PeerService, config, seed, i, spec, data,
-                                          node=workers[i % len(workers)],
-                                          name=f"peer/{name}/{i}"))
+    for i in range(n):     # (start_service's own default waited 60 s past the deadline)
+        try:
+            refs.append(cluster.start_service(PeerService, config, seed, i, spec, data,
+                                              node=workers[i % len(workers)],
+                                              name=f"peer/{name}/{i}", timeout_s=call_s(i)))
+        except ActorpyTimeout as exc:
+            call_s(i, f" ({exc})")      # the job's deadline: said so, with which worker
+            raise
     infos = [cluster.call(r, PeerKind.INFO, timeout_s=call_s(n)) for r in refs]
     for ref in refs[1:]:
         cluster.call(ref, PeerKind.JOIN, infos[0], timeout_s=call_s(n))
@@ -226,7 +229,8 @@ class ClusterRun:
         ref = self.cluster.start_service(
             PeerService, self.job.config, self.job.seed, index, self.spec, self.data,
             node=node if node is not None else workers[index % len(workers)],
-            name=f"peer/{self.spec.name}/{id(self):x}/{index}")
+            name=f"peer/{self.spec.name}/{id(self):x}/{index}",
+            timeout_s=min(CALL_S, max(self.deadline - time.monotonic(), 0.001)))
         contact = self.cluster.call(self.refs[live[0]], PeerKind.INFO, timeout_s=CALL_S)
         self.cluster.call(ref, PeerKind.JOIN, contact, timeout_s=CALL_S)
         _, address = self.cluster.call(ref, PeerKind.INFO, timeout_s=CALL_S)

@@ -3,6 +3,9 @@ kinds (a 0-d key's numpy scalars), their protection (read-only), and the keys ``
 set."""
 from __future__ import annotations
 
+import math
+import time
+
 import numpy as np
 import pytest
 
@@ -66,3 +69,36 @@ class TestKeys:
         key = "é" * MAX_ARG_CHARS           # the limit counts characters, not UTF-8 bytes
         result = counting(key).simulate(peers=3, init={key: np.zeros(2)}, wire=True, max_s=60)
         assert result.model[key].tolist() == [9.0, 9.0]
+
+
+class RecordingCluster:
+    """A cluster stand-in that records each ``start_service``'s options; every call answers
+    a peer's INFO (id, address)."""
+
+    def __init__(self) -> None:
+        self.started: list[dict[str, object]] = []
+
+    def workers(self) -> list[str]:
+        return ["w1"]
+
+    def start_service(self, factory: object, *args: object, **options: object) -> str:
+        self.started.append(options)
+        return f"ref{len(self.started)}"
+
+    def call(self, ref: str, kind: object, *args: object, **options: object) -> object:
+        return 1, f"addr-{ref}"
+
+
+class TestStartBound:
+    def test_starting_a_peer_waits_no_longer_than_the_runs_time_left(self) -> None:
+        # before: start_service waited its own default 60 s on a worker that did not start
+        # the service (wedged by an earlier job's pull): a run of timeout_s=5 ended at 60 s
+        from engines.peer.cluster_run import ClusterRun, start_peers
+        cluster = RecordingCluster()
+        start_peers(cluster, 2, Job("x").config, deadline=time.monotonic() + 5.0)
+        run = ClusterRun(counting("w"), cluster, 1, {"w": np.zeros(2)}, timeout_s=5.0)
+        run.deadline, run.refs = time.monotonic() + 5.0, ["ref0"]
+        run.add_peer()
+        assert len(cluster.started) == 3
+        for options in cluster.started:
+            assert 0 < float(options.get("timeout_s", math.inf)) <= 5.0  # type: ignore[arg-type]
