@@ -66,7 +66,10 @@ class PeerContext:
 class OwnerStore:
     """The keys held by the peer running ``pull``: ``get(key) -> (value, clock)`` and
     ``set(key, value)``, as on a PS server. A ``set`` bumps the key's clock and is replicated
-    to the key's ``replication`` closest peers after ``pull`` returns.
+    to the key's ``replication`` closest peers after ``pull`` returns. ``pull`` may set only
+    the key it folds (``folding``), whatever other keys this peer holds: another key's owner
+    is whichever peer is closest to it, which changes with the placement (a replica set here
+    became a branch of its own, lost to the owner's, while a key held nowhere here failed).
 
     Attributes:
         sender: the address of the peer whose updates these are.
@@ -74,18 +77,21 @@ class OwnerStore:
         private: True when a pipelined peer folds its own updates not answered yet into its
             private copy of the values, to compute its next step from (``read_own``):
             nothing set there is stored. A ``pull`` that keeps counts or logs may skip them.
+        folding: the key whose update ``pull`` folds, the only one it may set (None: any).
     """
 
     def __init__(self, read: Callable[[str], tuple[Any, int] | None], sender: str,
-                 sender_step: int, private: bool = False) -> None:
+                 sender_step: int, private: bool = False, folding: str | None = None) -> None:
         self._read = read
+        self.folding = folding      # the key ``set`` may write (None: any key held)
         self.sender = sender
         self.sender_step = sender_step
         self.private = private
         self.written: dict[str, Any] = {}
 
     def get(self, key: str) -> tuple[Any, int]:
-        """The value and clock of ``key`` as held here (after this pull's own sets).
+        """The value and clock of ``key`` as held here (after this pull's own sets): of a
+        key other than the one folded, this peer's replica, which may be behind its owner's.
 
         Raises:
             KeyError: this peer holds no such key (pull may only read the keys it owns).
@@ -104,9 +110,13 @@ class OwnerStore:
         dtype is taken as its 0-d array (``w + u`` on 0-d arrays gives one), as on a PS server.
 
         Raises:
-            KeyError: this peer holds no such key.
+            KeyError: ``key`` is not the key being folded (or this peer holds no such key).
             TypeError: ``value`` is not of the type, shape and dtype the key holds.
         """
+        if self.folding is not None and key != self.folding:
+            raise KeyError(f"pull set key {key!r} while folding {self.folding!r}: pull runs "
+                           f"on {self.folding!r}'s owner and may set only that key (another "
+                           f"key's owner may be another peer; push an update to it instead)")
         found = self._read(key)
         if found is None:
             raise KeyError(f"this peer holds no key {key!r}: pull runs on a key's owner and "
@@ -284,7 +294,7 @@ def read_own(pull: Pull, values: Mapping[str, tuple[Any, int]],
     for step, key, update in pending:
         if key not in view:
             continue
-        store = OwnerStore(view.get, sender, step, private=True)
+        store = OwnerStore(view.get, sender, step, private=True, folding=key)
         pull(store, {key: _private(update)})
         for written, value in store.written.items():
             view[written] = (value, view[written][1] + 1)

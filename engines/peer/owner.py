@@ -253,7 +253,7 @@ class KeyOwner(Fence, OwnerWaits):
         wrote ``name``."""
         read = lambda n: ((r.value.to_value(), r.clock)  # noqa: E731
                           if (r := self.node.storage.get(self.kid(n), now)) is not None else None)
-        store = OwnerStore(read, sender.address, step)
+        store = OwnerStore(read, sender.address, step, folding=name)
         try:
             self.spec.pull(store, {name: update})
         except BaseException as exc:  # user code: the pusher fails with it
