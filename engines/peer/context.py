@@ -126,7 +126,10 @@ class OwnerStore:
         if problem:
             raise TypeError(f"pull set key {key!r} to {problem}: use values of the same "
                             "type, shape and dtype")
-        self.written[key] = as_like(value, found[0])   # a big-endian model stays so
+        value = as_like(value, found[0])   # a big-endian model stays so
+        if isinstance(value, np.ndarray):   # stored without a copy: read-only, as on a PS
+            value.setflags(write=False)     # server (a later write changed the stored copy)
+        self.written[key] = value
 
 
 _BYTES = (bytes, bytearray, memoryview)

@@ -21,7 +21,8 @@
     result = job.simulate(peers=8, init={"w": np.zeros(16)})   # in-process, virtual time
 
 Each key lives on its ``replication`` closest peers; the closest one (its *owner*) runs
-``pull`` for it. Values handed to ``push`` are read-only arrays. The barrier is any shared
+``pull`` for it. Values handed to ``push`` are read-only arrays (tensors: the peer's own
+copies), as are those ``pull`` reads with ``store.get``. The barrier is any shared
 policy: PSP samples β peers through the overlay, BSP/SSP read every peer's step, ASP none.
 ``simulate`` runs the peers in this process on ``SimNetwork`` (seeded latency, failures,
 joins); the shell that runs them on a cluster's workers over the real wire is separate.

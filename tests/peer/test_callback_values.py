@@ -130,3 +130,75 @@ class TestPullSets:
         with pytest.raises(RemoteError, match=r"KeyError: .*pull set key 'n' while folding "
                                               r"'[abcd]': pull runs on '[abcd]''s owner"):
             side_counter(replication).simulate(peers=peers, init=init, max_s=60)
+
+
+def scribbling(where: str, kind: str) -> tuple[Job, dict[str, object], list[str]]:
+    """A counting job whose ``push`` (or ``pull``) first writes 1000 into the value it was
+    handed (``pull``: the one ``store.get`` returned, with no ``set`` after it); returns the
+    job, its init and the list each refusal's message lands in."""
+    torch = pytest.importorskip("torch") if kind == "torch" else None
+    refused: list[str] = []
+
+    def scribble(value: object) -> None:
+        try:
+            value[0] = 1000.0               # type: ignore[index]
+        except ValueError as exc:           # numpy's "assignment destination is read-only"
+            refused.append(str(exc))
+
+    job = counting("w")
+
+    @job.register_push
+    def push(ctx: PeerContext, values: dict[str, object]) -> object:
+        if where == "push":
+            scribble(values["w"])
+        return {"w": values["w"] * 0 + 1}      # type: ignore[operator]
+
+    @job.register_pull
+    def pull(store: OwnerStore, updates: dict[str, object]) -> None:
+        w, _ = store.get("w")
+        if where == "pull":
+            scribble(w)
+        else:
+            store.set("w", w + updates["w"])
+    init = {"w": torch.zeros(3) if torch is not None else np.zeros(3)}
+    return job, init, refused
+
+
+class TestReadOnly:
+    @pytest.mark.parametrize("kind", ["numpy", "torch"])
+    def test_push_cannot_change_the_stored_copy_in_place(self, kind: str) -> None:
+        # before: the key's owner handed push a view of its own stored copy (writeable:
+        # Blob.to_value of a buffer made in its process), so v[0] = 1000 changed the model
+        # (final [1009, 9, 9] with 3 peers); numpy's values are read-only now, a tensor is
+        # the peer's own (torch has no read-only flag; the PS engine's workers get theirs)
+        job, init, refused = scribbling("push", kind)
+        result = job.simulate(peers=3, init=init)
+        assert [float(x) for x in result.model["w"]] == [9.0] * 3
+        assert len(refused) == (9 if kind == "numpy" else 0)
+        assert all("read-only" in message for message in refused)
+
+    @pytest.mark.parametrize("kind", ["numpy", "torch"])
+    def test_pull_cannot_change_the_stored_copy_in_place(self, kind: str) -> None:
+        # before: store.get returned a writeable view of the owner's copy: w[0] = 1000
+        # without a set changed the owner's copy at its clock, not its holders' (PS: numpy
+        # values are stored read-only, docs/param.md)
+        job, init, refused = scribbling("pull", kind)
+        result = job.simulate(peers=3, init=init)
+        assert [float(x) for x in result.model["w"]] == [0.0] * 3
+        assert len(refused) == (9 if kind == "numpy" else 0)
+
+    def test_a_numpy_value_pull_set_is_stored_read_only(self) -> None:
+        # before: stored without a copy and left writeable: a write after the set changed
+        # the stored copy (the PS engine's Store.set makes it read-only)
+        job, refused = counting("w"), []
+
+        @job.register_pull
+        def pull(store: OwnerStore, updates: dict[str, np.ndarray]) -> None:
+            new = store.get("w")[0] + updates["w"]
+            store.set("w", new)
+            try:
+                new[0] = 1000.0
+            except ValueError as exc:
+                refused.append(str(exc))
+        result = job.simulate(peers=3, init={"w": np.zeros(3)})
+        assert result.model["w"].tolist() == [9.0] * 3 and len(refused) == 9

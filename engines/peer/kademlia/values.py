@@ -129,18 +129,22 @@ class Blob:
         return head
 
     def to_value(self) -> Any:
-        """Rebuild the value: bytes, a read-only numpy view of the buffer, or a tensor."""
+        """Rebuild the value: bytes, a read-only numpy view of the buffer, or a tensor of its
+        own (a copy: torch has no read-only flag). A buffer made in this process (a key's
+        owner reading its stored copy) was writeable, and through the view or a tensor on it
+        push and pull changed the stored copy in place (not its holders')."""
         if self.kind == ValueKind.BYTES:
             return bytes(self.data)
         if self.kind == ValueKind.NUMPY:
             dtype = _NUMPY_DTYPE_OF.get(self.dtype)
-            return np.frombuffer(self.data, dtype=np.dtype(self.dtype) if dtype is None
-                                 else dtype).reshape(self.shape)
+            array = np.frombuffer(self.data, dtype=np.dtype(self.dtype) if dtype is None
+                                  else dtype).reshape(self.shape)
+            array.setflags(write=False)
+            return array
         import torch  # only reached for a tensor, so torch is installed on the sender's side
 
-        flat = np.frombuffer(self.data, dtype=np.uint8)
-        if not flat.flags.writeable:        # torch warns on read-only memory
-            flat = flat.copy()
+        # a copy (a received buffer, read-only, was copied before too: torch warns on one)
+        flat = np.frombuffer(self.data, dtype=np.uint8).copy()
         return torch.from_numpy(flat).view(getattr(torch, self.dtype)).reshape(self.shape)
 
     def __eq__(self, other: object) -> bool:
