@@ -15,12 +15,12 @@ to one (a holder's fence judges every round; a pusher judges its answer so: ``fe
 
 Owner changes are serialised:
 
-- **Take-over.** A peer that finds itself closest to a key answers MISSING (the pusher
-  retries shortly) until it has fetched the newest copy from the key's holders (FIND_VALUE
-  of the k closest, its own copy included). Asking them tells them of it, so from then on
-  they refuse the old owner's writes (below), and the old owner, one of the k closest, learns
-  of it too and stops taking writes: every write the old owner applied before that is in the
-  copy fetched, and every one it acknowledged is on the holders.
+- **Take-over.** A peer that finds itself closest to a key (a closer peer it evicted silent
+  for 10 rpc timeouts: ``waits.py``) answers MISSING (the pusher retries shortly) until it has
+  fetched the newest copy from the key's holders (FIND_VALUE of the k closest, its own copy
+  included). Asking them tells them of it, so from then on they refuse the old owner's writes
+  (below), and the old owner, one of the k closest, learns of it too and stops taking writes:
+  every write it applied before that is in the copy fetched, every one acknowledged on holders.
 - **Fence.** A holder refuses an owner's write (a STORE whose writer is its sender, clock
   > 0) when it knows a peer closer to the key than that writer, itself included, or when
   its copy is another writer's and newer than the write's branch root (``Store.base``, the

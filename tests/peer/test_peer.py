@@ -44,12 +44,12 @@ def lone_owner(run: int = 0) -> Peer:
     return Peer(node, runner)
 
 
-def reply_to(peer: Peer, call: Call, settle: bool = False) -> Reply:
+def reply_to(peer: Peer, call: Call, settle: bool = False, now: float = 1.0) -> Reply:
     """Send ``call`` from EVIL and return the owner's reply; a push is answered once its
     write is durable, so EVIL (now in the owner's table) answers the owner's lookups
     (``settle``: those after the reply too, so the owner's round ends)."""
     wire, frames = encode(call), [bytes(f) for f in value_frames(call)]
-    eff = peer.receive("evil", wire, now=1.0, frames=frames)
+    eff = peer.receive("evil", wire, now=now, frames=frames)
     replies: list[Reply] = []
     for _ in range(10):
         replies += [s.message for s in eff.sends if isinstance(s.message, Reply)]
@@ -58,7 +58,7 @@ def reply_to(peer: Peer, call: Call, settle: bool = False) -> Reply:
             break
         eff = Effects()
         for ask in asked:
-            eff.extend(peer.receive("evil", Nodes(ask.rpc_id, EVIL, ()), now=1.0))
+            eff.extend(peer.receive("evil", Nodes(ask.rpc_id, EVIL, ()), now=now))
     assert len(replies) == 1
     return replies[0]
 
@@ -134,7 +134,8 @@ class TestExactlyOnce:
         wins) and, W evicted again, served EVIL's step 6 once more from what we knew when
         we took the key over (its step 5 last): folded twice (a real 3-peer job under load
         ended with a key at 91 for 90). An owner whose copy another writer replaced takes
-        the key over again, with that copy's stamps, before serving it."""
+        the key over again, with that copy's stamps, before serving it (W silent for 10 rpc
+        timeouts since its eviction: before that, the key is not taken over at all)."""
         kid = key_id("n")
         w = KadId(kid ^ 1)                      # closer to the key than us
         peer = self.taking_over(((EVIL, 5),))
@@ -150,6 +151,9 @@ class TestExactlyOnce:
         assert peer.node.storage.get(kid, 1.0).clock == 6      # taken: ours was W's
         peer.node.drop_contact("w", 1.0)                        # evicted again
         reply = reply_to(peer, Call(3, EVIL, 2, kid, ("n", 6), np.ones(1)))
+        assert reply.status == Status.MISSING and kid not in peer.runner.owner.owned
+        later = 1.0 + 11 * peer.node.config.rpc_timeout_s      # W silent since
+        reply = reply_to(peer, Call(4, EVIL, 2, kid, ("n", 6), np.ones(1)), now=later)
         assert reply.status == Status.OK and reply.value is not None
         assert reply.value.to_value().tolist() == [6.0]         # not 7.0
         assert peer.runner.owner.applied == {}
