@@ -58,6 +58,7 @@ from .kademlia.routing import Contact
 from .kademlia.values import MAX_STAMPS, Blob
 from .methods import Method, Status
 from .pipeline import Pushes, pushed_items
+from .rounds import RoundWindow
 from .waits import OwnerWaits
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ Answer = tuple[int, tuple[Any, ...], Any]
 Later = Callable[[Answer, float, Effects], None]
 
 
-class KeyOwner(Fence, OwnerWaits):
+class KeyOwner(Fence, OwnerWaits, RoundWindow):
     """Serves the keys one peer owns.
 
     Args:
@@ -93,6 +94,7 @@ class KeyOwner(Fence, OwnerWaits):
         self.error: tuple[str, str, str] | None = None
         self._replicating: dict[int, int] = {}      # key -> clock of the round in flight
         self._dirty: set[int] = set()
+        self._init_rounds()                         # rounds waiting for room (``rounds.py``)
         self._adopting: set[int] = set()
         self._looking: set[int] = set()             # keys refused, looked up before adopting
         # key -> when its own updates began to wait for a partner (``_awaits_partner``)
@@ -386,6 +388,8 @@ class KeyOwner(Fence, OwnerWaits):
         if kid in self._replicating:
             self._dirty.add(kid)
             return
+        if self._defer(kid):            # too many rounds in flight: it goes once one ends
+            return
         record = self.node.storage.get(kid, now)
         if record is None:
             return
@@ -479,22 +483,9 @@ class KeyOwner(Fence, OwnerWaits):
             if kid in self._dirty:
                 self._dirty.discard(kid)
                 self._replicate(kid, when, e)
+        def ended(done: Done, when: float, e: Effects) -> None:
+            replicated(done, when, e)
+            self._next_rounds(when, e)
         self._replicating[kid] = clock
         self._start_op(self.node.set(kid, record.value, now, clock=clock, skip=skip,
-                                     base=self._base.get(kid, -1)), replicated, eff)
-
-    def _skip(self, kid: KadId, clock: int, now: float) -> frozenset[int]:
-        """The holders a round at ``clock`` need not STORE to: each holds ``clock`` already
-        (``_copies``) or has a push waiting on the round, whose answer it keeps as its copy
-        (``PeerRunner._keep_copy``, behind ``fenced``). Never every holder: some holder's
-        fence judges every round, so a stale owner learns it from a refusal."""
-        holders = self.node.holders_of(kid, now)
-        copies = self._copies.get(kid)
-        if not holders or not copies:
-            return frozenset()
-        pushing = {pusher for _, pusher, _ in self._waiting.get(kid, [])}
-        skip = [h.node_id for h in holders if h.node_id in copies
-                and (copies[h.node_id] >= clock or h.node_id in pushing)]
-        if len(skip) == len(holders):
-            skip.pop()
-        return frozenset(skip)
+                                     base=self._base.get(kid, -1)), ended, eff)

@@ -50,3 +50,22 @@ def test_400_keys_through_busy_inboxes_end_exact_and_store_no_key_again() -> Non
     # a peer that was only busy stored every key it held with us again)
     assert all(len(n.routing) == 3 for n in nodes)
     assert sum(n.stats.replicated for n in nodes) == 0
+
+
+def test_100_keys_at_rpc_0_1_end_exact_and_evict_no_live_peer() -> None:
+    # rpc_timeout_s=0.1: a PUSH's answer waits for its round, whose STOREs queue behind the
+    # owner's other rounds in the holders' inboxes. Before: a CALL or STORE retried once to
+    # a contact that had answered us meanwhile was a miss, two evicted the live owner, and
+    # each eviction stored its keys again (ActorpyTimeout, 20 virtual seconds); an owner
+    # also started a round per push at once (~3.7 a key and step). Now (``rounds.py``) at
+    # most MAX_ROUNDS rounds are in flight per owner, later pushes of a key going together
+    # with its round, and a timed-out CALL or STORE to a contact that answered us since it
+    # was sent is no miss.
+    result, run = run_keys(100, rpc_timeout_s=0.1)
+    assert {float(v[0]) for v in result.model.values()} == {20.0}
+    assert result.updates == 100 * 20
+    assert result.seconds < 5.0                 # 1.1 virtual seconds
+    nodes = [p.node for p in run.peers.values()]
+    assert all(len(n.routing) == 3 for n in nodes)
+    assert sum(n.stats.replicated for n in nodes) == 0
+    assert result.messages < 30 * 100 * 5       # 26 a key and step (before: none ended)

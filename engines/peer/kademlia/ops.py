@@ -269,8 +269,11 @@ class NodeOps:
         node_id = pending.contact.node_id
         self.stats.timeouts += 1
         # a first try to a contact that answered us since it was sent is no miss: its answer
-        # waits in the contact's inbox behind others (a step of many keys; window.py)
-        busy = pending.first_s == pending.sent_s and self.window.busy(node_id, pending.sent_s)
+        # waits in the contact's inbox behind others (a step of many keys; window.py); nor
+        # is a CALL's or STORE's retry: a PUSH's answer waits for its round's STOREs, queued
+        # behind the owner's other rounds (two such misses evicted live owners: "Many keys")
+        busy = (pending.first_s == pending.sent_s or pending.kind in (Kind.CALL, Kind.STORE)) \
+            and self.window.busy(node_id, pending.sent_s)
         failures = self._failures.get(node_id, 0) + (not busy)
         self._failures[node_id] = failures
         if pending.kind == Kind.PING:
