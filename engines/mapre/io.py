@@ -403,6 +403,10 @@ def prepare_output(directory: str, overwrite: bool) -> None:
         for name in names:
             os.remove(os.path.join(directory, name))
     os.makedirs(directory, exist_ok=True)
+    if not os.access(directory, os.W_OK | os.X_OK):   # before: found by the first worker
+        # to write a part, after the work upstream of the save was done
+        raise OutputExists(f"output directory {directory!r} cannot be written to "
+                           "(permission denied); choose another directory")
 
 
 def _is_saved(directory: str, name: str) -> bool:

@@ -388,6 +388,17 @@ class TestOutput:
         io.prepare_output(out, overwrite=True)
         assert os.listdir(out) == []
 
+    def test_a_directory_that_cannot_be_written_to_is_refused_before_any_work(
+            self, tmp_path, monkeypatch):
+        # before: the first worker to write a part failed, after the work upstream was done
+        out = str(tmp_path / "ro")
+        os.mkdir(out)
+        allowed = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: (   # chmod 555, as a user
+            not (os.fspath(path) == out and mode & os.W_OK) and allowed(path, mode, **kw)))
+        with pytest.raises(OutputExists, match="ro' cannot be written to \\(permission denied"):
+            io.prepare_output(out, overwrite=False)
+
     def test_a_part_that_cannot_be_written_is_named(self, tmp_path):
         # a full disk's "[Errno 28] No space left on device" named no file (save's error
         # said only which partition); the file-size limit fails a write the same way
