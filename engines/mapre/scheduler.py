@@ -21,7 +21,7 @@ from actorpy.errors import ActorpyTimeout, NodeLost, RemoteError
 from actorpy.ids import NodeId
 from engines.mapre import plan as P
 from engines.mapre.engine import Engine
-from engines.mapre.errors import FetchFailed, JobFailed, check_timeout
+from engines.mapre.errors import ArgumentError, FetchFailed, JobFailed, check_timeout
 from engines.mapre.partition import range_bounds
 from engines.mapre.progress import Progress, wanted
 from engines.mapre.shuffle import Block, ShuffleSpec
@@ -217,7 +217,12 @@ class Job:
         for _, outcome in stage.outputs.values():
             count, keys = outcome.value
             samples.extend((k, count / len(keys)) for k in keys)
-        return tuple(range_bounds(samples, shuffle.partitions))
+        try:
+            return tuple(range_bounds(samples, shuffle.partitions))
+        except TypeError as exc:   # before: the bare TypeError from deep in the driver
+            raise ArgumentError(f"stage 'sort_by (sample)': the sort keys do not compare with "
+                                f"each other ({exc}); sort_by needs keys of one orderable kind "
+                                "(None among ints: key=lambda x: (x is None, x))") from None
 
     def _shuffle_spec(self, shuffle: P.Shuffle) -> ShuffleSpec:
         return ShuffleSpec(shuffle.kind, shuffle.partitions, shuffle.fn, shuffle.ascending,

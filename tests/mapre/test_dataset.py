@@ -197,6 +197,16 @@ class TestArguments:
                            "-> distinct>")
 
 
+def test_sort_keys_that_do_not_compare_name_the_stage_and_the_way_out(clusters):
+    # before: the bare TypeError of sorted() deep in the driver, naming no stage
+    d = mapre.from_items(clusters[2], [3, None, 1, 5, None, 2] * 100, 4)
+    with pytest.raises(mapre.ArgumentError, match="stage 'sort_by \\(sample\\)': the sort keys "
+                                                  "do not compare with each other"):
+        d.sort_by().collect(timeout_s=60)
+    fixed = d.sort_by(lambda x: (x is None, x)).collect(timeout_s=60)
+    assert fixed == sorted([3, 1, 5, 2] * 100) + [None] * 200
+
+
 def test_reduce_matches_functools(clusters):
     data = list(range(1, 30))
     d = mapre.from_items(clusters[2], data, 5)
