@@ -32,8 +32,10 @@ from actorpy.wire.kinds import CORE_SERVICE, Kind
 
 log = logging.getLogger(__name__)
 
-#: Workers of an embedded local cluster: its manager keeps a link and a monitor socket per
-#: worker, within ZeroMQ's 1023 sockets per process (about 500 workers), with room to spare.
+#: Workers of an embedded local cluster: its manager spends 3 ZeroMQ sockets per member (a
+#: link, its monitor and libzmq's end of it) and about 8 descriptors per worker
+#: (files.FILES_PER_WORKER); its context holds as many sockets as the open-files limit
+#: allows (files.size_context; at least libzmq's default 1023, about 340 members).
 MAX_LOCAL_WORKERS = 256
 #: why a terminated cluster's driver refuses every later call
 TERMINATED = ("this cluster was terminated (its `with actorpy.connect(...)` block ended, or "

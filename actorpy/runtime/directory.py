@@ -29,6 +29,7 @@ import zmq
 from actorpy.errors import ActorpyError, ConfigError, NodeLost
 from actorpy.ids import NodeId
 from actorpy.runtime.events import Listeners, NodeEvent, NodeEventKind, Peer
+from actorpy.runtime.files import no_socket_hint
 from actorpy.runtime.liveness import REFUSED_GRACE_S, LinkWatch, LivenessTimes, Verdict
 from actorpy.wire import message as wm
 from actorpy.wire.auth import Security
@@ -315,8 +316,8 @@ class Directory:
         try:
             sock = self._ctx.socket(zmq.DEALER)
         except zmq.ZMQError as exc:
-            raise ActorpyError(f"cannot open a socket to {peer.node_id}: {exc} (raise the "
-                               "open-files limit, `ulimit -n`)") from None
+            raise ActorpyError(f"cannot open a socket to {peer.node_id}: {exc} "
+                               f"({no_socket_hint(self._ctx)})") from None
         try:
             sock.setsockopt(zmq.IDENTITY, self._sender)
             sock.sndhwm = self._send_hwm
@@ -335,8 +336,8 @@ class Directory:
                 monitor.close(linger=0)
             sock.close(linger=0)
             if exc.errno == errno.EMFILE:
-                raise ActorpyError(f"cannot connect to {peer.node_id}: {exc} (raise the "
-                                   "open-files limit, `ulimit -n`)") from None
+                raise ActorpyError(f"cannot connect to {peer.node_id}: {exc} "
+                                   f"({no_socket_hint(self._ctx)})") from None
             raise ConfigError(f"cannot connect to {peer.node_id} at {peer.address!r}: {exc}") \
                 from None
         link = self._links[peer.node_id] = Link(peer.node_id, peer.address, sock, monitor)

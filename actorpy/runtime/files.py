@@ -11,7 +11,10 @@ message that says what to raise.
 from __future__ import annotations
 
 import logging
+import os
 import resource
+
+import zmq
 
 from actorpy.errors import ConfigError
 
@@ -22,6 +25,13 @@ log = logging.getLogger(__name__)
 #: sockets per worker, their connections and monitors)
 FILES_BASE = 32
 FILES_PER_WORKER = 8
+#: the fewest sockets a node's ZeroMQ context may hold (libzmq's default, ZMQ_MAX_SOCKETS).
+#: A manager spends 3 per member (the link, its monitor and libzmq's end of the monitor):
+#: held at this default, it refused its 339th member.
+MIN_SOCKETS = 1023
+#: descriptors still free below the open-files limit that mean it was not that limit which
+#: refused a socket (a socket takes one or two)
+_FILES_SLACK = 8
 
 
 def files_needed(workers: int = 0) -> int:
@@ -47,3 +57,39 @@ def ensure_open_files(need: int, what: str) -> None:
     new = max(need, 1024) if hard == resource.RLIM_INFINITY else min(hard, max(need, 1024))
     resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
     log.info("raised the open-files limit from %d to %d for %s", soft, new, what)
+
+
+def size_context(ctx: zmq.Context) -> int:
+    """Let ``ctx`` hold as many sockets as this process may open descriptors (each socket
+    holds at least one), at least libzmq's default and at most its ceiling; before the
+    context's first socket. Returns the new limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = ctx.get(zmq.SOCKET_LIMIT)
+    limit = ceiling if soft == resource.RLIM_INFINITY else max(MIN_SOCKETS, min(soft, ceiling))
+    ctx.set(zmq.MAX_SOCKETS, limit)
+    return limit
+
+
+def _open_files() -> int | None:
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(folder))
+        except OSError:
+            continue
+    return None
+
+
+def no_socket_hint(ctx: zmq.Context) -> str:
+    """Which limit a ZeroMQ EMFILE ("Too many open files") from ``ctx`` ran into, and what
+    to do: the context's sockets (ZMQ_MAX_SOCKETS) or this process's descriptors."""
+    sockets = ctx.get(zmq.MAX_SOCKETS)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = _open_files()
+    files = "" if used is None else f"{used} open, "
+    if soft != resource.RLIM_INFINITY and (used is None or used + _FILES_SLACK >= soft):
+        return (f"this process has no file descriptor left ({files}open-files limit {soft}): "
+                "raise the open-files limit, `ulimit -n`")
+    return (f"this node's ZeroMQ context holds its maximum of {sockets} sockets "
+            f"(ZMQ_MAX_SOCKETS; {files}open-files limit {soft}; a manager uses 3 per member); "
+            "it follows the open-files limit when the node starts: raise that, `ulimit -n`, "
+            "and restart the node")

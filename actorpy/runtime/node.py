@@ -36,6 +36,7 @@ from actorpy.runtime.address import bind_refused, refuse_served_ipc
 from actorpy.runtime.direct import DirectReplies
 from actorpy.runtime.directory import RETRY_S, Directory
 from actorpy.runtime.events import NodeEvent, NodeEventKind, Peer, Subscription
+from actorpy.runtime.files import size_context
 from actorpy.runtime.liveness import LivenessTimes
 from actorpy.runtime.loop import SocketLoop
 from actorpy.runtime.node_messages import NodeMessaging, on_grid
@@ -90,6 +91,7 @@ class Node(NodePeers, NodeMessaging):
         self.max_frame_bytes = max_frame_bytes
         self.linger_ms = linger_ms
         self._ctx = zmq.Context()
+        size_context(self._ctx)    # libzmq's default 1023 sockets: a manager of ~340 members
         self._auth = security.start_authenticator(self._ctx)
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
