@@ -206,6 +206,10 @@ def _preload_numpy() -> None:
         pass
 
 
+#: drivers that left cleanly shown by `actorpy status` (the latest; `--json` has them all)
+SHOWN_LEFT_DRIVERS = 5
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from actorpy.errors import AuthError
     from actorpy.runtime.membership import MANAGER_ID
@@ -242,11 +246,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"manager {args.manager}: {alive} alive, {len(rows) - alive} gone")
     print(f"{'NODE':<16} {'ROLE':<8} {'STATE':<6} {'HOST':<16} {'PID':>7} {'HEARTBEAT':>10}  "
           "ADDRESS")
-    for r in sorted(rows, key=lambda r: (r["state"] != "alive", r["role"], r["node_id"])):
+    # one driver per job leaves a "left" row: a standing cluster's thousand of them hid the
+    # rows an operator looks for (dead members, their reasons); the latest few are shown
+    left = sorted((r for r in rows if r["role"] == "driver" and r["state"] == "left"),
+                  key=lambda r: r.get("joined_at", 0))
+    hidden = {id(r) for r in left[:-SHOWN_LEFT_DRIVERS]}
+    shown = [r for r in rows if id(r) not in hidden]
+    for r in sorted(shown, key=lambda r: (r["state"] != "alive", r["role"], r["node_id"])):
         age = f"{r['heartbeat_age_s']:.1f}s ago"
         why = f"  ({r['reason']})" if r["reason"] else ""
         print(f"{r['node_id']:<16} {r['role']:<8} {r['state']:<6} {r['host'][:16]:<16} "
               f"{r['pid']:>7} {age:>10}  {r['address']}{why}")
+    if hidden:
+        print(f"... and {len(hidden)} more drivers that left cleanly ({len(left)} in all; "
+              "`--json` lists every row)")
     return 0
 
 

@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 #: looping on one must not flood the log)
 _DROPS = Throttle()
 
-#: records of dead or departed nodes kept for `actorpy status` (oldest dropped first)
+#: records of dead or departed nodes kept for `actorpy status`: drivers that left cleanly
+#: are dropped first (oldest first; one per job on a standing cluster), so that they do not
+#: push out a dead member's record and its reason; then the oldest of the others
 MAX_GONE_RECORDS = 1000
 MEMBER_STATES = ("joining", "alive", "suspect")
 
@@ -73,7 +75,8 @@ class Manager:
         self.node = Node.from_config(MANAGER_ID, bind, security, config)
         #: owned by the I/O thread (read it from a handler or a timer)
         self.records: dict[str, NodeRecord] = {}
-        self._gone: deque[str] = deque()
+        self._gone: deque[str] = deque()    # dead members, workers that left
+        self._left: deque[str] = deque()    # drivers that left cleanly (dropped first)
         self.stopped = threading.Event()
         #: why the manager stopped on its own ("" for a requested stop)
         self.failure = ""
@@ -259,9 +262,10 @@ class Manager:
             # traceback in the manager's log
             if not self.node.closed:
                 raise
-        self._gone.append(rec.node_id)
-        while len(self._gone) > MAX_GONE_RECORDS:
-            old = self._gone.popleft()
+        clean = state == "left" and rec.role == "driver"
+        (self._left if clean else self._gone).append(rec.node_id)
+        while len(self._gone) + len(self._left) > MAX_GONE_RECORDS:
+            old = (self._left or self._gone).popleft()
             stale = self.records.get(old)
             if stale is not None and stale.state not in MEMBER_STATES:
                 del self.records[old]
