@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import threading
 import time
 import weakref
@@ -18,7 +19,7 @@ from collections import deque
 from concurrent.futures import CancelledError
 from typing import Any, Callable, Iterator
 
-from actorpy.errors import ActorpyError, ActorpyTimeout, ProtocolError
+from actorpy.errors import ActorpyError, ActorpyTimeout, ConfigError, ProtocolError
 from actorpy.ids import NodeId
 from actorpy.runtime.node import Node
 from actorpy.runtime.reply import ReplyFuture, check_seconds
@@ -220,13 +221,22 @@ class TaskStream:
             return
         self.future.result(0)  # raises RemoteError / NodeLost when the task failed
 
-    def result(self, timeout_s: float) -> Any:
+    def result(self, timeout: float | None = None, *, timeout_s: float | None = None) -> Any:
         """The task's return value, once it ends; items not yet iterated are discarded.
+
+        Takes its time limit as a future's ``result`` does (``result(30)``,
+        ``result(timeout=30)``; None: no limit), or as ``timeout_s=``.
 
         Raises:
             RemoteError, NodeLost: as for ``next``; CancelledError if it was cancelled.
-            ActorpyTimeout: it did not end within ``timeout_s``.
+            ActorpyTimeout: it did not end within the time limit.
+            ConfigError: both ``timeout`` and ``timeout_s``, or a limit that is no number.
         """
+        if timeout_s is not None:
+            if timeout is not None:
+                raise ConfigError("give result() timeout or timeout_s, not both")
+            timeout = timeout_s
+        timeout_s = math.inf if timeout is None else timeout
         check_seconds("timeout_s", timeout_s)
         deadline = time.monotonic() + timeout_s
         for _ in self._drain(deadline, timeout_s):

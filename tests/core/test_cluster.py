@@ -137,6 +137,21 @@ class TestLongWaits:
         assert list(stream) == [0, 1, 2] and stream.result(1e10) == 3
 
 
+class TestStreamResult:
+    def test_a_streams_result_takes_its_limit_as_a_futures_does(self, cluster):
+        # the README's `.result(timeout=30)` was a TypeError for a stream (its only form
+        # was result(timeout_s), with no default), after the stream loop had run
+        def run():
+            return cluster.submit_stream(lambda ctx: ctx.emit(1) or 2)
+        assert cluster.submit(len, "ab").result(timeout=30) == 2
+        stream = run()
+        assert list(stream) == [1] and stream.result(timeout=30) == 2
+        assert run().result() == 2 and run().result(30) == 2
+        assert run().result(timeout_s=30) == 2 and run().result(None) == 2
+        with pytest.raises(ConfigError, match="not both"):
+            run().result(30, timeout_s=30)
+
+
 class TestMapDeadline:
     def test_timeout_is_for_the_whole_map(self):
         with actorpy.connect(workers=2) as cluster:
