@@ -47,6 +47,37 @@ def make_policy(name: str, staleness: int | None = None, sample: int = 10,
     raise ConfigError(f"unknown barrier {name!r}; choose from {', '.join(BARRIERS)}")
 
 
+#: PSP's sample size when --sample is not given
+SAMPLE = 10
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """A flag the run would not use is an error, not dropped without a word (before,
+    ``--barrier dssp --staleness 9`` ran DSSP(2, 6), ``--bounds --plot f.png`` drew nothing).
+
+    Raises:
+        ConfigError: naming the flag and what takes it instead.
+    """
+    if args.bounds and args.plot is not None:
+        raise ConfigError("--bounds prints PSP's lag bounds and draws nothing: leave out --plot")
+    if args.bounds:
+        return
+    if args.compare and (args.staleness is not None or args.sample is not None):
+        raise ConfigError("--compare's specs carry their own parameters (ssp:S, pssp:B:S): "
+                          "leave out --staleness and --sample")
+    if args.compare:
+        return
+    if args.staleness is not None and args.barrier in ("bsp", "asp", "dssp"):
+        raise ConfigError(f"--staleness is for ssp, pbsp and pssp, not {args.barrier}"
+                          + (" (it takes --dssp-low and --dssp-high)" if args.barrier == "dssp"
+                             else ""))
+    if args.sample is not None and args.barrier not in ("pbsp", "pssp"):
+        raise ConfigError(f"--sample is PSP's sample size: for pbsp and pssp, not "
+                          f"{args.barrier}")
+    if args.sample is not None and args.sweep_sample:
+        raise ConfigError("--sweep-sample gives the sample sizes: leave out --sample")
+
+
 def parse_spec(spec: str) -> Policy:
     """``bsp``, ``ssp:S``, ``asp``, ``pbsp:B``, ``pssp:B:S``, ``dssp:LOW:HIGH``.
 
@@ -82,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=200.0, help="simulated seconds")
     p.add_argument("--barrier", choices=BARRIERS, default="bsp")
     p.add_argument("--staleness", type=int, default=None, help="s (default 4 for ssp/pssp)")
-    p.add_argument("--sample", type=int, default=10, help="PSP sample size beta")
+    p.add_argument("--sample", type=int, default=None,
+                   help="PSP sample size beta (default 10; pbsp and pssp only)")
     p.add_argument("--dssp-low", type=int, default=2)
     p.add_argument("--dssp-high", type=int, default=6)
     p.add_argument("--dist", choices=DISTRIBUTIONS, default="exp")
@@ -93,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transient-prob", type=float, default=0.0)
     p.add_argument("--transient-slowdown", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engine", choices=("fast", "reference"), default="fast")
+    p.add_argument("--engine", choices=("fast", "reference"), default="fast",
+                   help="fast (default), or reference: the plain one the fast one is checked "
+                        "against, for small P (its time grows as P^3: minutes at 1000)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the CDF of per-worker steps")
     p.add_argument("--compare", nargs="+", metavar="SPEC",
@@ -109,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _bounds(args: argparse.Namespace) -> int:
     r = 4 if args.staleness is None else args.staleness
     rows = [{"sample": b, **vars(psp_bounds(r, b, args.lag_cdf, args.updates))}
-            for b in (args.sweep_sample or [args.sample])]
+            for b in (args.sweep_sample or [SAMPLE if args.sample is None else args.sample])]
     if args.json:
         print(json.dumps({"staleness": r, "lag_cdf": args.lag_cdf, "updates": args.updates,
                           "bounds": rows}))
@@ -147,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.compare and args.sweep_sample:
             raise ConfigError("--compare and --sweep-sample both pick the barriers to "
                               "simulate: give one")
+        _check_flags(args)
         if args.bounds:
             return _bounds(args)
         if args.plot is not None:
@@ -166,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--sweep-sample needs --barrier pbsp or pssp")
             policies = [make_policy(args.barrier, args.staleness, b) for b in args.sweep_sample]
         else:
-            policies = [make_policy(args.barrier, args.staleness, args.sample,
+            policies = [make_policy(args.barrier, args.staleness,
+                                    SAMPLE if args.sample is None else args.sample,
                                     args.dssp_low, args.dssp_high)]
         results = [simulate(p, config, engine=args.engine) for p in policies]
         if args.plot:

@@ -119,6 +119,13 @@ class TestCLI:
         (["--sweep-sample", "1", "2"], "--barrier pbsp"), (["--bounds", "--lag-cdf", "2"], "F(r)"),
         (["--bounds", "--compare", "bsp"], "leave out --compare"),   # before: one was ignored
         (["--compare", "bsp", "--sweep-sample", "1", "2"], "give one"),
+        # before: each of these was dropped without a word (dssp ran as DSSP(2, 6))
+        (["--barrier", "dssp", "--staleness", "9"], "takes --dssp-low and --dssp-high"),
+        (["--barrier", "bsp", "--staleness", "2"], "--staleness is for ssp, pbsp and pssp"),
+        (["--barrier", "asp", "--sample", "3"], "--sample is PSP's sample size"),
+        (["--barrier", "pssp", "--sample", "3", "--sweep-sample", "1", "2"], "leave out --sample"),
+        (["--compare", "bsp", "ssp:2", "--staleness", "3"], "carry their own parameters"),
+        (["--bounds", "--plot", "b.png"], "draws nothing: leave out --plot"),
         (["--dist", "exp", "--mean", "-1"], "--mean"), (["--seconds", "inf"], "finite"),
         (["--mean", "inf"], "finite"), (["--seed", "-1"], "--seed must be an int >= 0"),
         (["--workers", "5", "--seconds", "5", "--plot", "/nonexistent-dir/x.png"], "no directory"),
