@@ -95,8 +95,14 @@ EARLIER = ".earlier"
 
 
 def path_for(directory: str, job: str, shard: int, shards: int) -> str:
-    """Where shard ``shard`` of ``shards`` of ``job`` keeps its checkpoint."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job) or "job"
+    """Where shard ``shard`` of ``shards`` of ``job`` keeps its checkpoint: the job's name
+    where it is a safe file name, else its safe form plus a digest of the name itself
+    (before, the safe form alone: jobs named ``训练`` and ``测试``, or ``run a`` and
+    ``run/a``, shared one file and overwrote each other's checkpoints)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job)
+    if safe != job or not safe.strip("."):
+        digest = hashlib.sha256(job.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        safe = f"{safe}-{digest}"
     return os.path.join(directory, f"{safe}.shard{shard}of{shards}.npz")
 
 

@@ -35,6 +35,17 @@ class TestCheckpoint:
         assert (back.clocks, back.steps, back.base_step, back.updates, back.pulls) == \
             (snap.clocks, {"w-1": 7}, 5, 40, 9)
 
+    def test_job_names_that_differ_have_files_that_differ(self, tmp_path):
+        # before: every character outside [A-Za-z0-9_.-] became "_", so 训练 and 测试 (or
+        # "run a" and "run/a") shared one checkpoint and overwrote each other's
+        names = ["训练", "测试", "run a", "run/a", "run_a", ".", "..", "", "lin"]
+        paths = [checkpoint.path_for(str(tmp_path), n, 0, 1) for n in names]
+        assert len(set(paths)) == len(names)
+        assert all(os.path.dirname(p) == str(tmp_path) for p in paths)
+        # a name that is a safe file name keeps it (its checkpoints resume as before)
+        assert paths[4].endswith("/run_a.shard0of1.npz")
+        assert paths[-1].endswith("/lin.shard0of1.npz")
+
     def test_a_killed_writers_temporary_file_is_removed_by_the_next_save(self, tmp_path):
         # before: a shard killed while it wrote left a model-sized .tmp file for good
         path = checkpoint.path_for(str(tmp_path), "lin", 0, 1)
