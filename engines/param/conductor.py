@@ -168,7 +168,11 @@ class Conductor(Service):
         steps, history = table
         done = ", ".join(f"{w} {steps.get(w, history.get(w, '-'))}" for w in running)
         absent = [w for w in running if w not in steps and w not in history]
-        stuck = (f"; {', '.join(absent)} has not joined: its data= has not returned, and the "
+        # (or its task never started: a worker runs as many tasks at once as its threads,
+        # and two jobs started together on one-thread workers can each hold the slot the
+        # other waits for)
+        stuck = (f"; {', '.join(absent)} has not joined: its data= has not returned (or its "
+                 "task waits for a task slot another job's task holds on that worker), and the "
                  "first step waits for every worker" if absent else "")
         # its data= returned (a restarted shard's history is its checkpoint's table): before,
         # it was said not to have

@@ -418,7 +418,9 @@ class TestBadInput:
                                # the other worker's task may have ended on its own deadline
                                match=r"within timeout_s=3 \(steps completed: (w-\w+ [0-]+, )?"
                                      r"w-\w+ [0-]+; w-\w+ has not joined: its data= has not "
-                                     r"returned, and the first step waits") as info:
+                                     r"returned \(or its task waits for a task slot another "
+                                     r"job's task holds on that worker\), and the first step "
+                                     r"waits") as info:
                 job.run(cluster, init={"w": np.ones(pb.D)}, timeout_s=3)
         assert "py-spy dump" in str(info.value)
 
