@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 #: How long the end of a job waits for worker tasks still computing.
 GRACE_S = 15.0
+#: how long an interrupted ``run`` waits for its job to stop on the cluster (its shards and
+#: worker tasks end at their next step; a callback stuck in user code is not waited for)
+CANCEL_WAIT_S = 10.0
 #: The same for a job that failed (a timeout, most often: its error is due now), and how
 #: long collecting each shard's model may take then (a callback may hang on that shard).
 FAILED_GRACE_S = 2.0
@@ -248,7 +251,15 @@ class Run:
             RemoteError: a callback raised; JobFailed / ActorpyTimeout: see ``Job.run``.
         """
         wait = self.options.timeout_s + 2 * GRACE_S + 30 if timeout_s is None else timeout_s
-        if not self.finished.wait(min(wait, threading.TIMEOUT_MAX)):  # a lock waits no longer
+        try:
+            ended = self.finished.wait(min(wait, threading.TIMEOUT_MAX))  # a lock's longest
+        except BaseException:
+            # Ctrl-C (a notebook's interrupt) while waiting: the job must not go on without
+            # its driver, holding the workers' task slots and its name ("already running"
+            # to a rerun) until its timeout_s. Before, only Job.run cancelled it.
+            self.cancel_and_wait()
+            raise
+        if not ended:
             raise ActorpyTimeout(f"job {self.job.name!r} still running after {wait} s")
         if self.failure is not None:
             raise self.failure
@@ -281,6 +292,17 @@ class Run:
         """Stop the job early (``result()`` then raises JobFailed)."""
         if not self.finished.is_set():
             self.cluster.cast(self.conductor, ParamKind.CANCEL)
+
+    def cancel_and_wait(self) -> None:
+        """Cancel the job and wait a while for it to end (best effort: on the way out of an
+        interrupt or another error, whose exception stands)."""
+        if self.done():
+            return
+        try:
+            self.cancel()
+            self.finished.wait(CANCEL_WAIT_S)
+        except ActorpyError as exc:   # the cluster gone too
+            log.debug("job %s: could not cancel: %s", self.job.name, exc)
 
     # ----------------------------------------------------------------- shards
     def start_shard(self, i: int, host: NodeId, spec: ShardSpec, expected: Any) -> Any:

@@ -20,14 +20,13 @@ Every ``register_*`` returns its function, so each also works as a decorator.
 """
 from __future__ import annotations
 
-import logging
 import numbers
 from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from actorpy.barrier import ASP, BSP, DSSP, PSP, SSP, Decision
-from actorpy.errors import ActorpyError, ConfigError
+from actorpy.errors import ConfigError
 from actorpy.ids import NodeId
 from actorpy.values import as_decision, describe
 from engines.param.server import AGGREGATES
@@ -35,9 +34,6 @@ from engines.param.store import Store
 from engines.param.worker import DataContext, WorkerContext
 
 F = TypeVar("F", bound=Callable[..., Any])
-#: how long an interrupted ``run`` waits for its job to stop on the cluster (its shards and
-#: worker tasks end at their next step; a callback stuck in user code is not waited for)
-CANCEL_WAIT_S = 10.0
 #: The longest job name: it names the job's services ("NAME/shard12", "NAME/conductor"),
 #: which the cluster keeps to 200 characters. A longer one was refused by the first shard's
 #: registration, after the run had started (a RemoteError repeating the whole name).
@@ -48,8 +44,6 @@ PushFn = Callable[[WorkerContext, dict[str, Any]], dict[str, Any]]
 PullFn = Callable[[Store, dict[str, Any]], None]
 StopFn = Callable[[Store], bool]
 BarrierFn = Callable[[int, Any], "bool | Decision"]
-
-log = logging.getLogger(__name__)
 
 
 def _function(role: str, fn: Any) -> None:
@@ -297,15 +291,9 @@ class Job:
         try:
             return run.result()
         except BaseException:
-            # Ctrl-C (a notebook's interrupt): the job must not go on without its driver,
-            # holding the workers' task slots and its name (a rerun was refused: "already
-            # running") until its timeout_s
-            if not run.done():
-                try:
-                    run.cancel()
-                    run.finished.wait(CANCEL_WAIT_S)
-                except ActorpyError as exc:   # the cluster gone too: the first error stands
-                    log.debug("job %s: could not cancel: %s", self.name, exc)
+            # Ctrl-C (a notebook's interrupt) or any error: the job must not go on without
+            # its driver (Run.result does the same for an interrupt while it waits)
+            run.cancel_and_wait()
             raise
 
     def __repr__(self) -> str:

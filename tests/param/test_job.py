@@ -337,9 +337,12 @@ class TestBadInput:
                 first.result()
         self._assert_clean(cluster, first)
 
-    def test_a_run_interrupted_by_ctrl_c_stops_its_job(self):
+    @pytest.mark.parametrize("wait", ["job.run(c, ", "job.start(c, "])
+    def test_a_run_interrupted_by_ctrl_c_stops_its_job(self, wait):
         """A notebook's interrupt: the job went on without its driver until timeout_s,
-        holding the workers and its name, so running the cell again was refused."""
+        holding the workers and its name, so running the cell again was refused (through
+        job.start(...).result() too, until Run.result cancelled it as job.run does)."""
+        then = "" if wait.startswith("job.run") else ".result()"
         script = (
             "import os, signal, threading, numpy as np, actorpy\n"
             "from actorpy.barrier import BSP\n"
@@ -352,7 +355,7 @@ class TestBadInput:
             "with actorpy.connect(workers=2) as c:\n"
             "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
             "    try:\n"
-            "        job.run(c, init={'w': np.zeros(pb.D)}, timeout_s=120)\n"
+            f"        {wait}init={{'w': np.zeros(pb.D)}}, timeout_s=120){then}\n"
             "    except KeyboardInterrupt:\n"
             "        print('interrupted', flush=True)\n"
             "    job.register_stop(pb.StepStop(3))\n"
