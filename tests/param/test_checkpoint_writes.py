@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from actorpy.barrier import BSP
 from actorpy.errors import NodeLost
 from engines import param
 from engines.param import checkpoint
+from engines.param.driver import Run
 from tests.conftest import wait_until
 
 
@@ -68,7 +71,9 @@ def test_an_interrupted_run_keeps_its_error_when_it_cannot_cancel(monkeypatch):
     # before: run.cancel()'s NodeLost (the cluster gone too) replaced the KeyboardInterrupt
     # or the run's own error (review)
     class Interrupted:
-        finished = None
+        finished = threading.Event()
+        job = SimpleNamespace(name="cancel")
+        cancel_and_wait = Run.cancel_and_wait     # what job.run calls on the way out
 
         def result(self):
             raise KeyboardInterrupt
