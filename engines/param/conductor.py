@@ -141,18 +141,24 @@ class Conductor(Service):
     def _late(self, fut: Any) -> None:
         self._asking = False
         if not self._ending():
+            stalled = None
             try:
                 stats = fut.result(0) if fut is not None else None
                 table = (dict(stats["steps"]), dict(stats["history"])) if stats else None
+                stalled = stats.get("stalled") if stats else None
             except Exception:   # the shard is busy or gone: said without the steps
                 table = None
             limit = self.run.options.timeout_s
             where = self._where(table)
-            late = ActorpyTimeout(
-                f"job {self.name!r} did not reach its stop condition within timeout_s={limit}"
-                f"{where}; raise it, or check the stop function and the workers' logs"
-                + ("; if the steps stopped moving, a push, pull or data= does not return "
-                   "(`py-spy dump` on that worker shows where)" if where else ""))
+            if stalled:   # the barrier held them all (before: blamed on stop, push or data=)
+                hint = (f": {stalled}, and no worker joined that it might let go; check the "
+                        "barrier")
+            else:
+                hint = ("; raise it, or check the stop function and the workers' logs"
+                        + ("; if the steps stopped moving, a push, pull or data= does not "
+                           "return (`py-spy dump` on that worker shows where)" if where else ""))
+            late = ActorpyTimeout(f"job {self.name!r} did not reach its stop condition within "
+                                  f"timeout_s={limit}{where}{hint}")
             late.job_timeout = (self.name, limit, where)   # for a CLI's wording
             self._fail(late)
         self._check()

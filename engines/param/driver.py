@@ -217,7 +217,7 @@ class Run:
                            balance=o.balance, straggler_factor=o.straggler_factor,
                            straggler_patience=o.straggler_patience,
                            checkpoint_every=o.checkpoint_every, seed=self.job.seed,
-                           lookahead=int(o.overlap))
+                           lookahead=int(o.overlap), closed=o.workers is not None)
         self.base_spec = ShardSpec(base, Callbacks(self.job.pull, self.job.schedule,
                                                    self.job.stop),
                                    self.key_map, self.checkpoint_dir, o.resume)

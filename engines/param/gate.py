@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from actorpy.barrier import ASP, DSSP, PSP, SSP, DSSPController, FullView, SampledView
 from actorpy.ids import NodeId
 from actorpy.values import as_decision
+from engines.param.errors import CallbackError
 
 
 def follower_policy(policy: Any) -> Any:
@@ -81,6 +82,31 @@ class Gate:
         """Drop a worker that left (DSSP's push history)."""
         if self._dssp is not None:
             self._dssp.forget(worker)
+
+    def stalled(self, held: Mapping[NodeId, int], table: Mapping[NodeId, int],
+                closed: bool) -> str | None:
+        """Why nothing but a joining worker can move the job, when the barrier holds every
+        worker in ``table`` (``held``: worker -> its step) and none is computing (no push
+        is on its way to re-run the barrier), else None. The built-in policies (and so a
+        follower shard's) always let the slowest worker go: only a custom barrier can.
+
+        Raises:
+            CallbackError: it does, and no worker can join (``closed``: a fixed
+                ``workers=`` list). Before, the job waited out its timeout_s, which blamed
+                the stop function, a push, pull or data=.
+        """
+        if not table or any(w not in held for w in table):
+            return None
+        fn = getattr(self.policy, "fn", None)
+        name = (f"register_barrier's {getattr(fn, '__qualname__', fn)!s}" if fn is not None
+                else f"{type(self.policy).__name__}.decide")
+        at = ", ".join(f"{w} at step {held[w]}" for w in sorted(table))
+        why = (f"the barrier holds every worker ({at}) and none is computing: nothing can "
+               f"release them; {name} answered False for each of them")
+        if closed:
+            raise CallbackError(f"{why} (workers= is fixed, so no worker can join that it "
+                                "might let go)")
+        return why
 
     def granted(self, worker: NodeId) -> int:
         """DSSP's current extra staleness for ``worker`` (0 for other policies)."""

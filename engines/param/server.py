@@ -46,8 +46,7 @@ class ShardConfig:
     shard: int = 0
     shards: int = 1
     policy: Any = BSP()
-    #: "mean" (weighted by batch), "sum", "each" (one pull per update)
-    aggregate: str = "mean"
+    aggregate: str = "mean"   # "mean" (weighted by batch), "sum", "each" (one pull per update)
     expected: frozenset[NodeId] = frozenset()  # start barrier: nobody starts before these joined
     batch: int = 1
     balance: bool = False              # LB-BSP batch sizes (coordinator)
@@ -58,6 +57,7 @@ class ShardConfig:
     #: 1 when workers compute their next step while their push travels (``overlap``): a
     #: worker is released once it may start the step after the next (computed meanwhile)
     lookahead: int = 0
+    closed: bool = False   # a fixed ``workers=`` list: no worker joins later
 
     @property
     def is_coordinator(self) -> bool:
@@ -139,6 +139,7 @@ class ServerCore:
         self._halt_at: int | None = None       # halt once every live worker reached this
         self._stopped_at: int | None = None
         self._out: list[Action] = []
+        self.stalled: str | None = None   # the coordinator's barrier holds every worker
 
     # ----------------------------------------------------------------- events
     def join(self, join: Join) -> list[Action]:
@@ -273,7 +274,7 @@ class ServerCore:
                 "updates": self.progress.updates, "pulls": self.progress.pulls,
                 "released": sorted(self.released), "step": self.store.step,
                 "halted": None if self.halted is None else self.halted.name,
-                "trace": list(self.progress.trace)}
+                "trace": list(self.progress.trace), "stalled": self.stalled}
 
     # ----------------------------------------------------------------- internals
     def _validate(self, w: NodeId, updates: Mapping[str, Any], groups: tuple = ()) -> None:
@@ -323,6 +324,8 @@ class ServerCore:
                     ready.append(w)
         except Exception as exc:
             raise self._barrier_failed(exc, w) from exc
+        self.stalled = None if ready or self._halt_at is not None else self.gate.stalled(
+            self.held, steps, self.config.closed)   # all held: raises if nobody can join
         if ready:
             self._release(ready, flush)
 
@@ -425,8 +428,7 @@ class ServerCore:
             raise CallbackError(f"{exc} (on server shard {self.config.shard})") from None
 
     def _barrier_failed(self, exc: Exception, worker: NodeId | None) -> CallbackError:
-        """A custom barrier (``register_barrier``, or a policy of the user's) raised while
-        deciding for ``worker``: reported as the other server callbacks' failures are."""
+        """A custom barrier raised deciding for ``worker``: told as other callbacks' are."""
         return CallbackError(f"barrier raised {type(exc).__name__}: {exc} on server shard "
                              f"{self.config.shard}, deciding for worker {worker}")
 
@@ -448,9 +450,7 @@ class ServerCore:
 
     def _halt_if_reached(self) -> None:
         """A pending ``halt(at_step=...)`` whose step every live worker has now reached."""
-        at = self._halt_at
-        if at is not None and self.halted is None and (not self.progress.steps
-                                                       or self.store.step >= at):
+        if self.halting and (not self.progress.steps or self.store.step >= self._halt_at):
             self._fold()
             if self.halted is None:
                 self._halt(Status.FINISH)

@@ -109,6 +109,7 @@ class ShardService(Service):
         self._model_waiting: list[Reply] = []
         self._force: Any = None
         self._failure: BaseException | None = None
+        self._stalled: str | None = None
         ctx.subscribe(self._membership)
         for w in sorted(c.expected):   # an expected worker that died before we subscribed
             if ctx.node.is_dead(w):
@@ -251,6 +252,11 @@ class ShardService(Service):
             self._halted_at = time.monotonic()
             if self._path is not None:   # the final checkpoint
                 self._save(self.core.snapshot())
+        if self.core.stalled is not self._stalled:   # (a fixed workers= list fails instead)
+            self._stalled = self.core.stalled
+            if self._stalled is not None:
+                log.warning("job %s: %s; waiting for a worker to join until the job's "
+                            "timeout_s", self.spec.config.job, self._stalled)
         if self._model_waiting and self.core.halted is not None:
             waiting, self._model_waiting = self._model_waiting, []
             for reply in waiting:

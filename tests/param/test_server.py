@@ -233,6 +233,35 @@ class TestUpdates:
         assert np.allclose(out[0].reply.values["w"], -0.1 * (1.0 + 1.0 + 3.0))
 
 
+class TestStalledBarrier:
+    """A barrier that holds every worker while none computes (no push on its way to re-run
+    it): before, the job waited out its timeout_s, which blamed stop, push, pull or data=."""
+
+    def test_holding_every_worker_fails_at_once_when_nobody_can_join(self):
+        off_by_one = FunctionBarrier(lambda me, view: all(me < s for s in view.steps().values()))
+        core = make_core(off_by_one, [A, B], closed=True)
+        with pytest.raises(CallbackError, match=r"the barrier holds every worker \(a at step 0, "
+                                                r"b at step 0\) and none is computing: nothing "
+                                                r"can release them; register_barrier's"):
+            _start(core, A, B)
+
+    def test_elastic_it_is_said_and_a_joiner_may_still_release_them(self):
+        # a barrier waiting for a third worker is legitimate where workers may join
+        core = make_core(FunctionBarrier(lambda me, view: len(view.steps()) >= 2), [A, B])
+        assert _start(core, A, B) == [] and "holds every worker" in core.stalled
+        assert core.stats()["stalled"] == core.stalled
+        assert go(core.join(Join(C, 0, 2))) == {A: 0, B: 0, C: 0}
+        assert core.stalled is None
+
+    @pytest.mark.parametrize("policy, lookahead", [
+        (BSP(), 0), (SSP(2), 0), (SSP(1), 1), (ASP(), 1), (PSP(2, 0), 0), (PSP(1, 1), 1),
+        (DSSP(0, 3), 0), (DSSP(1, 4), 1)])
+    def test_a_built_in_policy_never_trips_it(self, policy, lookahead):
+        sim = Sim(policy, 4, seed=6, means=[1.0, 1.0, 2.0, 6.0], closed=True,
+                  lookahead=lookahead).run(100.0)   # (closed: a stall would raise)
+        assert min(sim.pushes.values()) > 5 and sim.core.stalled is None
+
+
 class TestStopAndCheckpoints:
     def test_stop_finishes_held_and_later_workers(self):
         core = make_core(BSP(), [A, B], stop=lambda store: store.step >= 2)
