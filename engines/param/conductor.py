@@ -270,16 +270,18 @@ class Conductor(Service):
                 keep.append((generation, reply))
         self._parked = keep
 
-    def _halt_shards(self, at_step: int | None = None) -> None:
+    def _halt_shards(self, at_step: int | None = None, kind: ParamKind = ParamKind.HALT
+                     ) -> None:
         """Stop every shard: at once, or (the job met its stop condition at ``at_step``)
-        once their workers reached that step, so all shards end on the same round."""
+        once their workers reached that step, so all shards end on the same round; with
+        ``ParamKind.ABORT`` (the job failed) at once, answering the workers HALTED."""
         if self._halted:
             return
         self._halted = True
         for ref in self.run.shards:
             if not self.ctx.node.is_dead(ref.node):
                 try:
-                    self.ctx.cast(ref, ParamKind.HALT, at_step)
+                    self.ctx.cast(ref, kind, at_step)
                 except ActorpyError as exc:
                     log.debug("could not tell shard %s: %s", ref, exc)
 
@@ -313,7 +315,7 @@ class Conductor(Service):
     def _fail(self, exc: BaseException) -> None:
         if self.run.failure is None:
             self.run.failure = exc
-        self._halt_shards()
+        self._halt_shards(kind=ParamKind.ABORT)
         self._answer_parked()
 
     def _finish(self) -> None:

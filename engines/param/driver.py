@@ -101,7 +101,8 @@ class RunStats:
             stop is not one), in the same order.
         updates: worker updates folded into the model (the most on any shard).
         seconds: training time on the coordinator, from the start barrier to the stop.
-        statuses: how each worker ended ("FINISH", "RELEASED", "LOST", "FAILED").
+        statuses: how each worker ended ("FINISH", "RELEASED", "LOST", "FAILED", or
+            "HALTED": stopped because the job failed, timed out or was cancelled).
         restarts: server shards restarted from a checkpoint.
         first_push_wall: wall-clock time of the first push at the coordinator.
         trace: the rows callbacks added with ``store.record`` on every shard (``t`` is

@@ -26,14 +26,16 @@ class ParamKind(IntEnum):
     STATS = 6     # driver/tests -> shard: steps table and counters
     SHARDS = 7    # worker -> conductor: the shard refs, once newer than a generation
     CANCEL = 8    # Run.cancel -> conductor (cast): stop the job now
+    ABORT = 9     # conductor -> shard: the job failed (or timed out, was cancelled): stop now
 
 
 class Status(IntEnum):
     """What a reply tells a worker to do next."""
 
     GO = 0        # compute the next step with these values
-    FINISH = 1    # the job reached its stop condition (or was halted): return
+    FINISH = 1    # the job reached its stop condition (or the driver collects it): return
     RELEASED = 2  # this worker was released as a persistent straggler: return
+    HALTED = 3    # the job failed, timed out or was cancelled (ABORT): return
 
 
 @dataclass(frozen=True, slots=True)

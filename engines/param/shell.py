@@ -24,7 +24,7 @@ from actorpy.values import QUICK_MODEL_BYTES, nbytes
 from actorpy.wire.serde import IN_BAND_MAX_BYTES
 from engines.param import checkpoint, packing
 from engines.param.errors import UpdateError
-from engines.param.kinds import Join, ParamKind, Push
+from engines.param.kinds import Join, ParamKind, Push, Status
 from engines.param.server import Answer, Callbacks, CheckpointDue, ServerCore, ShardConfig
 from engines.param.store import Store
 
@@ -136,6 +136,14 @@ class ShardService(Service):
         where another shard met the stop condition); a request gets True."""
         if self._failure is None:
             self._guarded(lambda: self.core.halt(at_step=at_step))
+        return True
+
+    @handles(ParamKind.ABORT)
+    def abort(self, _: Any, env: Envelope) -> bool:
+        """The job failed: stop now, answering the workers HALTED (before: FINISH, so a
+        failed run's stats said its workers reached the stop condition)."""
+        if self._failure is None:
+            self._guarded(lambda: self.core.halt(Status.HALTED))
         return True
 
     @handles(ParamKind.MODEL)

@@ -1,5 +1,5 @@
 """How a run that cannot go on ends, on a real local cluster: a custom barrier that holds
-every worker."""
+every worker, and the statuses a failed, timed-out or cancelled run reports."""
 from __future__ import annotations
 
 import time
@@ -9,6 +9,7 @@ import pytest
 
 from actorpy.errors import ActorpyTimeout, RemoteError
 from engines import param
+from tests.conftest import wait_until
 from tests.param import problems as pb
 
 HOLDS_ALL = r"the barrier holds every worker \(w-\w+ at step 0, w-\w+ at step 0\) and none is "
@@ -50,4 +51,17 @@ class TestABarrierThatHoldsEveryWorker:
         with pytest.raises(ActorpyTimeout, match=r"within timeout_s=4 .*: " + HOLDS_ALL):
             run.result()
         assert "stop function" not in str(run.failure)
+        assert "FINISH" not in run.stats.statuses.values()
 
+
+def test_workers_halted_by_a_cancel_are_not_said_to_have_finished(cluster):
+    # before: "FINISH", as if they had reached the stop condition
+    job = _job("halted")
+    job.register_stop(pb.StepStop(10**9))
+    run = job.start(cluster, init={"w": np.zeros(pb.D)}, timeout_s=60)
+    wait_until(lambda: len(run.shard_stats()[0]["steps"]) == 2 and run.shard_stats()[0]["step"]
+               >= 5, 30, "both workers at work")
+    run.cancel()
+    with pytest.raises(param.JobFailed, match="cancelled"):
+        run.result()
+    assert run.stats.statuses == {w: "HALTED" for w in run.stats.workers}
