@@ -111,6 +111,10 @@ def _overloaded(exc: BaseException) -> bool:
     return isinstance(exc, ServiceOverloaded) or isinstance(exc.__cause__, ServiceOverloaded)
 
 
+#: how long past the job's timeout_s a worker waits for its shards before giving up itself
+DEADLINE_MARGIN_S = 5.0
+
+
 class _Loop:
     """One worker's run (state kept out of the picklable task)."""
 
@@ -118,7 +122,11 @@ class _Loop:
         self.task, self.ctx = task, ctx
         self.refs = list(task.shards)
         self.generation = task.generation
-        self.deadline = time.monotonic() + task.timeout_s
+        # past the job's timeout by a margin: the driver's own timeout, which says where
+        # every worker is, must come first (at the same instant, this worker's bare
+        # "waited past the job's timeout_s" won the race now and then); this one is for a
+        # driver that went silent
+        self.deadline = time.monotonic() + task.timeout_s + DEADLINE_MARGIN_S
         self.t0 = time.perf_counter()
         # the requests in flight: (kind, payload, the shard ref it went to)
         self._sent: dict[cf.Future, tuple[int, Any, Any]] = {}
