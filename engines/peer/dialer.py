@@ -81,6 +81,9 @@ class Welcome:
     address: str
     endpoint: str
 
+#: how many replaced nodes a dialer remembers (for a lease's words)
+MAX_REPLACED = 64
+
 
 class Dialer:
     """A standalone node's endpoint book and handshake (see the module docstring).
@@ -101,12 +104,20 @@ class Dialer:
         self._tokens = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
         node.on(HELLO_SERVICE, int(PeerKind.WELCOME), self._welcome)
         self.forget_after_s = forget_after_s
+        #: nodes forgotten because another claimed their endpoint: id -> (that one, endpoint)
+        self.replaced: dict[NodeId, tuple[NodeId, str]] = {}
         self._sweep_s = min(5.0, forget_after_s / 2)
         node.call_later(self._sweep_s, self._sweep)
 
     # ------------------------------------------------------------------ the book
     def knows(self, node_id: str) -> bool:
         return node_id in self._endpoints
+
+    def replacement(self, node_id: str) -> str | None:
+        """Why ``node_id`` was forgotten if another node claimed its endpoint, else None."""
+        found = self.replaced.get(NodeId(node_id))
+        return None if found is None else f"driver {found[0]} now listens at its endpoint " \
+            f"{found[1]}"
 
     def endpoint_of(self, node_id: str) -> str | None:
         return self._endpoints.get(NodeId(node_id))
@@ -124,7 +135,20 @@ class Dialer:
             if known == endpoint or (known is not None and not claimed_by_itself) \
                     or node_id == self.node.node_id:
                 return False
+            # One node listens at an address: a node claiming it for itself replaces any
+            # other recorded there (a peer restarted at its --bind: before, the dead one's
+            # id stayed, its link up again to the new process, and jobs left the new one out)
+            stale = [n for n, e in self._endpoints.items() if e == endpoint and n != node_id
+                     and n != self.node.node_id] if claimed_by_itself else []
+            for gone in stale:
+                del self._endpoints[gone]
+                self.replaced[gone] = (node_id, endpoint)
+                while len(self.replaced) > MAX_REPLACED:
+                    del self.replaced[next(iter(self.replaced))]
             self._endpoints[node_id] = endpoint
+        for gone in stale:
+            self.node.forget_peer(gone)
+            log.info("forgot peer %s: %s now listens at %s", gone, node_id, endpoint)
         try:
             self.node.add_peer(node_id, endpoint, "peer", watch=True)
         except ConfigError as exc:

@@ -246,6 +246,32 @@ class TestDeadLinks:
             late.close()
 
 
+    def test_a_peer_restarted_at_the_same_address_takes_the_dead_ones_place(self):
+        # a supervisor restarts a killed peer at its --bind: before, the others kept the
+        # dead node's id at that address (its link came back up, to the new process), and
+        # jobs through them ran without the new peer, saying nothing
+        peers = [_peer()]
+        try:
+            peers += [_peer(peers[0].endpoint) for _ in range(2)]
+            endpoint = peers[2].endpoint
+            wait_until(lambda: all(len(t) == 2 for t in _tables(peers)), 10, "3 peers met")
+            old = peers.pop()
+            old.close()                                  # gone without a goodbye
+            reborn = StandalonePeer(endpoint, Security.curve(SECRET.encode()))
+            peers.append(reborn)
+            reborn.join(peers[0].endpoint, timeout_s=10)
+            assert reborn.node_id != old.node_id
+            for p in peers[:2]:
+                wait_until(lambda p=p: p.dialer.endpoint_of(reborn.node_id) == endpoint
+                           and not p.dialer.knows(old.node_id), 10, "the new peer in place")
+            job = linreg(PSP(sample=1, staleness=2), steps=20)
+            result = job.run_overlay(peers[0].endpoint, init(), secret=SECRET, data=shard,
+                                     timeout_s=60)
+            assert sorted(result.steps.values()) == [20] * 3
+        finally:
+            for p in peers:
+                p.close()
+
     def test_a_listed_peer_that_does_not_answer_is_left_out_with_a_warning(self, caplog):
         first = _peer()
         gone = _peer(first.endpoint)
