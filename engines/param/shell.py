@@ -260,7 +260,7 @@ class ShardService(Service):
             self._halted_at = time.monotonic()
             if self._path is not None:   # the final checkpoint
                 self._save(self.core.snapshot())
-        if self.core.stalled is not self._stalled:   # (a fixed workers= list fails instead)
+        if self.core.stalled != self._stalled:   # (a fixed workers= list fails instead)
             self._stalled = self.core.stalled
             if self._stalled is not None:
                 log.warning("job %s: %s; waiting for a worker to join until the job's "
