@@ -7,6 +7,7 @@ import logging
 import numbers
 import os
 import random
+import signal
 import threading
 import time
 import types
@@ -118,6 +119,27 @@ def _reap(local: LocalCluster, event: NodeEvent) -> None:
     killed one stayed a zombie under the driver until the cluster closed)."""
     if event.kind is not NodeEventKind.JOINED and event.node_id in local.worker_ids:
         local.exited([NodeId(event.node_id)])
+
+
+def exited_before_joining(gone: dict[NodeId, int]) -> str:
+    """Words for local workers whose processes ended before they joined: exit status -> how
+    (a negative one is the signal that killed it, which leaves no error on stderr: the
+    message said there was one after a SIGKILL).
+
+    >>> exited_before_joining({NodeId("w-1"): -9})
+    'worker process(es) exited before joining the cluster: w-1 (killed by SIGKILL)'
+    """
+    def how(code: int) -> str:
+        if code >= 0:
+            return f"exit status {code}"
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    said = ", ".join(f"{n} ({how(code)})" for n, code in gone.items())
+    errors = any(code >= 0 for code in gone.values())
+    return ("worker process(es) exited before joining the cluster: " + said
+            + ("; their error is on this process's stderr" if errors else ""))
 
 
 class Cluster(Caller):
@@ -293,10 +315,7 @@ class Cluster(Caller):
         def joined() -> bool:
             gone = local.exited(ids)
             if gone:
-                raise ActorpyError(
-                    "worker process(es) exited before joining the cluster: "
-                    + ", ".join(f"{n} (exit status {code})" for n, code in gone.items())
-                    + "; their error is on this process's stderr")
+                raise ActorpyError(exited_before_joining(gone))
             return set(ids) <= set(self.workers())
         self.membership.wait_for(joined, timeout_s, f"{len(ids)} local worker(s) to join")
 
