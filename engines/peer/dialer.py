@@ -116,8 +116,7 @@ class Dialer:
     def replacement(self, node_id: str) -> str | None:
         """Why ``node_id`` was forgotten if another node claimed its endpoint, else None."""
         found = self.replaced.get(NodeId(node_id))
-        return None if found is None else f"driver {found[0]} now listens at its endpoint " \
-            f"{found[1]}"
+        return None if found is None else f"{found[0]} now listens at its endpoint {found[1]}"
 
     def endpoint_of(self, node_id: str) -> str | None:
         return self._endpoints.get(NodeId(node_id))

@@ -458,7 +458,8 @@ class PeerService(Service):
         dialer = self._dialer()
         down = dialer.node.link_down_for(self._driver)
         if down is None:   # forgotten: another claimed its endpoint, or down for long
-            return dialer.replacement(self._driver) or "its connection is not watched any more"
+            why = dialer.replacement(self._driver)
+            return f"driver {why}" if why else "its connection is not watched any more"
         if down > self.lease_s:
             return f"its connection has been down for {down:.1f} s"
         endpoint = dialer.endpoint_of(self._driver)

@@ -158,37 +158,6 @@ class TestJobRun:
         assert sum(result.applied.values()) == result.updates
         assert 1 <= sum(n > 0 for n in result.applied.values()) <= 4
 
-    def test_a_read_by_a_name_no_key_has_is_refused_and_loses_no_peer(self, cluster):
-        # before: run.read(0) in on_poll marked every peer that refused it lost, the job
-        # failed ("every peer of the job is gone") and the peers trained on, stopped by nobody
-        seen = []
-
-        def on_poll(run, seconds):
-            if not seen:
-                with pytest.raises(actorpy.ConfigError, match="keys are named by str"):
-                    run.read(0)
-                seen.append((run.read(NAMES[0])[1] >= 0, sorted(run.lost)))
-
-        result = linreg(PSP(sample=1, staleness=2), steps=20).run(
-            cluster, peers=3, init=init(), data=shard, timeout_s=60, on_poll=on_poll)
-        assert seen == [(True, [])]
-        assert result.lost == [] and sorted(result.steps.values()) == [20] * 3
-
-    def test_a_peer_taken_for_lost_while_it_runs_is_stopped_at_the_end(self, cluster):
-        # a peer given up on (a status that timed out) but still running: before, the stop
-        # at the end went to the live peers only, and it ran on, named, on its worker
-        job = linreg(ASP(), steps=30)
-        names = []
-
-        def on_poll(run, seconds):
-            if 0 not in run.lost:
-                names.append(f"peer/{run.spec.name}/{id(run):x}/0")   # start_peers' name
-                assert cluster.lookup_async(names[0]).result(CALL_S) == run.refs[0]
-                run.lose(0, TimeoutError("taken for lost by the test"))
-
-        job.run(cluster, peers=3, init=init(), data=shard, timeout_s=60, on_poll=on_poll)
-        assert cluster.lookup_async(names[0]).result(CALL_S) is None
-
     def test_a_torch_model_comes_back_as_tensors(self, cluster):
         # before: as numpy arrays (the PS engine and a simulated run gave tensors)
         torch = pytest.importorskip("torch")
